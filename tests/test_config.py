@@ -1,0 +1,56 @@
+"""The config object: typed env overrides, scoped patches, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import tilewright
+from tilewright import Config
+from tilewright.errors import ConfigError
+
+
+def test_env_overrides_parse_by_type():
+    cfg = Config.from_env({"TILEWRIGHT_FORCE_BACKEND": "triton", "TILEWRIGHT_AUTOTUNE": "0",
+                           "TILEWRIGHT_MAX_CANDIDATES": "7", "TILEWRIGHT_BENCH_BUDGET_MS": "12.5",
+                           "TILEWRIGHT_CACHE_DIR": "/tmp/x"})
+    assert cfg.force_backend == "triton" and cfg.autotune is False
+    assert cfg.max_candidates == 7 and cfg.bench_budget_ms == 12.5 and cfg.cache_dir == "/tmp/x"
+
+
+@pytest.mark.parametrize("env,value,match", [
+    ("TILEWRIGHT_FORCE_BACKEND", "cuda", "not one of"),
+    ("TILEWRIGHT_AUTOTUNE", "maybe", "not a valid bool"),
+    ("TILEWRIGHT_MAX_CANDIDATES", "many", "not a valid int"),
+])
+def test_bad_env_values_name_the_variable(env, value, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        Config.from_env({env: value})
+    assert env in str(e.value)
+
+
+def test_patch_restores_and_validates():
+    before = tilewright.config.force_backend
+    with tilewright.config.patch(force_backend="aten", max_candidates=1):
+        assert tilewright.config.force_backend == "aten"
+        assert tilewright.config.max_candidates == 1
+    assert tilewright.config.force_backend == before
+    with pytest.raises(ConfigError, match="unknown setting"):
+        with tilewright.config.patch(no_such_setting=1):
+            pass
+    with pytest.raises(ConfigError, match="not one of"):
+        with tilewright.config.patch(force_backend="metal"):
+            pass
+
+
+def test_every_setting_is_documented():
+    rows = Config.describe()
+    assert {r[0] for r in rows} == set(Config().as_dict())
+    assert all(r[1].startswith("TILEWRIGHT_") and r[3] for r in rows)
+
+
+def test_docs_list_every_setting():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs/config.md").read_text()
+    missing = [env for _, env, _, _ in Config.describe() if f"`{env}`" not in doc]
+    assert not missing, f"docs/config.md lacks {missing}; regenerate its table from Config.describe()"

@@ -1,0 +1,32 @@
+"""The main job, as a user runs it: ``tilewright demo`` on the real models, checked against eager."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_demo_matches_eager_on_real_models(tmp_path):
+    env = {**os.environ, "TILEWRIGHT_CACHE_DIR": str(tmp_path / "cache")}
+    out_json = tmp_path / "demo.json"
+    proc = subprocess.run([sys.executable, "-m", "tilewright", "demo", "--json", str(out_json)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = json.loads(out_json.read_text())["results"]
+    assert {(r["case"], r["mode"]) for r in results} == {
+        (c, m) for c in ("minilm", "llama-train", "llama-bf16") for m in ("auto", "triton")}
+    for r in results:
+        assert r["passed"], r
+        assert r["max_error"] <= r["tolerance"]
+        gemms = [g for graph in r["graphs"] for g in graph["gemms"]]
+        assert gemms
+        if r["mode"] == "triton":
+            assert all(g["winner"].startswith("triton.") for g in gemms)
+    minilm = next(r for r in results if r["case"] == "minilm" and r["mode"] == "triton")
+    assert sum(len(g["gemms"]) for g in minilm["graphs"]) == 36
+    assert "all 6 cases match eager" in proc.stdout

@@ -1,0 +1,77 @@
+"""Candidate policies: clamped to the problem, legal on the target, short, ranked, ATen first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import tilewright
+from tilewright.autotune.cost_model import estimate_gemm, roofline_ms
+from tilewright.autotune.policy import policy_for
+from tilewright.problem import GemmProblem
+from tilewright.runtime.targets import get_target
+from tilewright.templates import get_template
+
+SHAPES = json.loads((Path(__file__).parents[1] / "bench/cases/llm_gemm_shapes.json").read_text())
+
+
+def llm_problems():
+    for model, layers in SHAPES["models"].items():
+        for layer, nk in layers.items():
+            for M in SHAPES["m_decode"] + SHAPES["m_prefill"]:
+                yield f"{model}.{layer}.M{M}", GemmProblem(M=M, N=nk["N"], K=nk["K"], dtype="bf16",
+                                                           layout_b="col")
+
+
+@pytest.mark.parametrize("target_name", ["cuda:sm_90a", "cuda:sm_100a", "hip:gfx950", "cpu"])
+def test_candidates_are_legal_clamped_and_bounded(target_name):
+    target = get_target(target_name)
+    tmpl = get_template("triton.gemm")
+    for name, p in llm_problems():
+        cands = policy_for("gemm", target).candidates(p, target)
+        assert cands[0].template_id == "aten.gemm" and cands[0].rank == 0, name
+        gen = cands[1:]
+        assert 1 <= len(gen) <= tilewright.config.max_candidates, name
+        for c in gen:
+            params = c.param_dict
+            assert tmpl.check(params, p, target) is None, (name, params)
+            assert params["BLOCK_M"] <= max(16, 1 << (p.M - 1).bit_length()), (name, params)
+        preds = [c.predicted_ms for c in gen]
+        assert preds == sorted(preds), f"{name}: generated candidates not ranked by prediction"
+
+
+def test_decode_gets_thin_tiles():
+    target = get_target("cuda:sm_90a")
+    p = GemmProblem(M=1, N=4096, K=4096, dtype="bf16", layout_b="col")
+    gen = policy_for("gemm", target).candidates(p, target)[1:]
+    assert all(c.param_dict["BLOCK_M"] == 16 for c in gen)
+
+
+def test_interpreter_policy_prefers_big_tiles():
+    target = get_target("cpu")
+    p = GemmProblem(M=256, N=256, K=256, dtype="fp32")
+    first = policy_for("gemm", target).candidates(p, target)[1].param_dict
+    assert (first["BLOCK_M"], first["BLOCK_N"], first["BLOCK_K"]) == (128, 128, 128)
+
+
+def test_max_candidates_setting_bounds_the_list():
+    target = get_target("cuda:sm_90a")
+    p = GemmProblem(M=4096, N=4096, K=4096, dtype="bf16")
+    with tilewright.config.patch(max_candidates=2):
+        assert len(policy_for("gemm", target).candidates(p, target)) == 3
+
+
+def test_cost_model_never_beats_roofline():
+    for tname in ("cuda:sm_90a", "cuda:sm_100a", "hip:gfx942", "hip:gfx950", "hip:gfx1250"):
+        target = get_target(tname)
+        for _, p in llm_problems():
+            for c in policy_for("gemm", target).candidates(p, target)[1:]:
+                assert estimate_gemm(p, c.param_dict, target).ms >= roofline_ms(p, target)
+
+
+def test_targets_without_a_policy_get_aten_only():
+    target = get_target("mps")
+    cands = policy_for("gemm", target).candidates(GemmProblem(M=64, N=64, K=64, dtype="fp32"), target)
+    assert [c.template_id for c in cands] == ["aten.gemm"]

@@ -1,0 +1,5 @@
+import sys
+
+from tilewright.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,183 @@
+"""The one configuration object, ``tilewright.config``.
+
+Every setting is a typed field with a default and a ``TILEWRIGHT_*`` environment variable that
+overrides it when the process starts (or when :meth:`Config.reload_env` is called). Tests and
+tools change settings for a scope with :meth:`Config.patch`; nothing else in tilewright reads the
+environment for these settings. ``docs/config.md`` lists the same table for users.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from tilewright.errors import ConfigError
+
+FORCE_BACKENDS = ("auto", "triton", "aten")
+
+
+def _setting(default: Any, env: str, doc: str, choices: tuple[str, ...] | None = None) -> Any:
+    meta = {"env": env, "doc": doc, "choices": choices}
+    if callable(default):
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tilewright")
+
+
+@dataclass
+class Config:
+    """Settings for the backend, the autotuner and the runtime.
+
+    Read a setting as an attribute (``tilewright.config.force_backend``); change one for a block
+    with ``with tilewright.config.patch(force_backend="triton"): ...``.
+    """
+
+    force_backend: str = _setting(
+        "auto", "TILEWRIGHT_FORCE_BACKEND",
+        "Restrict GEMM candidates to one backend: 'auto' (autotuner picks among all), 'triton' "
+        "(generated Triton kernels only), 'aten' (ATen only).", FORCE_BACKENDS)
+    autotune: bool = _setting(
+        True, "TILEWRIGHT_AUTOTUNE",
+        "Benchmark candidates. When off, the policy's top-ranked candidate is used untimed.")
+    cache_dir: str = _setting(
+        _default_cache_dir, "TILEWRIGHT_CACHE_DIR",
+        "Folder of the persistent autotune cache and of compiled kernel modules "
+        "(default ~/.cache/tilewright).")
+    debug_dir: str = _setting(
+        "", "TILEWRIGHT_DEBUG_DIR",
+        "When set, every compiled graph dumps its FX graph, kernel IR, rendered kernels and "
+        "wrapper here, for humans.")
+    fuse_epilogues: bool = _setting(
+        True, "TILEWRIGHT_FUSE_EPILOGUES",
+        "Fuse bias/activation/residual/scale/cast epilogues into the GEMM that produces them.")
+    max_candidates: int = _setting(
+        4, "TILEWRIGHT_MAX_CANDIDATES",
+        "Most generated-kernel candidates the policy keeps per GEMM problem (ATen comes extra).")
+    bench_warmup: int = _setting(2, "TILEWRIGHT_BENCH_WARMUP", "Untimed runs before timing.")
+    bench_rep: int = _setting(10, "TILEWRIGHT_BENCH_REP", "Most timed runs per candidate.")
+    bench_budget_ms: float = _setting(
+        200.0, "TILEWRIGHT_BENCH_BUDGET_MS",
+        "Time budget per candidate (ms): timing stops after this once 1 run is in.")
+    bench_abort_ratio: float = _setting(
+        4.0, "TILEWRIGHT_BENCH_ABORT_RATIO",
+        "A candidate whose first run is this many times slower than the best median so far is "
+        "dropped without more runs: it cannot win.")
+    bench_tie_pct: float = _setting(
+        2.0, "TILEWRIGHT_BENCH_TIE_PCT",
+        "Candidates whose medians differ by less than this percentage of the best (or twice "
+        "their spread, if larger) are tied; a tie goes to the policy's lower rank.")
+    check_candidates: bool = _setting(
+        True, "TILEWRIGHT_CHECK_CANDIDATES",
+        "Compare each candidate's output with a float64 reference before its time counts.")
+    allow_tf32: bool = _setting(
+        False, "TILEWRIGHT_ALLOW_TF32",
+        "Let fp32 GEMMs use TF32 tensor cores (faster, ~1e-3 relative error).")
+    strict: bool = _setting(
+        False, "TILEWRIGHT_STRICT",
+        "Raise compiler errors instead of falling back to running the graph in ATen "
+        "(for tests and development).")
+
+    def __post_init__(self) -> None:
+        self._lock = threading.RLock()
+
+    # -- environment ---------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "Config":
+        """Defaults overridden by ``TILEWRIGHT_*`` variables.
+
+        Raises:
+            ConfigError: a variable's value does not parse as its setting's type or choices.
+        """
+        cfg = cls()
+        cfg.reload_env(environ)
+        return cfg
+
+    def reload_env(self, environ: dict[str, str] | None = None) -> None:
+        """Re-read every ``TILEWRIGHT_*`` override (defaults for those unset are kept)."""
+        environ = os.environ if environ is None else environ
+        for f in dataclasses.fields(self):
+            raw = environ.get(f.metadata["env"])
+            if raw is not None:
+                setattr(self, f.name, _parse(f, raw))
+
+    # -- scoped overrides ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def patch(self, **changes: Any) -> Iterator["Config"]:
+        """Change settings inside a ``with`` block; the old values come back afterwards.
+
+        Raises:
+            ConfigError: an unknown setting name or a value outside its choices.
+        """
+        names = {f.name: f for f in dataclasses.fields(self)}
+        for name, value in changes.items():
+            if name not in names:
+                raise ConfigError(f"unknown setting {name!r}; known: {', '.join(sorted(names))}")
+            _check_choice(names[name], value)
+        with self._lock:
+            old = {name: getattr(self, name) for name in changes}
+            for name, value in changes.items():
+                setattr(self, name, value)
+        try:
+            yield self
+        finally:
+            with self._lock:
+                for name, value in old.items():
+                    setattr(self, name, value)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser()
+
+    @staticmethod
+    def describe() -> list[tuple[str, str, str, str]]:
+        """(setting, env var, default, doc) rows, for ``docs/config.md`` and ``--help``."""
+        rows = []
+        for f in dataclasses.fields(Config):
+            default = "~/.cache/tilewright" if f.name == "cache_dir" else repr(f.default)
+            rows.append((f.name, f.metadata["env"], default, f.metadata["doc"]))
+        return rows
+
+
+def _check_choice(f: dataclasses.Field, value: Any) -> None:
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(
+            f"{f.name}={value!r} is not one of {', '.join(choices)} "
+            f"(set {f.metadata['env']} or config.{f.name} to one of those)")
+
+
+def _parse(f: dataclasses.Field, raw: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    env = f.metadata["env"]
+    try:
+        if kind == "bool":
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{env}={raw!r} is not a valid {kind}; unset it or give a {kind}") from None
+    value = raw.strip()
+    _check_choice(f, value)
+    return value
+
+
+config = Config.from_env()

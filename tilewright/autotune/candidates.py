@@ -1,0 +1,58 @@
+"""A candidate is one (template, parameters) pair the autotuner may choose for a problem."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+_SHORT = {"BLOCK_M": "", "BLOCK_N": "x", "BLOCK_K": "x", "GROUP_M": " g", "num_warps": " w",
+          "num_stages": " s", "SPLIT_K": " splitk"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A template id, its source hash and parameter values, plus the policy's view of it.
+
+    ``rank`` is the policy's order (0 first); ``predicted_ms`` the cost model's estimate when
+    there is one. Two candidates are the same when template, hash and params are.
+    """
+
+    template_id: str
+    template_hash: str
+    params: tuple[tuple[str, Any], ...] = ()
+    rank: int = 0
+    predicted_ms: float | None = None
+
+    @staticmethod
+    def of(template_id: str, template_hash: str, params: Mapping[str, Any] | None = None,
+           rank: int = 0, predicted_ms: float | None = None) -> "Candidate":
+        return Candidate(template_id, template_hash, tuple((params or {}).items()), rank,
+                         predicted_ms)
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def backend(self) -> str:
+        return self.template_id.split(".", 1)[0]
+
+    @property
+    def key(self) -> str:
+        """Identity in the tuning cache: template, its source hash and the parameters."""
+        return f"{self.template_id}@{self.template_hash}:{json.dumps(dict(self.params), sort_keys=True, separators=(',', ':'))}"
+
+    @property
+    def name(self) -> str:
+        """Short display name, e.g. ``triton.gemm[64x128x32 g8 w4 s3]``."""
+        if not self.params:
+            return self.template_id
+        text = "".join(f"{_SHORT.get(k, ' ' + k + '=')}{v}" for k, v in self.params)
+        return f"{self.template_id}[{text.strip()}]"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Candidate) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)

@@ -1,0 +1,92 @@
+"""Fresh random inputs for a GEMM problem, laid out as the problem says, and the checks that
+compare a candidate's output with the float64 reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tilewright.problem import DTYPES, GemmProblem
+
+# ‖out − ref‖ / ‖ref‖ allowed per output (or input) dtype; TF32 loosens fp32 to 5e-3
+REL_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2, "fp64": 1e-10}
+
+
+@dataclass
+class GemmInputs:
+    """Tensors for one run: a (batch?, M, K), b (batch?, K, N), epilogue inputs broadcast to the
+    output shape, and a poisoned output buffer."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    epilogue_inputs: list[torch.Tensor]
+
+    def as_dtype(self, dtype: torch.dtype) -> "GemmInputs":
+        return GemmInputs(self.a.to(dtype), self.b.to(dtype),
+                          [e.to(dtype) for e in self.epilogue_inputs])
+
+
+def _matrix(rows: int, cols: int, layout: str, batch: int | None, dtype: torch.dtype,
+            device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    lead = (batch,) if batch is not None else ()
+    if layout == "col":
+        base = torch.randn(*lead, cols, rows, generator=gen, dtype=torch.float32)
+        t = base.transpose(-1, -2)
+    elif layout == "strided":
+        base = torch.randn(*lead, rows, 2 * cols, generator=gen, dtype=torch.float32)
+        t = base[..., ::2]
+    else:
+        t = torch.randn(*lead, rows, cols, generator=gen, dtype=torch.float32)
+    return t.to(device=device, dtype=dtype)
+
+
+def output_shape(problem: GemmProblem) -> tuple[int, ...]:
+    return (problem.batch, problem.M, problem.N) if problem.batched else (problem.M, problem.N)
+
+
+def make_inputs(problem: GemmProblem, device: torch.device | str, seed: int = 0) -> GemmInputs:
+    """Random normal inputs (never zeros) with the problem's layouts and dtypes."""
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    batch = problem.batch if problem.batched else None
+    dt = DTYPES[problem.dtype]
+    a = _matrix(problem.M, problem.K, problem.layout_a, batch, dt, device, gen)
+    b = _matrix(problem.K, problem.N, problem.layout_b, batch, dt, device, gen)
+    shape = output_shape(problem)
+    eps = []
+    for inp in problem.epilogue_inputs:
+        pattern = inp.broadcast
+        full = {"B": problem.batch, "M": problem.M, "N": problem.N}
+        dims = ("B", "M", "N") if problem.batched else ("M", "N")
+        real = [full[d] if d in pattern else 1 for d in dims]
+        t = torch.randn(*real, generator=gen, dtype=torch.float32).to(device, DTYPES[inp.dtype])
+        eps.append(t.expand(*shape))
+    return GemmInputs(a, b, eps)
+
+
+def poisoned_output(problem: GemmProblem, device: torch.device | str) -> torch.Tensor:
+    """An output buffer full of NaN, so elements a kernel fails to write show up."""
+    return torch.full(output_shape(problem), float("nan"), dtype=DTYPES[problem.out_dtype],
+                      device=device)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; inf when out has NaN/inf the reference lacks."""
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    if o.shape != r.shape:
+        return float("inf")
+    bad = ~torch.isfinite(o) & torch.isfinite(r)
+    if bad.any():
+        return float("inf")
+    denom = r.norm().item()
+    num = (o - r).norm().item()
+    return num / denom if denom > 0 else num
+
+
+def tolerance(problem: GemmProblem, allow_tf32: bool = False) -> float:
+    """The relative error a correct kernel stays under for this problem's dtypes."""
+    tol = max(REL_TOLERANCE.get(problem.dtype, 1e-2), REL_TOLERANCE.get(problem.out_dtype, 1e-2))
+    if problem.dtype == "fp32" and allow_tf32:
+        tol = max(tol, 5e-3)
+    return tol

@@ -1,0 +1,122 @@
+"""Shape-aware candidate policies: a short ranked list per (op, target), never a grid.
+
+For a GEMM the policy starts from a small table of tile shapes known to do well on the target
+class, clamps each to the problem (a 16-row problem gets BLOCK_M = 16, not 128), adds decode
+shapes for small M, drops settings the template refuses on the target (shared memory,
+registers), removes duplicates, ranks the rest with the cost model and keeps the best
+``config.max_candidates``. ATen is always a candidate (rank 0), so the tuner can only win by
+beating it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from tilewright._config import config
+from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.cost_model import estimate_gemm, roofline_ms
+from tilewright.problem import GemmProblem
+from tilewright.runtime.targets import Target
+from tilewright.templates import TemplateSpec, get_template, templates_for
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): tile shapes that do well on tensor-core
+# GPUs, the same family Triton's tutorials and Inductor's mm configs draw from.
+GPU_SEEDS: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 32, 4, 4),
+    (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4), (128, 128, 128, 8, 3),
+    (64, 256, 64, 8, 3), (64, 64, 32, 4, 5), (32, 64, 64, 4, 4), (32, 32, 128, 4, 4),
+)
+# small M (decode): a thin BLOCK_M, wide N and deep K tiles keep the bandwidth busy
+DECODE_SEEDS: tuple[tuple[int, int, int, int, int], ...] = (
+    (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 256, 64, 8, 3), (16, 32, 256, 4, 3),
+    (32, 64, 128, 4, 4), (32, 128, 64, 4, 4),
+)
+# the interpreter pays per program-step, so the biggest tiles win
+INTERPRETER_SEEDS: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 128, 128, 4, 1), (64, 128, 128, 4, 1), (128, 64, 128, 4, 1), (64, 64, 64, 4, 1),
+)
+
+
+def _pow2_at_least(n: int, lo: int = 16) -> int:
+    p = lo
+    while p < n:
+        p *= 2
+    return p
+
+
+def clamp_tile(problem: GemmProblem, bm: int, bn: int, bk: int) -> tuple[int, int, int]:
+    """Shrink a tile to the problem: no dimension larger than the next power of two of the
+    size (at least 16, the smallest tl.dot shape)."""
+    return (min(bm, _pow2_at_least(problem.M)), min(bn, _pow2_at_least(problem.N)),
+            min(bk, _pow2_at_least(problem.K)))
+
+
+@dataclass(frozen=True)
+class GemmPolicy:
+    """Candidates for a GEMM on one target class.
+
+    Attributes:
+        seeds: tile shapes to start from.
+        decode_seeds: extra shapes for M <= ``decode_m``.
+        decode_m: the M up to which a problem counts as decode.
+    """
+
+    seeds: tuple[tuple[int, int, int, int, int], ...]
+    decode_seeds: tuple[tuple[int, int, int, int, int], ...] = ()
+    decode_m: int = 64
+
+    def tile_params(self, problem: GemmProblem, template: TemplateSpec, target: Target
+                    ) -> list[dict[str, Any]]:
+        seeds = list(self.seeds)
+        if problem.M <= self.decode_m:
+            seeds = list(self.decode_seeds) + seeds
+        out, seen = [], set()
+        for bm, bn, bk, warps, stages in seeds:
+            bm, bn, bk = clamp_tile(problem, bm, bn, bk)
+            # fewer warps for small tiles: 4 warps need at least a 64x64 tile to stay busy
+            warps = max(1, min(warps, bm * bn // 1024)) if not target.interpreted else warps
+            warps = 1 << (warps.bit_length() - 1)
+            params = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                      "GROUP_M": 8 if bm >= 64 else 4, "num_warps": warps, "num_stages": stages}
+            if target.backend == "hip":
+                params["num_stages"] = 2  # AMD's stream pipeliner wants 2
+            key = tuple(params.values())
+            if key in seen or template.check(params, problem, target):
+                continue
+            seen.add(key)
+            out.append(params)
+        return out
+
+    def candidates(self, problem: GemmProblem, target: Target,
+                   templates: Iterable[TemplateSpec] | None = None) -> list[Candidate]:
+        """Ranked candidates: ATen first (rank 0), then generated kernels by predicted time."""
+        aten = get_template("aten.gemm")
+        # a vendor BLAS is taken to reach 80% of the roofline
+        out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0,
+                            predicted_ms=roofline_ms(problem, target) / 0.8)]
+        generated = []
+        for template in templates if templates is not None else templates_for("gemm", target.backend):
+            if template.backend == "aten" or not template.supports(problem, target):
+                continue
+            for params in self.tile_params(problem, template, target):
+                est = estimate_gemm(problem, params, target).ms
+                generated.append((est, template, params))
+        generated.sort(key=lambda item: item[0])
+        for i, (est, template, params) in enumerate(generated[: config.max_candidates]):
+            out.append(Candidate.of(template.id, template.source_hash, params, rank=i + 1,
+                                    predicted_ms=est))
+        return out
+
+
+POLICIES: dict[tuple[str, str], Callable[[], GemmPolicy]] = {
+    ("gemm", "cuda"): lambda: GemmPolicy(GPU_SEEDS, DECODE_SEEDS),
+    ("gemm", "hip"): lambda: GemmPolicy(GPU_SEEDS, DECODE_SEEDS),
+    ("gemm", "cpu"): lambda: GemmPolicy(INTERPRETER_SEEDS),
+}
+
+
+def policy_for(op: str, target: Target) -> GemmPolicy:
+    """The candidate policy for an op on a target (targets without one get ATen only)."""
+    factory = POLICIES.get((op, target.backend))
+    return factory() if factory else GemmPolicy(())

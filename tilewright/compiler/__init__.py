@@ -1,0 +1,1 @@
+"""torch.compile backend, lowering to kernel IR, epilogue fusion and wrapper codegen."""

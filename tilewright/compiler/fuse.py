@@ -1,0 +1,220 @@
+"""Epilogue fusion: absorb the elementwise chain after each GEMM into the GEMM's kernel.
+
+Starting at a GEMM, follow its value forward while it has exactly one user and that user is a
+step the templates can apply on the fp32 accumulator:
+
+* bias / residual add, sub, mul, div with a tensor that broadcasts to the output, or a scalar;
+* relu, gelu (erf and tanh), silu, sigmoid, tanh;
+* a cast to fp32/fp16/bf16 (``_to_copy``), a ``clone`` (the kernel's output is already fresh);
+* one reshape that only regroups the leading dims (``[B*S, N] → [B, S, N]``), so linears on 3-D
+  activations fuse too; later operands are broadcast in the reshaped space.
+
+A tensor operand must not depend on the GEMM (checked with networkx on the FX graph). A value
+with two users (say, saved for backward) ends the chain: it must exist in memory anyway.
+Values are computed in fp32 and rounded once, at the store, where eager rounds after every op.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import sympy
+import torch
+import torch.fx as fx
+
+from tilewright.compiler.ir import ExternNode, FusedInput, GemmNode, KernelGraph, TensorMeta
+from tilewright.compiler.lower import broadcast_pattern
+from tilewright.problem import DTYPE_NAMES, EpilogueInput, EpilogueOp
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+FUSABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+UNARY = {
+    aten.relu.default: "relu", aten.silu.default: "silu", aten.sigmoid.default: "sigmoid",
+    aten.tanh.default: "tanh",
+}
+BINARY = {
+    aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul",
+    aten.div.Tensor: "div", aten.add.Scalar: "add", aten.sub.Scalar: "sub",
+    aten.mul.Scalar: "mul", aten.div.Scalar: "div",
+}
+VIEW_OPS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_IDENTITY_FORMATS = (None, torch.contiguous_format, torch.preserve_format)
+
+
+@dataclass
+class _Chain:
+    """Where a GEMM's epilogue chain stands: the shape of its current value and the space
+    (the GEMM's own shape, or that of the one absorbed view) operands broadcast in."""
+
+    gemm: GemmNode
+    gemm_shape: tuple[sympy.Expr, ...]
+    shape: tuple[sympy.Expr, ...]
+    space: str = "gemm"
+
+    def dim_name(self, i: int) -> str:
+        n = len(self.shape)
+        if self.gemm.batched:
+            return "N" if i == n - 1 else "M" if i == n - 2 else "B"
+        return "N" if i == n - 1 else "M"
+
+
+def _same(a: sympy.Expr, b: sympy.Expr) -> bool:
+    return a == b or sympy.simplify(a - b) == 0
+
+
+def _regroups_leading_dims(chain: _Chain, new_shape: tuple[sympy.Expr, ...]) -> bool:
+    g = chain.gemm
+    if len(new_shape) < 2 or not _same(new_shape[-1], g.N):
+        return False
+    if g.batched:
+        return len(new_shape) >= 3 and _same(new_shape[-2], g.M) and \
+            _same(sympy.Mul(*new_shape[:-2]), g.batch)
+    return _same(sympy.Mul(*new_shape[:-1]), g.M)
+
+
+def _operand(chain: _Chain, other: object, descendants: set[str]) -> FusedInput | float | None:
+    """A binary op's other side as a fused input or scalar; None when it cannot be fused."""
+    if isinstance(other, bool) or not isinstance(other, (int, float, fx.Node)):
+        return None
+    if not isinstance(other, fx.Node):
+        return float(other) if math.isfinite(other) else None
+    meta = TensorMeta.of(other)
+    if meta is None or meta.dtype not in FUSABLE_DTYPES or meta.device != chain.gemm.device:
+        return None
+    if other.name in descendants:
+        return None  # it needs this GEMM's result: it cannot be read inside it
+    pattern = broadcast_pattern(meta, chain.shape, chain.gemm.batched, chain.dim_name)
+    if pattern is None:
+        return None
+    return FusedInput(other.name, EpilogueInput(pattern, DTYPE_NAMES[meta.dtype]), chain.space)
+
+
+def _binary_steps(kind: str, node: fx.Node, cur: fx.Node, chain: _Chain,
+                  descendants: set[str]) -> list[tuple[EpilogueOp, FusedInput | None]] | None:
+    """Steps for ``add/sub/mul/div``; a tensor operand's index is filled in by the caller."""
+    x, y = node.args[0], node.args[1]
+    if x is cur and y is cur:
+        return None
+    cur_first = x is cur
+    other = _operand(chain, y if cur_first else x, descendants)
+    if other is None:
+        return None
+
+    def step(k: str, scale: float = 1.0, reverse: bool = False):
+        if isinstance(other, float):
+            return (EpilogueOp(k, scalar=other * scale, reverse=reverse), None)
+        return (EpilogueOp(k, input=-1, scale=scale, reverse=reverse), other)
+
+    alpha = float(node.kwargs.get("alpha", 1))
+    if kind in ("add", "sub"):
+        if cur_first:  # acc ± alpha * other
+            return [step(kind, scale=alpha)]
+        # other ± alpha * acc
+        pre = [(EpilogueOp("mul", scalar=alpha), None)] if alpha != 1.0 else []
+        return pre + [step("add") if kind == "add" else step("sub", reverse=True)]
+    if kind == "mul":
+        return [step("mul")]
+    return [step("div", reverse=not cur_first)]
+
+
+def _match(node: fx.Node, cur: fx.Node, chain: _Chain, descendants: set[str]):
+    """The epilogue steps ``node`` adds to the chain (a list), "view", "identity", or None."""
+    out_meta = TensorMeta.of(node)
+    if out_meta is None or out_meta.dtype not in FUSABLE_DTYPES or out_meta.device != chain.gemm.device:
+        return None
+    target = node.target
+    if target in VIEW_OPS:
+        if node.args[0] is not cur:
+            return None
+        if tuple(out_meta.shape) == tuple(chain.shape):
+            return "identity"
+        if chain.space == "gemm" and _regroups_leading_dims(chain, out_meta.shape):
+            return "view"
+        return None
+    if len(out_meta.shape) != len(chain.shape) or not all(
+            _same(a, b) for a, b in zip(out_meta.shape, chain.shape)):
+        return None  # the op broadcasts the GEMM's result to a bigger shape
+    if target == aten.clone.default:
+        return "identity" if node.kwargs.get("memory_format") in _IDENTITY_FORMATS else None
+    if target == aten._to_copy.default:
+        allowed = {"dtype", "layout", "device", "pin_memory", "memory_format", "non_blocking"}
+        kw = node.kwargs
+        if set(kw) - allowed or kw.get("layout") not in (None, torch.strided) \
+                or kw.get("memory_format") in (torch.channels_last,) or kw.get("pin_memory"):
+            return None
+        if kw.get("device") is not None and torch.device(kw["device"]) != chain.gemm.device:
+            return None
+        return []  # a cast: the output dtype follows the chain's last node
+    if target == prims.convert_element_type.default:
+        return []
+    if target in UNARY:
+        return [(EpilogueOp(UNARY[target]), None)]
+    if target == aten.gelu.default:
+        approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        return [(EpilogueOp("gelu_tanh" if approx == "tanh" else "gelu"), None)]
+    if target in BINARY:
+        return _binary_steps(BINARY[target], node, cur, chain, descendants)
+    return None
+
+
+def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
+    """Fuse epilogue chains into the graph's GEMMs in place; returns the FX nodes absorbed."""
+    fx_graph = nx.DiGraph()
+    position: dict[fx.Node, int] = {}
+    for i, n in enumerate(gm.graph.nodes):
+        position[n] = i
+        fx_graph.add_node(n.name)
+        for inp in n.all_input_nodes:
+            fx_graph.add_edge(inp.name, n.name)
+    extern = {n.fx_node: n for n in kg.nodes if isinstance(n, ExternNode)}
+    absorbed: set[int] = set()
+    total = 0
+
+    for g in kg.gemms:
+        gemm_fx = g.fx_nodes[0]
+        descendants = nx.descendants(fx_graph, gemm_fx.name)
+        shape = TensorMeta.of(gemm_fx).shape  # type: ignore[union-attr]
+        chain = _Chain(g, shape, shape)
+        cur = gemm_fx
+        while len(cur.users) == 1:
+            nxt = next(iter(cur.users))
+            ext = extern.get(nxt)
+            if ext is None or id(ext) in absorbed:
+                break
+            step = _match(nxt, cur, chain, descendants)
+            if step is None:
+                break
+            if step == "view":
+                chain.space, chain.shape, g.view = "view", TensorMeta.of(nxt).shape, nxt  # type: ignore[union-attr]
+            elif step != "identity":
+                for op, operand in step:
+                    if operand is not None:
+                        g.epilogue_inputs.append(operand)
+                        op = EpilogueOp(op.kind, input=len(g.epilogue_inputs) - 1,
+                                        scale=op.scale, reverse=op.reverse)
+                    g.epilogue.append(op)
+            g.fx_nodes.append(nxt)
+            absorbed.add(id(ext))
+            total += 1
+            cur = nxt
+        g.value = cur.name
+        g.out_dtype = TensorMeta.of(cur).dtype  # type: ignore[union-attr]
+
+    kg.nodes = [n for n in kg.nodes if id(n) not in absorbed]
+    # a fused GEMM runs where the value it now produces was computed: all its operands exist
+    # by then, since each one fed a node of its chain
+    kg.nodes.sort(key=lambda n: position[n.fx_nodes[-1]])
+    _check_order(kg)
+    return total
+
+
+def _check_order(kg: KernelGraph) -> None:
+    deps = kg.dependency_graph()
+    order = {n.name: i for i, n in enumerate(kg.nodes)}
+    for src, dst in deps.edges:
+        if src in order and order[src] >= order[dst]:
+            raise AssertionError(f"fusion broke dependency order: {src} must run before {dst}")

@@ -1,0 +1,196 @@
+"""The kernel IR: what an ATen FX graph becomes before kernels are chosen.
+
+A :class:`KernelGraph` is an ordered list of nodes over named values (FX node names):
+
+* :class:`GemmNode`: one GEMM-family op (mm, addmm, bmm, baddbmm, and what linear decomposes
+  to) with its fused epilogue; sizes are sympy expressions so symbolic dims flow through;
+* :class:`ExternNode`: any other FX node, run as the ATen call it already is. ``kind`` says
+  what it is ("pointwise", "view", "reduction", "attention", "extern") for reports.
+
+Every node keeps the FX nodes it stands for, so the IR can always fall back to ATen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import sympy
+import torch
+import torch.fx as fx
+
+from tilewright.problem import EpilogueInput, EpilogueOp
+
+
+def to_sympy(x: Any) -> sympy.Expr:
+    """An int or SymInt as a sympy expression."""
+    if isinstance(x, torch.SymInt):
+        return x.node.expr
+    return sympy.Integer(int(x))
+
+
+def size_hint(x: Any) -> int:
+    """The concrete value a (possibly symbolic) size had when the graph was traced."""
+    if isinstance(x, torch.SymInt):
+        hint = x.node.hint
+        if hint is not None:
+            return int(hint)
+        return int(x.node.shape_env.size_hint(x.node.expr))
+    return int(x)
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape, strides (sympy), dtype and device of a tensor value, from FX ``meta['val']``."""
+
+    shape: tuple[sympy.Expr, ...]
+    stride: tuple[sympy.Expr, ...]
+    hint_shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @staticmethod
+    def of(node: Any) -> "TensorMeta | None":
+        val = node.meta.get("val") if isinstance(node, fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            return None
+        return TensorMeta(tuple(to_sympy(s) for s in val.shape),
+                          tuple(to_sympy(s) for s in val.stride()),
+                          tuple(size_hint(s) for s in val.shape), val.dtype, val.device)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def symbolic(self) -> bool:
+        return any(s.free_symbols for s in self.shape)
+
+
+def layout_of(meta: TensorMeta) -> str:
+    """"row" when the last dim is contiguous, "col" when the one before it is, else "strided"."""
+    if meta.stride[-1] == 1 or meta.shape[-1] == 1:
+        return "row"
+    if meta.stride[-2] == 1 or meta.shape[-2] == 1:
+        return "col"
+    return "strided"
+
+
+@dataclass
+class Node:
+    name: str
+    fx_nodes: list[fx.Node]
+
+    @property
+    def inputs(self) -> list[str]:
+        raise NotImplementedError
+
+
+@dataclass
+class ExternNode(Node):
+    """An FX node executed as its ATen call."""
+
+    kind: str = "extern"
+
+    @property
+    def fx_node(self) -> fx.Node:
+        return self.fx_nodes[0]
+
+    @property
+    def inputs(self) -> list[str]:
+        return [n.name for n in self.fx_node.all_input_nodes]
+
+
+@dataclass
+class FusedInput:
+    """A tensor the epilogue reads: the value's name, its broadcast pattern, and in which shape
+    space it broadcasts ("gemm": the GEMM's (batch?, M, N); "view": the absorbed view's)."""
+
+    value: str
+    pattern: EpilogueInput
+    space: str = "gemm"
+
+
+@dataclass
+class GemmNode(Node):
+    """A GEMM with its fused epilogue. ``name`` is the kernel's name (gemm_0, gemm_1, ...);
+    ``value`` the FX value it produces (the last node it absorbed)."""
+
+    op: str = "mm"
+    a: str = ""
+    b: str = ""
+    M: sympy.Expr = sympy.Integer(0)
+    N: sympy.Expr = sympy.Integer(0)
+    K: sympy.Expr = sympy.Integer(0)
+    batch: sympy.Expr = sympy.Integer(1)
+    hints: dict[str, int] = field(default_factory=dict)
+    batched: bool = False
+    dtype: torch.dtype = torch.float32
+    out_dtype: torch.dtype = torch.float32
+    device: torch.device = torch.device("cpu")
+    layout_a: str = "row"
+    layout_b: str = "row"
+    epilogue: list[EpilogueOp] = field(default_factory=list)
+    epilogue_inputs: list[FusedInput] = field(default_factory=list)
+    view: fx.Node | None = None  # the absorbed view node, whose shape arguments the wrapper uses
+    value: str = ""
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.a, self.b] + [e.value for e in self.epilogue_inputs]
+
+    @property
+    def dynamic(self) -> frozenset[str]:
+        dims = {"M": self.M, "N": self.N, "K": self.K, "batch": self.batch}
+        return frozenset(k for k, v in dims.items() if v.free_symbols)
+
+
+@dataclass
+class KernelGraph:
+    """Nodes in execution order, the graph's inputs (placeholders) and its output FX node."""
+
+    placeholders: list[fx.Node]
+    nodes: list[Node]
+    output: fx.Node
+
+    @property
+    def gemms(self) -> list[GemmNode]:
+        return [n for n in self.nodes if isinstance(n, GemmNode)]
+
+    def producers(self) -> dict[str, Node]:
+        out: dict[str, Node] = {}
+        for n in self.nodes:
+            out[n.value if isinstance(n, GemmNode) else n.name] = n
+        return out
+
+    def dependency_graph(self) -> nx.DiGraph:
+        """Edges producer → consumer between nodes (and from placeholder names)."""
+        g = nx.DiGraph()
+        produced = self.producers()
+        for p in self.placeholders:
+            g.add_node(p.name)
+        for n in self.nodes:
+            g.add_node(n.name)
+            for v in n.inputs:
+                src = produced.get(v)
+                g.add_edge(src.name if src is not None else v, n.name)
+        return g
+
+    def describe(self) -> str:
+        """Human-readable listing, for debug dumps."""
+        lines = [f"inputs: {', '.join(p.name for p in self.placeholders)}"]
+        for n in self.nodes:
+            if isinstance(n, GemmNode):
+                eps = " → ".join(op.describe(tuple(e.pattern for e in n.epilogue_inputs))
+                                 for op in n.epilogue) or "-"
+                lines.append(
+                    f"{n.value} = {n.name}: {n.op} batch={n.batch} M={n.M} N={n.N} K={n.K} "
+                    f"{n.dtype}→{n.out_dtype} A={n.a}({n.layout_a}) B={n.b}({n.layout_b}) "
+                    f"epilogue: {eps} inputs: {[e.value for e in n.epilogue_inputs]} "
+                    f"absorbs: {[f.name for f in n.fx_nodes]}")
+            else:
+                assert isinstance(n, ExternNode)
+                lines.append(f"{n.name} = {n.kind}: {n.fx_node.target}({', '.join(n.inputs)})")
+        lines.append(f"outputs: {self.output.args}")
+        return "\n".join(lines)

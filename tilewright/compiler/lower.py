@@ -1,0 +1,162 @@
+"""Lowering: ATen FX graph → :class:`KernelGraph`.
+
+GEMM-family nodes with float operands on one device become :class:`GemmNode`s: ``mm``,
+``addmm`` (bias as the first epilogue step, ``alpha``/``beta`` as scales), ``bmm`` and
+``baddbmm``. Transposed or sliced operands stay views: the GEMM reads them through their
+strides, nothing is copied. Everything else becomes an :class:`ExternNode`, run as ATen, so an op
+tilewright cannot lower never fails the model.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+import torch.fx as fx
+
+from tilewright.compiler.ir import (
+    ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
+)
+from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, EpilogueInput, EpilogueOp
+
+aten = torch.ops.aten
+
+GEMM_OPS = {
+    aten.mm.default: "mm",
+    aten.addmm.default: "addmm",
+    aten.bmm.default: "bmm",
+    aten.baddbmm.default: "baddbmm",
+}
+POINTWISE = {
+    aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.relu.default,
+    aten.gelu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default,
+    aten._to_copy.default, aten.clone.default, aten.neg.default, aten.exp.default,
+    aten.rsqrt.default, aten.pow.Tensor_Scalar, aten.where.self, aten.add.Scalar, aten.mul.Scalar,
+}
+VIEWS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
+    aten.transpose.int, aten.permute.default, aten.expand.default, aten.unsqueeze.default,
+    aten.squeeze.dim, aten.slice.Tensor, aten.select.int, aten.alias.default,
+}
+REDUCTIONS = {
+    aten._softmax.default, aten._log_softmax.default, aten.native_layer_norm.default,
+    aten.mean.dim, aten.sum.dim_IntList, aten.amax.default, aten.linalg_vector_norm.default,
+}
+
+
+def _kind(node: fx.Node) -> str:
+    if node.target in POINTWISE:
+        return "pointwise"
+    if node.target in VIEWS:
+        return "view"
+    if node.target in REDUCTIONS:
+        return "reduction"
+    if "scaled_dot_product" in str(node.target) or "flash_attention" in str(node.target):
+        return "attention"
+    if node.target is operator.getitem:
+        return "getitem"
+    return "extern"
+
+
+def _gemm_operands(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None, float, float] | None:
+    """(A, B, bias-or-None, alpha, beta) of a GEMM-family node."""
+    op = GEMM_OPS[node.target]
+    args = list(node.args)
+    alpha = float(node.kwargs.get("alpha", 1))
+    beta = float(node.kwargs.get("beta", 1))
+    if op in ("mm", "bmm"):
+        return args[0], args[1], None, 1.0, 1.0
+    return args[1], args[2], args[0], alpha, beta
+
+
+def why_not_gemm(node: fx.Node) -> str | None:
+    """Why this GEMM-family node stays on ATen (None when it lowers)."""
+    operands = _gemm_operands(node)
+    if operands is None:
+        return "unrecognised arguments"
+    a, b, bias, _, _ = operands
+    metas = [TensorMeta.of(x) for x in (a, b, node)]
+    if any(m is None for m in metas):
+        return "operands without tensor metadata"
+    ma, mb, mo = metas
+    if ma.dtype != mb.dtype:
+        return f"mixed operand dtypes {ma.dtype} and {mb.dtype}"
+    if DTYPE_NAMES.get(ma.dtype) not in GEMM_INPUT_DTYPES:
+        return f"dtype {ma.dtype} (tilewright lowers fp32/fp16/bf16 GEMMs)"
+    if ma.device != mb.device or ma.device != mo.device:
+        return "operands on different devices"
+    if bias is not None:
+        mbias = TensorMeta.of(bias)
+        if mbias is None or mbias.device != ma.device or DTYPE_NAMES.get(mbias.dtype) not in GEMM_INPUT_DTYPES:
+            return "bias that is not a float tensor on the operands' device"
+    return None
+
+
+def broadcast_pattern(operand: TensorMeta, space: tuple, batched: bool, dims_for_space) -> str | None:
+    """The EpilogueInput pattern of ``operand`` broadcast against ``space`` (a shape tuple);
+    None when it does not broadcast to it."""
+    if operand.ndim > len(space):
+        return None
+    varies = set()
+    offset = len(space) - operand.ndim
+    for i, size in enumerate(operand.shape):
+        target = space[offset + i]
+        if size == 1:
+            continue
+        if size != target:
+            return None
+        varies.add(dims_for_space(offset + i))
+    order = ("B", "M", "N") if batched else ("M", "N")
+    return "".join(d for d in order if d in varies)
+
+
+def lower_gemm(node: fx.Node, index: int) -> GemmNode:
+    a, b, bias, alpha, beta = _gemm_operands(node)  # type: ignore[misc]
+    ma, mb, mo = TensorMeta.of(a), TensorMeta.of(b), TensorMeta.of(node)
+    assert ma is not None and mb is not None and mo is not None
+    batched = mo.ndim == 3
+    g = GemmNode(
+        name=f"gemm_{index}", fx_nodes=[node], op=GEMM_OPS[node.target], a=a.name, b=b.name,
+        M=ma.shape[-2], N=mb.shape[-1], K=ma.shape[-1],
+        batch=mo.shape[0] if batched else sympy.Integer(1),
+        hints={"M": ma.hint_shape[-2], "N": mb.hint_shape[-1], "K": ma.hint_shape[-1],
+               "batch": mo.hint_shape[0] if batched else 1},
+        batched=batched, dtype=ma.dtype, out_dtype=mo.dtype, device=mo.device,
+        layout_a=layout_of(ma), layout_b=layout_of(mb), value=node.name,
+    )
+    if alpha != 1.0:
+        g.epilogue.append(EpilogueOp("mul", scalar=alpha))
+    if bias is not None and beta != 0.0:
+        mbias = TensorMeta.of(bias)
+        assert mbias is not None
+        dims = ("B", "M", "N") if batched else ("M", "N")
+        pattern = broadcast_pattern(mbias, mo.shape, batched, lambda i: dims[i])
+        assert pattern is not None, "addmm bias must broadcast to the output"
+        g.epilogue_inputs.append(FusedInput(bias.name, EpilogueInput(pattern, DTYPE_NAMES[mbias.dtype])))
+        g.epilogue.append(EpilogueOp("add", input=len(g.epilogue_inputs) - 1, scale=beta))
+    return g
+
+
+def lower(gm: fx.GraphModule) -> KernelGraph:
+    """The kernel IR of an ATen FX graph (one node per FX call; fusion comes after)."""
+    placeholders: list[fx.Node] = []
+    nodes: list[Node] = []
+    output = None
+    n_gemm = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            placeholders.append(node)
+        elif node.op == "output":
+            output = node
+        elif node.op == "call_function" and node.target in GEMM_OPS and why_not_gemm(node) is None:
+            nodes.append(lower_gemm(node, n_gemm))
+            n_gemm += 1
+        elif node.op == "call_function":
+            nodes.append(ExternNode(node.name, [node], kind=_kind(node)))
+        elif node.op == "get_attr":
+            nodes.append(ExternNode(node.name, [node], kind="constant"))
+        else:
+            raise NotImplementedError(f"FX node kind {node.op} ({node.format_node()})")
+    assert output is not None, "FX graph without an output node"
+    return KernelGraph(placeholders, nodes, output)

@@ -1,0 +1,143 @@
+"""The whole pipeline for one ATen FX graph, in named, timed stages:
+
+    lower → fuse → select → wrap
+
+``lower`` builds the kernel IR, ``fuse`` folds epilogues into GEMMs, ``select`` has the
+autotuner choose (and the factory render and load) a kernel per GEMM, ``wrap`` generates and
+loads the Python wrapper that calls them. With ``config.debug_dir`` set, each graph dumps its FX
+graph, kernel IR, rendered kernels and wrapper into a folder of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch.fx as fx
+
+from tilewright._config import config
+from tilewright.autotune.candidates import Candidate
+from tilewright.compiler.dispatch import GemmCall
+from tilewright.compiler.fuse import fuse_epilogues
+from tilewright.compiler.ir import GemmNode, KernelGraph
+from tilewright.compiler.lower import lower
+from tilewright.compiler.report import CandidateReport, GemmReport, GraphReport, publish
+from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
+from tilewright.errors import UnknownTargetError
+from tilewright.kernels.build import default_factory
+from tilewright.problem import DTYPE_NAMES, GemmProblem
+from tilewright.runtime.targets import detect_target, get_target
+from tilewright.templates import get_template
+
+log = logging.getLogger("tilewright.compiler")
+_graph_ids = itertools.count()
+
+
+def gemm_problem(g: GemmNode) -> GemmProblem:
+    """The autotuner's view of a GEMM node, at its trace-time sizes."""
+    return GemmProblem(
+        M=g.hints["M"], N=g.hints["N"], K=g.hints["K"], batch=g.hints["batch"],
+        batched=g.batched, dtype=DTYPE_NAMES[g.dtype], out_dtype=DTYPE_NAMES[g.out_dtype],
+        layout_a=g.layout_a, layout_b=g.layout_b, epilogue=tuple(g.epilogue),
+        epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op)
+
+
+def make_call(g: GemmNode) -> GemmCall:
+    """A GemmCall for the node, with its kernel chosen for the trace-time sizes."""
+    problem = gemm_problem(g)
+    fixed = None
+    try:
+        target = detect_target(g.device)
+    except UnknownTargetError as e:
+        log.warning("%s; %s runs on ATen", e, g.name)
+        target = get_target("cpu") if g.device.type == "cpu" else get_target("cuda:sm_90a")
+        aten = get_template("aten.gemm")
+        fixed = Candidate.of(aten.id, aten.source_hash)
+    call = GemmCall(g.name, problem, [e.space for e in g.epilogue_inputs], target,
+                    default_factory, fixed=fixed)
+    call.prepare()
+    return call
+
+
+def _gemm_report(g: GemmNode, call: GemmCall) -> GemmReport:
+    sel = next(iter(call.selections.values()))
+    rec = sel.winner_record
+    p = call.problem
+    return GemmReport(
+        node=g.name, op=g.op, batch=p.batch, M=p.M, N=p.N, K=p.K, dtype=p.dtype,
+        out_dtype=p.out_dtype, epilogue=p.describe_epilogue(), dynamic=sorted(p.dynamic),
+        winner=sel.winner.name, winner_ms=rec.median_ms if rec else None, reason=sel.reason,
+        candidates=[CandidateReport(r.candidate.name, r.record.status, r.record.median_ms,
+                                    r.record.spread_ms, r.candidate.predicted_ms,
+                                    r.record.rel_err, r.record.reason, r.from_cache)
+                    for r in sel.results],
+        tune_seconds=sel.seconds)
+
+
+class _Stages:
+    def __init__(self, report: GraphReport):
+        self.report = report
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.report.stage_seconds[name] = time.perf_counter() - t0
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> Callable[[list], Any]:
+    """Compile one ATen FX graph into a boxed callable (``call(args_list)``).
+
+    Raises whatever a stage raises; :mod:`tilewright.compiler.backend` turns that into an ATen
+    fallback unless ``config.strict`` is set.
+    """
+    report = GraphReport(next(_graph_ids), kind)
+    stage = _Stages(report)
+    report.fx_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    with stage("lower"):
+        kg = lower(gm)
+    with stage("fuse"):
+        report.fused_nodes = fuse_epilogues(kg, gm) if config.fuse_epilogues else 0
+    with stage("select"):
+        calls = {g.name: make_call(g) for g in kg.gemms}
+    with stage("wrap"):
+        describe = {name: f"{c.problem.describe()} | {next(iter(c.selections.values())).winner.name}"
+                    for name, c in calls.items()}
+        codegen = WrapperCodegen(kg, gm, describe)
+        source = codegen.generate()
+        debug = _dump(report, gm, kg, calls, source) if config.debug_dir else None
+        fn = load_wrapper(source, calls, codegen.consts, filename=debug)
+    report.gemm_nodes = len(kg.gemms)
+    report.extern_nodes = len(kg.nodes) - len(kg.gemms)
+    report.gemms = [_gemm_report(g, calls[g.name]) for g in kg.gemms]
+    publish(report)
+    return fn
+
+
+def _dump(report: GraphReport, gm: fx.GraphModule, kg: KernelGraph, calls: dict[str, GemmCall],
+          source: str) -> str:
+    folder = Path(config.debug_dir) / f"graph_{report.graph_id:03d}_{report.kind}"
+    (folder / "kernels").mkdir(parents=True, exist_ok=True)
+    report.debug_dir = str(folder)
+    (folder / "fx_graph.py").write_text(gm.print_readable(print_output=False))
+    (folder / "kernel_ir.txt").write_text(kg.describe() + "\n")
+    for name, call in calls.items():
+        for launch in call._launchers.values():
+            rendered = getattr(launch, "rendered", None)
+            if rendered is not None:
+                (folder / "kernels" / f"{name}_{rendered.name}.py").write_text(rendered.source)
+        sel = next(iter(call.selections.values()))
+        (folder / "kernels" / f"{name}_selection.json").write_text(json.dumps({
+            "problem": call.problem.to_json(), "winner": sel.winner.name, "reason": sel.reason,
+            "candidates": [{"name": r.candidate.name, **r.record.to_json()} for r in sel.results],
+        }, indent=1))
+    path = folder / "wrapper.py"
+    path.write_text(source)
+    return str(path)

@@ -1,0 +1,150 @@
+"""Wrapper codegen: the kernel graph becomes a Python module whose ``call(args)`` Dynamo runs.
+
+The module calls ATen for extern nodes and the chosen kernel (through its
+:class:`~tilewright.compiler.dispatch.GemmCall`) for each GEMM, in order, and drops every value
+after its last use so memory is freed as early as eager would. It takes its inputs as one list
+and clears it (aot_autograd's boxed calling convention), so inputs can be freed early too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import math
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from tilewright.compiler.ir import ExternNode, GemmNode, KernelGraph
+
+RESERVED = {"torch", "aten", "prims", "operator", "math", "kernels", "consts", "args", "call",
+            "device", "inf", "nan"}
+_counter = itertools.count()
+
+
+class WrapperCodegen:
+    """Generates the wrapper source for one kernel graph.
+
+    Args:
+        kg: the fused kernel graph.
+        gm: the FX graph module it came from (for ``get_attr`` constants).
+        describe: per GEMM node name, a one-line comment (problem and chosen kernel).
+    """
+
+    def __init__(self, kg: KernelGraph, gm: fx.GraphModule, describe: dict[str, str] | None = None):
+        self.kg = kg
+        self.gm = gm
+        self.describe = describe or {}
+        self.consts: list[Any] = []
+        self._names: dict[str, str] = {}
+
+    # -- names and literals ----------------------------------------------------------------------
+    def name(self, value: str) -> str:
+        if value not in self._names:
+            ident = value if value.isidentifier() and value not in RESERVED else f"v_{value}"
+            self._names[value] = ident.replace(".", "_")
+        return self._names[value]
+
+    def const(self, obj: Any) -> str:
+        self.consts.append(obj)
+        return f"consts[{len(self.consts) - 1}]"
+
+    def literal(self, x: Any) -> str:
+        if isinstance(x, fx.Node):
+            return self.name(x.name)
+        if isinstance(x, list):
+            return "[" + ", ".join(self.literal(v) for v in x) + "]"
+        if isinstance(x, tuple):
+            return "(" + "".join(self.literal(v) + ", " for v in x) + ")"
+        if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+            return "{" + ", ".join(f"{k!r}: {self.literal(v)}" for k, v in x.items()) + "}"
+        if x is None or isinstance(x, (bool, int, str)):
+            return repr(x)
+        if isinstance(x, float):
+            return repr(x) if math.isfinite(x) else f"float({str(x)!r})"
+        if isinstance(x, torch.dtype):
+            return str(x)
+        if isinstance(x, torch.device):
+            return f"torch.device({str(x)!r})"
+        if isinstance(x, (torch.layout, torch.memory_format)):
+            return str(x)
+        return self.const(x)
+
+    def target(self, t: Any) -> str:
+        if isinstance(t, torch._ops.OpOverload):
+            ns = t.namespace
+            if ns in ("aten", "prims"):
+                return f"{ns}.{t._opname}.{t._overloadname}"
+            return self.const(t)
+        if getattr(t, "__module__", None) == "_operator" and hasattr(operator, t.__name__):
+            return f"operator.{t.__name__}"
+        return self.const(t)
+
+    # -- code --------------------------------------------------------------------------------------
+    def _extern(self, n: ExternNode) -> str:
+        node = n.fx_node
+        if node.op == "get_attr":
+            obj = self.gm
+            for part in str(node.target).split("."):
+                obj = getattr(obj, part)
+            return f"{self.name(n.name)} = {self.const(obj)}"
+        args = [self.literal(a) for a in node.args]
+        args += [f"{k}={self.literal(v)}" for k, v in node.kwargs.items()]
+        return f"{self.name(n.name)} = {self.target(node.target)}({', '.join(args)})"
+
+    def _gemm(self, g: GemmNode) -> list[str]:
+        args = [self.name(g.a), self.name(g.b)] + [self.name(e.value) for e in g.epilogue_inputs]
+        if g.view is not None:
+            args.append(f"view={self.literal(g.view.args[1])}")
+        lines = []
+        if g.name in self.describe:
+            lines.append(f"# {g.name}: {self.describe[g.name]}")
+        lines.append(f"{self.name(g.value)} = {g.name}({', '.join(args)})")
+        return lines
+
+    def generate(self) -> str:
+        kg = self.kg
+        outputs = {n.name for n in self.kg.output.all_input_nodes}
+        last_use: dict[str, int] = {}
+        for i, n in enumerate(kg.nodes):
+            for v in n.inputs:
+                last_use[v] = i
+        body = [f"({''.join(self.name(p.name) + ', ' for p in kg.placeholders)}) = args",
+                "args.clear()"]
+        dead_inputs = [p.name for p in kg.placeholders if p.name not in last_use and p.name not in outputs]
+        if dead_inputs:
+            body.append("del " + ", ".join(self.name(v) for v in dead_inputs))
+        for i, n in enumerate(kg.nodes):
+            body.extend(self._gemm(n) if isinstance(n, GemmNode) else [self._extern(n)])  # type: ignore[arg-type]
+            produced = n.value if isinstance(n, GemmNode) else n.name
+            dead = sorted({v for v in n.inputs if last_use.get(v) == i and v not in outputs})
+            if produced not in last_use and produced not in outputs:
+                dead.append(produced)
+            if dead:
+                body.append("del " + ", ".join(self.name(v) for v in dead))
+        body.append(f"return {self.literal(tuple(kg.output.args[0]) if isinstance(kg.output.args[0], (list, tuple)) else kg.output.args[0])}")
+        header = [
+            "# Generated by tilewright: the compiled graph Dynamo calls. Kernels are in `kernels`.",
+            "import math",
+            "import operator",
+            "import torch",
+            "aten = torch.ops.aten",
+            "prims = torch.ops.prims",
+            "",
+        ]
+        header += [f"{g.name} = kernels[{g.name!r}]" for g in kg.gemms]
+        return "\n".join(header + ["", "", "def call(args):"] + ["    " + line for line in body]) + "\n"
+
+
+def load_wrapper(source: str, kernels: dict[str, Callable], consts: list[Any],
+                 filename: str | None = None) -> Callable[[list], Any]:
+    """Execute wrapper source; returns its ``call`` marked as a boxed function for aot_autograd."""
+    filename = filename or f"<tilewright-wrapper-{next(_counter)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"kernels": kernels, "consts": consts, "__name__": "tilewright_wrapper"}
+    exec(compile(source, filename, "exec"), namespace)
+    call = namespace["call"]
+    call._boxed_call = True
+    return call

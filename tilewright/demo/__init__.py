@@ -1,0 +1,1 @@
+"""The main job: real models through the backend, checked against eager (``tilewright demo``)."""

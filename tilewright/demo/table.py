@@ -1,0 +1,65 @@
+"""Rich tables for the demo: one per case and mode, identical GEMMs folded into one row."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from rich.console import Console
+from rich.table import Table
+
+from tilewright.demo.run import CASES, CaseResult
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def gemm_table(result: CaseResult) -> Table:
+    title = f"{CASES[result.case][0]} — mode {result.mode}"
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for col, justify in (("graph", "left"), ("GEMM", "left"), ("×", "right"), ("M", "right"),
+                         ("N", "right"), ("K", "right"), ("dtype", "left"),
+                         ("fused epilogue", "left"), ("tried", "right"), ("winner", "left"),
+                         ("ms", "right")):
+        table.add_column(col, justify=justify, no_wrap=col in ("winner", "fused epilogue"))
+    rows: OrderedDict[tuple, list] = OrderedDict()
+    for g in result.graphs:
+        for r in g.gemms:
+            batch = f"{r.batch}x" if r.op in ("bmm", "baddbmm") else ""
+            dtype = r.dtype if r.out_dtype == r.dtype else f"{r.dtype}→{r.out_dtype}"
+            key = (g.kind, r.op, batch, r.M, r.N, r.K, dtype, r.epilogue, r.winner)
+            if key in rows:
+                rows[key][2] += 1
+            else:
+                rows[key] = [g.kind, f"{batch}{r.op}", 1, str(r.M) + ("*" if "M" in r.dynamic else ""),
+                             str(r.N), str(r.K), dtype, r.epilogue, str(r.tried), r.winner, _ms(r.winner_ms)]
+    for row in rows.values():
+        row[2] = str(row[2])
+        table.add_row(*row)
+    return table
+
+
+def summary_table(results: list[CaseResult]) -> Table:
+    table = Table(title="tilewright demo: compiled vs eager", title_justify="left")
+    for col in ("case", "mode", "dtype", "GEMMs", "fused ops", "compile+1st run s", "run ms",
+                "max rel err", "bound", "result"):
+        table.add_column(col, justify="left" if col in ("case", "mode", "dtype", "result") else "right")
+    for r in results:
+        gemms = sum(g.gemm_nodes for g in r.graphs)
+        fused = sum(g.fused_nodes for g in r.graphs)
+        verdict = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
+        table.add_row(r.case, r.mode, r.dtype, str(gemms), str(fused), f"{r.compile_s:.1f}",
+                      f"{r.run_ms:.1f}", f"{r.max_error:.2e}", f"{r.tolerance:.0e}", verdict)
+    return table
+
+
+def print_results(results: list[CaseResult], console: Console | None = None) -> None:
+    console = console or Console()
+    for r in results:
+        console.print(gemm_table(r))
+        for k, v in r.errors.items():
+            console.print(f"  rel err {k}: {v:.3e} (bound {r.tolerance:.0e})")
+        for p in r.problems:
+            console.print(f"  [red]problem:[/red] {p}")
+        console.print()
+    console.print(summary_table(results))

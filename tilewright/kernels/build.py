@@ -1,0 +1,57 @@
+"""Render-and-load: turns an autotune candidate into a launcher, the glue between templates,
+the runtime loader and the autotuner (which must not render source itself)."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.inputs import GemmInputs, output_shape
+from tilewright.errors import KernelCompileError
+from tilewright.problem import GemmProblem
+from tilewright.runtime.loader import load_module
+from tilewright.runtime.targets import Target, get_target
+from tilewright.templates import RenderedKernel, get_template
+
+
+def render(problem: GemmProblem, candidate: Candidate, target: Target) -> RenderedKernel:
+    """Source for a candidate (see :meth:`TemplateSpec.render` for the errors it raises)."""
+    template = get_template(candidate.template_id)
+    if template.source_hash != candidate.template_hash:
+        raise KernelCompileError(
+            f"candidate {candidate.name} was chosen for template source {candidate.template_hash} "
+            f"but {template.source_hash} is installed; re-tune (the cache keeps both apart)")
+    return template.render(problem, candidate.param_dict, target)
+
+
+class TemplateKernelFactory:
+    """Builds launchers from the installed templates; one module per distinct source."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._launchers: dict[tuple, object] = {}
+
+    def build(self, problem: GemmProblem, candidate: Candidate, target: Target):
+        key = (problem, candidate.key, target.name)
+        with self._lock:
+            if key in self._launchers:
+                return self._launchers[key]
+        rendered = render(problem, candidate, target)
+        module = load_module(rendered.source, name=rendered.name, interpret=rendered.interpret)
+        launch = getattr(module, rendered.entry)
+        launch.rendered = rendered  # for debug dumps and `explain`
+        with self._lock:
+            self._launchers[key] = launch
+        return launch
+
+    def reference(self, problem: GemmProblem, inputs: GemmInputs) -> torch.Tensor:
+        aten = get_template("aten.gemm")
+        launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
+        x = inputs.as_dtype(torch.float64)
+        out = torch.empty(output_shape(problem), dtype=torch.float64, device=x.a.device)
+        return launch(x.a, x.b, *x.epilogue_inputs, out=out)
+
+
+default_factory = TemplateKernelFactory()

@@ -1,0 +1,187 @@
+"""Kernel-level problem descriptions shared by the compiler, the templates and the autotuner.
+
+A :class:`GemmProblem` is what a template renders for and what the autotuner tunes: concrete
+sizes, dtypes, operand layouts and a fused epilogue. It knows nothing of FX graphs; the compiler
+builds one from its kernel IR (symbolic sizes resolved to hints or buckets), the offline warmer
+from a shape list. Sizes are plain ints; ``dynamic`` names the dimensions that vary at run time,
+so templates keep those generic (masks, 64-bit indexing).
+
+The GEMM is ``out[b] = epilogue(A[b] @ B[b])`` with A of shape (batch, M, K), B (batch, K, N),
+out (batch, M, N), accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+# dtype names used in keys and templates (torch dtype -> short name)
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float64: "fp64",
+    torch.float8_e4m3fn: "fp8e4m3",
+    torch.float8_e5m2: "fp8e5m2",
+}
+DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "fp8e4m3": 1, "fp8e5m2": 1}
+
+# Floating dtypes a GEMM accepts as A/B; fp64 runs only on ATen.
+GEMM_INPUT_DTYPES = ("fp32", "fp16", "bf16")
+
+UNARY_EPILOGUES = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+BINARY_EPILOGUES = ("add", "sub", "mul", "div")
+EPILOGUE_KINDS = UNARY_EPILOGUES + BINARY_EPILOGUES
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Short name ("fp32", "bf16", ...) of a torch dtype; raises KeyError for non-float dtypes."""
+    return DTYPE_NAMES[dtype]
+
+
+@dataclass(frozen=True)
+class EpilogueInput:
+    """A tensor the epilogue reads, broadcast to the output (batch, M, N).
+
+    ``broadcast`` names the output dimensions the tensor really spans: "MN" a full matrix
+    (residual), "N" one value per output column (bias), "M" one per row, "" a scalar tensor;
+    a leading "B" when it also varies over the batch.
+    """
+
+    broadcast: str
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.broadcast not in ("", "M", "N", "MN", "B", "BM", "BN", "BMN"):
+            raise ValueError(f"bad epilogue broadcast pattern {self.broadcast!r}")
+
+
+@dataclass(frozen=True)
+class EpilogueOp:
+    """One elementwise step applied to the fp32 accumulator, in order.
+
+    Unary kinds: relu, gelu (erf), gelu_tanh, silu, sigmoid, tanh. Binary kinds (add, sub, mul,
+    div) take either ``input`` (an index into ``GemmProblem.epilogue_inputs``, multiplied by
+    ``scale`` first) or ``scalar``; ``reverse`` computes ``other OP acc`` instead of
+    ``acc OP other``.
+    """
+
+    kind: str
+    input: int | None = None
+    scalar: float | None = None
+    scale: float = 1.0
+    reverse: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in EPILOGUE_KINDS:
+            raise ValueError(f"unknown epilogue kind {self.kind!r}; known: {EPILOGUE_KINDS}")
+        binary = self.kind in BINARY_EPILOGUES
+        if binary and (self.input is None) == (self.scalar is None):
+            raise ValueError(f"epilogue {self.kind} needs exactly one of input= or scalar=")
+        if not binary and (self.input is not None or self.scalar is not None):
+            raise ValueError(f"epilogue {self.kind} takes no operand")
+
+    def describe(self, inputs: tuple[EpilogueInput, ...]) -> str:
+        if self.kind in UNARY_EPILOGUES:
+            return self.kind
+        if self.scalar is not None:
+            other = f"{self.scalar:g}"
+        else:
+            pattern = inputs[self.input].broadcast or "scalar"  # type: ignore[index]
+            other = f"[{pattern}]" + (f"*{self.scale:g}" if self.scale != 1.0 else "")
+        return f"{self.kind}{'_rev' if self.reverse else ''}{other}"
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One GEMM with its fused epilogue, as templates and the autotuner see it.
+
+    Attributes:
+        M, N, K: sizes (ints; a dynamic size holds the hint or bucket it is tuned at).
+        batch: batch count (1 for a plain 2-D GEMM; ``batched`` tells bmm from mm).
+        dtype: A and B element type ("fp32", "fp16", "bf16").
+        out_dtype: output element type (a fused cast changes it).
+        layout_a: "row" (K contiguous), "col" (M contiguous) or "strided".
+        layout_b: "row" (N contiguous), "col" (K contiguous) or "strided".
+        epilogue, epilogue_inputs: the fused elementwise steps and the tensors they read.
+        dynamic: names of dims ("M", "N", "K", "batch") whose size varies at run time.
+        op: the ATen op it came from ("mm", "addmm", "bmm", "baddbmm", "linear"), for display.
+    """
+
+    M: int
+    N: int
+    K: int
+    dtype: str
+    out_dtype: str = ""
+    batch: int = 1
+    batched: bool = False
+    layout_a: str = "row"
+    layout_b: str = "row"
+    epilogue: tuple[EpilogueOp, ...] = ()
+    epilogue_inputs: tuple[EpilogueInput, ...] = ()
+    dynamic: frozenset[str] = field(default_factory=frozenset)
+    op: str = "mm"
+
+    def __post_init__(self) -> None:
+        if not self.out_dtype:
+            object.__setattr__(self, "out_dtype", self.dtype)
+        for name in ("M", "N", "K", "batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"GemmProblem.{name} must be a non-negative int, got {v!r}")
+        for op in self.epilogue:
+            if op.input is not None and not 0 <= op.input < len(self.epilogue_inputs):
+                raise ValueError(f"epilogue input index {op.input} out of range")
+
+    # -- derived quantities -------------------------------------------------------------------
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted as 2 FLOPs."""
+        return 2 * self.batch * self.M * self.N * self.K
+
+    @property
+    def min_bytes(self) -> int:
+        """Bytes that must cross memory at least once: A, B, out and epilogue inputs."""
+        e_in, e_out = ELEMENT_BYTES[self.dtype], ELEMENT_BYTES[self.out_dtype]
+        total = self.batch * (self.M * self.K + self.K * self.N) * e_in
+        total += self.batch * self.M * self.N * e_out
+        sizes = {"": 1, "M": self.M, "N": self.N, "MN": self.M * self.N}
+        for inp in self.epilogue_inputs:
+            b = self.batch if inp.broadcast.startswith("B") else 1
+            total += b * sizes[inp.broadcast.lstrip("B")] * ELEMENT_BYTES.get(inp.dtype, 4)
+        return total
+
+    def with_sizes(self, **sizes: int) -> "GemmProblem":
+        return dataclasses.replace(self, **sizes)
+
+    # -- identity -----------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["dynamic"] = sorted(self.dynamic)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "GemmProblem":
+        d = dict(d)
+        d["epilogue"] = tuple(EpilogueOp(**e) for e in d.get("epilogue", ()))
+        d["epilogue_inputs"] = tuple(EpilogueInput(**e) for e in d.get("epilogue_inputs", ()))
+        d["dynamic"] = frozenset(d.get("dynamic", ()))
+        return cls(**d)
+
+    def stable_hash(self) -> str:
+        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def describe_epilogue(self) -> str:
+        return " → ".join(op.describe(self.epilogue_inputs) for op in self.epilogue) or "-"
+
+    def describe(self) -> str:
+        b = f"{self.batch}x" if self.batched else ""
+        cast = f"→{self.out_dtype}" if self.out_dtype != self.dtype else ""
+        return (f"{self.op} {b}{self.M}x{self.N}x{self.K} {self.dtype}{cast} "
+                f"A:{self.layout_a} B:{self.layout_b} epilogue: {self.describe_epilogue()}")

@@ -1,0 +1,229 @@
+"""Target registry: what each chip tilewright generates kernels for can do.
+
+A target is (backend, arch) such as ``cuda:sm_90a`` or ``hip:gfx950``, with the figures the
+candidate policies and the analytic cost model need. Each GPU target is described by one
+representative part (the one named in ``device``); peak rates are dense (no sparsity) tensor-core
+rates from the vendor's datasheet cited in ``source``; measured figures are noted where we have
+them. ``cpu`` is this host, where Triton kernels run under the interpreter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tilewright.errors import UnknownTargetError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True)
+class Target:
+    """One compilation target and its hardware figures.
+
+    Attributes:
+        name: registry key, "<backend>:<arch>" (e.g. "cuda:sm_90a"), or "cpu"/"mps"/"xpu".
+        backend: "cuda", "hip", "cpu", "mps" or "xpu".
+        arch: "sm_90a", "sm_100a", "sm_120", "gfx942", "gfx950", "gfx1250", "cpu", ...
+        device: the representative part the figures describe.
+        num_sms: streaming multiprocessors / compute units / Xe cores.
+        warp_size: threads per warp (wavefront).
+        smem_per_block: shared memory (LDS) one block may use, bytes.
+        regs_per_sm: 32-bit registers per SM / CU.
+        l2_bytes: last-level on-chip cache, bytes.
+        peak_tflops: dense peak per input dtype ("bf16", "fp16", "fp32", "fp8", "fp4"), TFLOP/s.
+        hbm_gbps: DRAM bandwidth, GB/s.
+        features: capability names (see ``FEATURES``).
+        triton: (backend, arch, warp_size) for ``triton.backends.compiler.GPUTarget``, or None.
+        source: where the figures come from.
+    """
+
+    name: str
+    backend: str
+    arch: str
+    device: str
+    num_sms: int
+    warp_size: int
+    smem_per_block: int
+    regs_per_sm: int
+    l2_bytes: int
+    peak_tflops: tuple[tuple[str, float], ...]
+    hbm_gbps: float
+    features: frozenset[str] = field(default_factory=frozenset)
+    triton: tuple[str, str | int, int] | None = None
+    source: str = ""
+
+    @property
+    def interpreted(self) -> bool:
+        """True when Triton kernels for this target run under ``TRITON_INTERPRET`` (the CPU)."""
+        return self.backend == "cpu"
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak TFLOP/s for an input dtype; fp32 falls back to the fp32 (non-TF32) rate."""
+        table = dict(self.peak_tflops)
+        if dtype in table:
+            return table[dtype]
+        if dtype.startswith("fp8") and "fp8" in table:
+            return table["fp8"]
+        return table.get("fp32", min(table.values()))
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+    def __str__(self) -> str:
+        return self.name
+
+
+FEATURES = {
+    "wgmma": "Hopper warpgroup MMA",
+    "tcgen05": "Blackwell 5th-gen tensor core MMA (UMMA) with tensor memory",
+    "mma_sync": "warp-level mma.sync",
+    "tma": "Tensor Memory Accelerator bulk tensor copies (cp.async.bulk.tensor)",
+    "tdm": "AMD Tensor Data Mover (tensor_load_to_lds)",
+    "mfma": "AMD CDNA matrix fused multiply-add",
+    "wmma": "AMD wave matrix multiply-accumulate (gfx12)",
+    "pdl": "programmatic dependent launch (griddepcontrol)",
+    "fp8_e4m3": "OCP fp8 e4m3 MMA",
+    "fp8_e4m3fnuz": "AMD fnuz fp8 e4m3 MMA",
+    "block_scaled_mma": "MMA with per-block scale factors (MXFP4/MXFP8/NVFP4)",
+    "nvfp4": "NVFP4 (e2m1 + e4m3 scale per 16) MMA",
+    "mxfp4": "MXFP4 (e2m1 + e8m0 scale per 32) MMA",
+    "clusters": "thread-block clusters / distributed shared memory",
+}
+
+_NV = "https://www.nvidia.com/en-us/data-center/"
+_TARGETS = [
+    Target(
+        "cuda:sm_90a", "cuda", "sm_90a", "NVIDIA H200 SXM (also H100 SXM)", num_sms=132,
+        warp_size=32, smem_per_block=227 * KiB, regs_per_sm=65536, l2_bytes=50 * MiB,
+        peak_tflops=(("bf16", 989.4), ("fp16", 989.4), ("tf32", 494.7), ("fp32", 66.9),
+                     ("fp8", 1978.9)),
+        hbm_gbps=4800.0,
+        features=frozenset({"wgmma", "mma_sync", "tma", "pdl", "fp8_e4m3", "clusters"}),
+        triton=("cuda", 90, 32),
+        source=f"{_NV}h200/ datasheet (dense = half the sparse figure); measured here: "
+               "~790 TFLOP/s bf16, ~4.3 TB/s copy"),
+    Target(
+        "cuda:sm_100a", "cuda", "sm_100a", "NVIDIA B200 (HGX)", num_sms=148, warp_size=32,
+        smem_per_block=227 * KiB, regs_per_sm=65536, l2_bytes=126 * MiB,
+        peak_tflops=(("bf16", 2250.0), ("fp16", 2250.0), ("tf32", 1100.0), ("fp32", 75.0),
+                     ("fp8", 4500.0), ("fp4", 9000.0)),
+        hbm_gbps=8000.0,
+        features=frozenset({"tcgen05", "mma_sync", "tma", "pdl", "fp8_e4m3", "clusters",
+                            "block_scaled_mma", "nvfp4", "mxfp4"}),
+        triton=("cuda", 100, 32),
+        source=f"{_NV}hgx/ HGX B200 datasheet (dense = half the sparse figure)"),
+    Target(
+        "cuda:sm_120", "cuda", "sm_120", "NVIDIA GeForce RTX 5090", num_sms=170, warp_size=32,
+        smem_per_block=99 * KiB, regs_per_sm=65536, l2_bytes=96 * MiB,
+        peak_tflops=(("bf16", 209.5), ("fp16", 209.5), ("tf32", 104.8), ("fp32", 104.8),
+                     ("fp8", 419.0), ("fp4", 838.0)),
+        hbm_gbps=1792.0,
+        features=frozenset({"mma_sync", "tma", "pdl", "fp8_e4m3", "block_scaled_mma",
+                            "nvfp4", "mxfp4"}),
+        triton=("cuda", 120, 32),
+        source="NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090, dense, "
+               "fp32 accumulate)"),
+    Target(
+        "hip:gfx942", "hip", "gfx942", "AMD Instinct MI300X", num_sms=304, warp_size=64,
+        smem_per_block=64 * KiB, regs_per_sm=4 * 512 * 64, l2_bytes=256 * MiB,
+        peak_tflops=(("bf16", 1307.4), ("fp16", 1307.4), ("tf32", 653.7), ("fp32", 163.4),
+                     ("fp8", 2614.9)),
+        hbm_gbps=5300.0,
+        features=frozenset({"mfma", "fp8_e4m3fnuz"}),
+        triton=("hip", "gfx942", 64),
+        source="AMD Instinct MI300X data sheet (dense; L2 figure is the 256 MB Infinity Cache)"),
+    Target(
+        "hip:gfx950", "hip", "gfx950", "AMD Instinct MI355X", num_sms=256, warp_size=64,
+        smem_per_block=160 * KiB, regs_per_sm=4 * 512 * 64, l2_bytes=256 * MiB,
+        peak_tflops=(("bf16", 2516.6), ("fp16", 2516.6), ("fp32", 157.3), ("fp8", 5033.2),
+                     ("fp4", 10066.4)),
+        hbm_gbps=8000.0,
+        features=frozenset({"mfma", "fp8_e4m3", "block_scaled_mma", "mxfp4"}),
+        triton=("hip", "gfx950", 64),
+        source="AMD Instinct MI355X data sheet (dense; 160 KB LDS per CU on CDNA4)"),
+    Target(
+        "hip:gfx1250", "hip", "gfx1250", "AMD Instinct MI450 (announced)", num_sms=256,
+        warp_size=32, smem_per_block=320 * KiB, regs_per_sm=4 * 512 * 32, l2_bytes=256 * MiB,
+        peak_tflops=(("bf16", 5000.0), ("fp16", 5000.0), ("fp32", 160.0), ("fp8", 20000.0),
+                     ("fp4", 40000.0)),
+        hbm_gbps=19600.0,
+        features=frozenset({"wmma", "tdm", "fp8_e4m3", "block_scaled_mma", "mxfp4"}),
+        triton=("hip", "gfx1250", 32),
+        source="AMD announced MI450 figures (40 PF fp4, 20 PF fp8, 19.6 TB/s HBM4); CU count, "
+               "LDS size and bf16 rate are estimates until a data sheet is published"),
+    Target(
+        "mps", "mps", "apple-gpu", "Apple M3 Max (40-core GPU)", num_sms=40, warp_size=32,
+        smem_per_block=32 * KiB, regs_per_sm=65536, l2_bytes=48 * MiB,
+        peak_tflops=(("fp32", 16.4), ("fp16", 16.4), ("bf16", 16.4)), hbm_gbps=400.0,
+        source="Apple M3 Max technical specifications (unified memory bandwidth)"),
+    Target(
+        "xpu", "xpu", "pvc", "Intel Data Center GPU Max 1550", num_sms=128, warp_size=16,
+        smem_per_block=128 * KiB, regs_per_sm=65536, l2_bytes=408 * MiB,
+        peak_tflops=(("bf16", 838.9), ("fp16", 838.9), ("tf32", 419.4), ("fp32", 52.4)),
+        hbm_gbps=3276.8,
+        source="Intel Data Center GPU Max Series product brief"),
+    Target(
+        "cpu", "cpu", "cpu", "host CPU (Triton kernels interpreted)", num_sms=1, warp_size=1,
+        smem_per_block=1 << 30, regs_per_sm=1 << 30, l2_bytes=32 * MiB,
+        peak_tflops=(("fp32", 0.1), ("fp16", 0.01), ("bf16", 0.01)), hbm_gbps=20.0,
+        source="nominal; the cpu target is for correctness, not speed"),
+]
+
+TARGETS: dict[str, Target] = {t.name: t for t in _TARGETS}
+ALIASES = {
+    "sm_90a": "cuda:sm_90a", "sm_90": "cuda:sm_90a", "h100": "cuda:sm_90a", "h200": "cuda:sm_90a",
+    "sm_100a": "cuda:sm_100a", "sm_100": "cuda:sm_100a", "b200": "cuda:sm_100a",
+    "sm_120": "cuda:sm_120", "rtx5090": "cuda:sm_120",
+    "gfx942": "hip:gfx942", "mi300x": "hip:gfx942",
+    "gfx950": "hip:gfx950", "mi355x": "hip:gfx950",
+    "gfx1250": "hip:gfx1250", "mi450": "hip:gfx1250",
+}
+
+
+def get_target(name: str | Target) -> Target:
+    """Look a target up by name ("cuda:sm_90a") or alias ("h200", "gfx950").
+
+    Raises:
+        UnknownTargetError: the name is in neither table; the message lists the known names.
+    """
+    if isinstance(name, Target):
+        return name
+    key = ALIASES.get(name.lower(), name.lower())
+    try:
+        return TARGETS[key]
+    except KeyError:
+        raise UnknownTargetError(
+            f"unknown target {name!r}; known targets: {', '.join(TARGETS)} "
+            f"(aliases: {', '.join(ALIASES)})") from None
+
+
+def detect_target(device: torch.device | str) -> Target:
+    """The target for the device a tensor lives on.
+
+    CUDA devices map by compute capability (9.x → sm_90a, 10.x → sm_100a, 12.x → sm_120),
+    ROCm devices by ``gcnArchName``.
+
+    Raises:
+        UnknownTargetError: a GPU this registry does not describe.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return TARGETS["cpu"]
+    if device.type in ("mps", "xpu"):
+        return TARGETS[device.type]
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        if getattr(torch.version, "hip", None):
+            arch = props.gcnArchName.split(":")[0]
+            return get_target(f"hip:{arch}")
+        major = props.major
+        by_major = {9: "cuda:sm_90a", 10: "cuda:sm_100a", 12: "cuda:sm_120"}
+        if major in by_major:
+            return TARGETS[by_major[major]]
+        raise UnknownTargetError(
+            f"no target for CUDA compute capability {props.major}.{props.minor} ({props.name}); "
+            f"tilewright knows {', '.join(t for t in TARGETS if t.startswith('cuda'))}")
+    raise UnknownTargetError(f"no target for device type {device.type!r}")

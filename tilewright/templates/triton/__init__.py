@@ -1,0 +1,11 @@
+"""Triton templates: JIT on CUDA and ROCm GPUs, interpreted on the CPU."""
+
+from tilewright.templates import BackendManifest
+from tilewright.templates.triton.gemm import TritonGemm
+
+MANIFEST = BackendManifest(
+    name="triton",
+    description="Triton kernels (JIT on cuda/hip, TRITON_INTERPRET on cpu)",
+    target_backends=("cuda", "hip", "cpu"),
+    templates=(TritonGemm(),),
+)
