@@ -1,0 +1,49 @@
+"""``tilewright demo``: real models through the backend, compared with eager."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tilewright.cli.common import console, csv as _csv
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tilewright.demo.run import CASES, MODES, run_case
+    from tilewright.demo.table import print_results
+
+    cases, modes = _csv(args.cases), _csv(args.modes)
+    for c in cases:
+        if c not in CASES:
+            console.print(f"[red]unknown case {c!r}; choose from {', '.join(CASES)}[/red]")
+            return 2
+    for m in modes:
+        if m not in MODES:
+            console.print(f"[red]unknown mode {m!r}; choose from {', '.join(MODES)}[/red]")
+            return 2
+    results = []
+    for case in cases:
+        for mode in modes:
+            with console.status(f"running {case} ({mode})"):
+                results.append(run_case(case, mode))
+    print_results(results, console)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": [r.to_json() for r in results]}, f, indent=1)
+        console.print(f"wrote {args.json}")
+    failed = [r for r in results if not r.passed]
+    if failed:
+        console.print(f"[red]{len(failed)} of {len(results)} cases failed[/red]")
+        return 1
+    console.print(f"[green]all {len(results)} cases match eager[/green]")
+    return 0
+
+
+def add_parser(sub) -> None:
+    d = sub.add_parser("demo", help="run real models through the backend and compare with eager")
+    d.add_argument("--cases", default="minilm,llama-train,llama-bf16",
+                   help="comma-separated: minilm, llama-train, llama-bf16")
+    d.add_argument("--modes", default="auto,triton",
+                   help="comma-separated: auto (autotuner decides), triton (force generated kernels)")
+    d.add_argument("--json", help="also write the results as JSON to this file")
+    d.set_defaults(fn=cmd_demo)
