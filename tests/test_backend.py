@@ -153,3 +153,26 @@ def test_model_with_a_frozen_weight_and_a_buffer():
     x2 = x.detach().clone().requires_grad_()
     m(x2).sum().backward()
     assert rel_err(x.grad, x2.grad) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+@pytest.mark.parametrize("scales", ["tensorwise", "rowwise"])
+def test_fp8_scaled_mm_lowers_with_scales_in_the_epilogue(mode, scales):
+    def f(x, w, sa, sb, bias):
+        return torch._scaled_mm(x, w.t(), sa, sb, bias=bias, out_dtype=torch.bfloat16)
+
+    M, N, K = 48, 64, 96
+    x = torch.randn(M, K).to(torch.float8_e4m3fn)
+    w = torch.randn(N, K).to(torch.float8_e4m3fn)
+    if scales == "tensorwise":
+        sa, sb = torch.tensor(0.5), torch.tensor(1.5)
+    else:
+        sa, sb = torch.rand(M, 1) + 0.5, torch.rand(1, N) + 0.5
+    bias = torch.randn(N, dtype=torch.bfloat16)
+    with tilewright.config.patch(force_backend=mode), collect_reports() as reports:
+        out = torch.compile(f, backend="tilewright")(x, w, sa, sb, bias)
+    ref = (x.double() @ w.double().t()) * sa.double() * sb.double() + bias.double()
+    assert rel_err(out, ref) < 2e-2
+    (gemm,) = [g for r in reports for g in r.gemms]
+    assert gemm.op == "scaled_mm" and gemm.dtype == "fp8e4m3" and gemm.out_dtype == "bf16"
+    assert gemm.epilogue.startswith("mul[") and gemm.epilogue.endswith("add[N]")

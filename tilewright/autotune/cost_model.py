@@ -6,8 +6,8 @@ For GPUs it is a roofline with tile and wave effects:
   *tile efficiency* loss), at the target's dense peak scaled by how well a tile that size feeds
   the tensor cores; tiles run in waves over the SMs/CUs, and a partly filled last wave costs a
   full one (*wave quantisation*);
-* memory: A is re-read once per column of tiles and B once per row of tiles, less what L2 keeps
-  (GROUP_M swizzle keeps a group's tiles resident), plus the output and epilogue inputs;
+* memory: each wave of tiles (GROUP_M rows of tiles wide with the swizzle) reads its A and B
+  panels from DRAM once, the rest of its reuse hits L2; plus the output and epilogue inputs;
 * the kernel takes the larger of the two, plus a fixed launch latency.
 
 For the ``cpu`` target (Triton interpreter) the cost is Python overhead per main-loop step, so
@@ -54,9 +54,12 @@ def _mma_efficiency(bm: int, bn: int, bk: int, num_warps: int) -> float:
     return 0.8 * (0.35 + 0.65 * math.sqrt(area)) * (0.7 + 0.3 * depth)
 
 
-def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Target) -> CostEstimate:
+def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Target, *,
+                  efficiency: float = 1.0) -> CostEstimate:
     """Predicted time of a tiled GEMM with ``params`` (BLOCK_M/N/K, num_warps, SPLIT_K) on
-    ``target``. ``params`` without tile sizes (the ATen candidate) get a 128x128x64 tile."""
+    ``target``. ``params`` without tile sizes get a 128x128x64 tile. ``efficiency`` is the
+    template's relative tensor-core efficiency (TMA/TDM pipelines > 1); the sustained rate
+    stays below 95% of peak whatever it says."""
     bm = params.get("BLOCK_M", 128)
     bn = params.get("BLOCK_N", 128)
     bk = params.get("BLOCK_K", 64)
@@ -74,19 +77,26 @@ def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Targe
 
     eb = ELEMENT_BYTES[problem.dtype]
     peak = target.peak(problem.dtype) * 1e12  # FLOP/s
-    eff = _mma_efficiency(bm, bn, bk, params.get("num_warps", 4))
+    eff = min(_mma_efficiency(bm, bn, bk, params.get("num_warps", 4)) * efficiency, 0.95)
     per_sm = peak / target.num_sms * eff
     flops_per_tile = 2.0 * bm * bn * math.ceil(problem.K / split_k)
     waves = tiles / target.num_sms if target.num_sms else tiles
     compute_s = math.ceil(waves) * flops_per_tile / per_sm if tiles else 0.0
 
-    a_bytes = problem.batch * problem.M * problem.K * eb
-    b_bytes = problem.batch * problem.K * problem.N * eb
-    # re-reads beyond the first that L2 does not absorb
-    l2_hit = 0.9 if (a_bytes + b_bytes) < target.l2_bytes else 0.6
-    rereads = (a_bytes * max(tiles_n - 1, 0) + b_bytes * max(tiles_m - 1, 0)) * (1 - l2_hit)
+    # DRAM traffic: the tiles of one wave (num_sms of them, GROUP_M rows of tiles by
+    # num_sms / GROUP_M columns with the swizzle) fetch their A and B panels once; panels
+    # shared inside the wave come from L2. A wave whose panels overflow L2 re-reads them.
+    group = params.get("GROUP_M", 8)
+    rows = max(1, min(group, tiles_m))
+    cols = max(1, min(math.ceil(target.num_sms / rows), tiles_n))
+    waves_total = math.ceil(tiles / (rows * cols)) if tiles else 0
+    panel = (rows * bm + cols * bn) * math.ceil(problem.K / split_k) * eb
+    spill = max(1.0, panel / target.l2_bytes)
+    operands = waves_total * panel * spill
+    operands = max(operands, problem.batch * (problem.M * problem.K + problem.K * problem.N) * eb)
+    out_and_epilogue = problem.min_bytes - problem.batch * (problem.M * problem.K + problem.K * problem.N) * eb
     out_extra = (split_k - 1) * problem.batch * problem.M * problem.N * 4 * 2  # fp32 partials
-    memory_s = (problem.min_bytes + rereads + out_extra) / (target.hbm_gbps * 1e9)
+    memory_s = (operands + out_and_epilogue + out_extra) / (target.hbm_gbps * 1e9)
 
     ms = max(compute_s, memory_s) * 1e3 + LAUNCH_US * 1e-3 * (2 if split_k > 1 else 1)
     if max(compute_s, memory_s) * 1e3 < LAUNCH_US * 1e-3:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.cost_model import estimate_gemm, roofline_ms
+from tilewright.autotune.cost_model import LAUNCH_US, estimate_gemm, roofline_ms
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec, get_template, templates_for
@@ -88,24 +88,40 @@ class GemmPolicy:
             out.append(params)
         return out
 
+    def ranked(self, problem: GemmProblem, target: Target, template: TemplateSpec
+               ) -> list[tuple[float, dict[str, Any]]]:
+        """(predicted ms, params) for one template, best first."""
+        eff = template.efficiency(target)
+        scored = [(estimate_gemm(problem, p, target, efficiency=eff).ms, p)
+                  for p in self.tile_params(problem, template, target)]
+        return sorted(scored, key=lambda item: item[0])
+
     def candidates(self, problem: GemmProblem, target: Target,
                    templates: Iterable[TemplateSpec] | None = None) -> list[Candidate]:
-        """Ranked candidates: ATen first (rank 0), then generated kernels by predicted time."""
+        """Ranked candidates: ATen first (rank 0), then generated kernels, at most
+        ``config.max_candidates`` of them: the best of each template, then the next best
+        overall, in order of predicted time."""
         aten = get_template("aten.gemm")
-        # a vendor BLAS is taken to reach 80% of the roofline
+        # a vendor BLAS is taken to reach 80% of the roofline, plus one launch
+        launch_ms = 0.0 if target.interpreted else LAUNCH_US * 1e-3
         out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0,
-                            predicted_ms=roofline_ms(problem, target) / 0.8)]
-        generated = []
+                            predicted_ms=roofline_ms(problem, target) / 0.8 + launch_ms)]
+        per_template = []
         for template in templates if templates is not None else templates_for("gemm", target.backend):
             if template.backend == "aten" or not template.supports(problem, target):
                 continue
-            for params in self.tile_params(problem, template, target):
-                est = estimate_gemm(problem, params, target).ms
-                generated.append((est, template, params))
-        generated.sort(key=lambda item: item[0])
-        for i, (est, template, params) in enumerate(generated[: config.max_candidates]):
+            ranked = self.ranked(problem, target, template)
+            if ranked:
+                per_template.append((template, ranked))
+        budget = config.max_candidates
+        chosen = [(ranked[0][0], t, ranked[0][1]) for t, ranked in per_template][:budget]
+        rest = sorted(((ms, t, p) for t, ranked in per_template for ms, p in ranked[1:]),
+                      key=lambda item: item[0])
+        chosen += rest[: max(budget - len(chosen), 0)]
+        chosen.sort(key=lambda item: item[0])
+        for i, (ms, template, params) in enumerate(chosen):
             out.append(Candidate.of(template.id, template.source_hash, params, rank=i + 1,
-                                    predicted_ms=est))
+                                    predicted_ms=ms))
         return out
 
 

@@ -1,4 +1,4 @@
-"""``tilewright templates`` and ``tilewright config``."""
+"""``tilewright templates``, ``tilewright targets`` and ``tilewright config``."""
 
 from __future__ import annotations
 
@@ -35,7 +35,28 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_targets(args: argparse.Namespace) -> int:
+    from tilewright.runtime.targets import ALIASES, TARGETS
+
+    table = Table(title="targets (dense peak rates; sources in tilewright/runtime/targets.py)")
+    for col in ("target", "aliases", "part", "SMs/CUs", "warp", "smem/LDS KiB", "bf16 TFLOP/s",
+                "fp8", "fp4", "HBM GB/s", "features"):
+        table.add_column(col, overflow="fold")
+    for name, t in TARGETS.items():
+        rates = dict(t.peak_tflops)
+        aliases = ", ".join(a for a, v in ALIASES.items() if v == name)
+        table.add_row(name, aliases, t.device, str(t.num_sms), str(t.warp_size),
+                      str(t.smem_per_block // 1024) if t.smem_per_block < 1 << 30 else "-",
+                      f"{rates.get('bf16', 0):g}", f"{rates.get('fp8', 0):g}" if "fp8" in rates else "-",
+                      f"{rates.get('fp4', 0):g}" if "fp4" in rates else "-", f"{t.hbm_gbps:g}",
+                      ", ".join(sorted(t.features)))
+    console.print(table)
+    return 0
+
+
 def add_parser(sub) -> None:
+    g = sub.add_parser("targets", help="list the chips tilewright generates kernels for")
+    g.set_defaults(fn=cmd_targets)
     t = sub.add_parser("templates", help="list kernel templates and their parameters")
     t.set_defaults(fn=cmd_templates)
     c = sub.add_parser("config", help="show settings and their environment variables")

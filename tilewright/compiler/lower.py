@@ -1,8 +1,8 @@
 """Lowering: ATen FX graph → :class:`KernelGraph`.
 
 GEMM-family nodes with float operands on one device become :class:`GemmNode`s: ``mm``,
-``addmm`` (bias as the first epilogue step, ``alpha``/``beta`` as scales), ``bmm`` and
-``baddbmm``. Transposed or sliced operands stay views: the GEMM reads them through their
+``addmm`` (bias as the first epilogue step, ``alpha``/``beta`` as scales), ``bmm``,
+``baddbmm``, and fp8 ``_scaled_mm`` (its scales and bias as epilogue steps). Transposed or sliced operands stay views: the GEMM reads them through their
 strides, nothing is copied. Everything else becomes an :class:`ExternNode`, run as ATen, so an op
 tilewright cannot lower never fails the model.
 """
@@ -138,6 +138,44 @@ def lower_gemm(node: fx.Node, index: int) -> GemmNode:
     return g
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def lower_scaled_mm(node: fx.Node, index: int) -> GemmNode | None:
+    """``_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype)`` with fp8 operands
+    and tensor-wise or row/column-wise fp32 scales: a GEMM whose epilogue multiplies by the
+    two scales and adds the bias. None when it stays on ATen (fp8 output scaling)."""
+    names = ("self", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
+    bound = dict(zip(names, node.args)) | dict(node.kwargs)
+    if bound.get("scale_result") is not None:
+        return None
+    a, b = bound["self"], bound["mat2"]
+    ma, mb, mo = TensorMeta.of(a), TensorMeta.of(b), TensorMeta.of(node)
+    if None in (ma, mb, mo) or ma.dtype != mb.dtype or ma.dtype not in FP8_DTYPES:
+        return None
+    if mo.dtype not in (torch.float32, torch.float16, torch.bfloat16) or ma.ndim != 2:
+        return None
+    g = GemmNode(
+        name=f"gemm_{index}", fx_nodes=[node], op="scaled_mm", a=a.name, b=b.name,
+        M=ma.shape[0], N=mb.shape[1], K=ma.shape[1],
+        hints={"M": ma.hint_shape[0], "N": mb.hint_shape[1], "K": ma.hint_shape[1], "batch": 1},
+        dtype=ma.dtype, out_dtype=mo.dtype, device=mo.device,
+        layout_a=layout_of(ma), layout_b=layout_of(mb), value=node.name)
+    for key, op in (("scale_a", "mul"), ("scale_b", "mul"), ("bias", "add")):
+        t = bound.get(key)
+        if t is None:
+            continue
+        mt = TensorMeta.of(t)
+        if mt is None or mt.device != mo.device or DTYPE_NAMES.get(mt.dtype) not in GEMM_INPUT_DTYPES:
+            return None
+        pattern = broadcast_pattern(mt, mo.shape, False, lambda i: ("M", "N")[i])
+        if pattern is None:
+            return None
+        g.epilogue_inputs.append(FusedInput(t.name, EpilogueInput(pattern, DTYPE_NAMES[mt.dtype])))
+        g.epilogue.append(EpilogueOp(op, input=len(g.epilogue_inputs) - 1))
+    return g
+
+
 def lower(gm: fx.GraphModule) -> KernelGraph:
     """The kernel IR of an ATen FX graph (one node per FX call; fusion comes after)."""
     placeholders: list[fx.Node] = []
@@ -151,6 +189,10 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
             output = node
         elif node.op == "call_function" and node.target in GEMM_OPS and why_not_gemm(node) is None:
             nodes.append(lower_gemm(node, n_gemm))
+            n_gemm += 1
+        elif node.op == "call_function" and node.target == aten._scaled_mm.default and (
+                scaled := lower_scaled_mm(node, n_gemm)) is not None:
+            nodes.append(scaled)
             n_gemm += 1
         elif node.op == "call_function":
             nodes.append(ExternNode(node.name, [node], kind=_kind(node)))

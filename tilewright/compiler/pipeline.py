@@ -22,6 +22,7 @@ import torch.fx as fx
 
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
+from tilewright.compiler.capture import gemm_problem
 from tilewright.compiler.dispatch import GemmCall
 from tilewright.compiler.fuse import fuse_epilogues
 from tilewright.compiler.ir import GemmNode, KernelGraph
@@ -30,21 +31,11 @@ from tilewright.compiler.report import CandidateReport, GemmReport, GraphReport,
 from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
 from tilewright.errors import UnknownTargetError
 from tilewright.kernels.build import default_factory
-from tilewright.problem import DTYPE_NAMES, GemmProblem
 from tilewright.runtime.targets import detect_target, get_target
 from tilewright.templates import get_template
 
 log = logging.getLogger("tilewright.compiler")
 _graph_ids = itertools.count()
-
-
-def gemm_problem(g: GemmNode) -> GemmProblem:
-    """The autotuner's view of a GEMM node, at its trace-time sizes."""
-    return GemmProblem(
-        M=g.hints["M"], N=g.hints["N"], K=g.hints["K"], batch=g.hints["batch"],
-        batched=g.batched, dtype=DTYPE_NAMES[g.dtype], out_dtype=DTYPE_NAMES[g.out_dtype],
-        layout_a=g.layout_a, layout_b=g.layout_b, epilogue=tuple(g.epilogue),
-        epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op)
 
 
 def make_call(g: GemmNode) -> GemmCall:

@@ -53,3 +53,10 @@ def build_llama(dtype: torch.dtype = torch.float32, seed: int = 0):
 def llama_inputs(batch: int = 2, seq: int = 24, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 512, (batch, seq), generator=g)
+
+
+def llama_example():
+    """(model, kwargs) for ``tilewright aot`` / ``tilewright warm``: the demo's Llama decoder,
+    with labels so a training build has a loss to differentiate."""
+    ids = llama_inputs()
+    return build_llama(torch.bfloat16), {"input_ids": ids, "labels": ids}

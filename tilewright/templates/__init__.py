@@ -58,10 +58,10 @@ def register(manifest: BackendManifest) -> None:
 
 
 def _load_builtin() -> None:
-    from tilewright.templates import aten, triton  # noqa: F401 - registers on import
+    from tilewright.templates import aten, gluon, triton
 
-    register(aten.MANIFEST)
-    register(triton.MANIFEST)
+    for backend in (aten, triton, gluon):
+        register(backend.MANIFEST)
 
 
 def manifests() -> dict[str, BackendManifest]:

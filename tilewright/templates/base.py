@@ -22,7 +22,9 @@ from typing import Any, ClassVar, Mapping
 import jinja2
 
 from tilewright.problem import GemmProblem
+from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
+from tilewright.runtime.verify import InstructionCheck
 
 Params = Mapping[str, Any]
 
@@ -131,15 +133,20 @@ class RenderedKernel:
     entry: str = "launch"
     language: str = "python"
     meta: Mapping[str, Any] = field(default_factory=dict)
+    aot: AotSpec | None = None
 
     @property
     def source_hash(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()[:16]
 
 
+TEMPLATES_ROOT = Path(__file__).parent
+
+
 def jinja_env(folder: Path) -> jinja2.Environment:
+    """Templates load from their own folder, and shared macros from ``templates/common/``."""
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(folder)),
+        loader=jinja2.FileSystemLoader([str(folder), str(TEMPLATES_ROOT)]),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -163,6 +170,8 @@ class TemplateSpec(ABC):
     op: ClassVar[str] = "gemm"
     space: ClassVar[ParamSpace] = ParamSpace(())
     jinja: ClassVar[str | None] = None
+    # shared jinja files (relative to templates/) the source includes: part of its hash
+    includes: ClassVar[tuple[str, ...]] = ()
 
     @cached_property
     def folder(self) -> Path:
@@ -175,6 +184,8 @@ class TemplateSpec(ABC):
         h.update(Path(inspect.getfile(type(self))).read_bytes())
         if self.jinja:
             h.update((self.folder / self.jinja).read_bytes())
+        for rel in self.includes:
+            h.update((TEMPLATES_ROOT / rel).read_bytes())
         return h.hexdigest()[:16]
 
     def render_jinja(self, **context: Any) -> str:
@@ -196,6 +207,17 @@ class TemplateSpec(ABC):
         Raises:
             UnsupportedProblemError: ``supports`` or ``check`` refuses.
         """
+
+    def expected_instructions(self, problem: GemmProblem, params: Params,
+                              target: Target) -> list[InstructionCheck]:
+        """What the compiled kernel for this problem/params/target must contain (for AOT
+        verification); empty for templates that are not compiled ahead of time."""
+        return []
+
+    def efficiency(self, target: Target) -> float:
+        """Relative tensor-core efficiency the cost model credits this template with on a
+        target (1.0 = the plain tiled kernel); > 1 for better data movement (TMA, TDM)."""
+        return 1.0
 
     def __repr__(self) -> str:
         return f"<template {self.id} {self.source_hash}>"

@@ -2,10 +2,11 @@
 
 from tilewright.templates import BackendManifest
 from tilewright.templates.triton.gemm import TritonGemm
+from tilewright.templates.triton.gemm_tma import TritonGemmTma
 
 MANIFEST = BackendManifest(
     name="triton",
     description="Triton kernels (JIT on cuda/hip, TRITON_INTERPRET on cpu)",
     target_backends=("cuda", "hip", "cpu"),
-    templates=(TritonGemm(),),
+    templates=(TritonGemm(), TritonGemmTma()),
 )

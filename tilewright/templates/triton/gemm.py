@@ -3,22 +3,29 @@
 Parameters are the usual Triton GEMM tunables (BLOCK_M/BLOCK_N/BLOCK_K, GROUP_M, num_warps,
 num_stages). Masks make every M/N/K legal (1, primes, 0); accumulation is fp32 for every input
 dtype. On the ``cpu`` target the kernel runs in the Triton interpreter, whose bf16 arithmetic is
-wrong (triton issue 11584), so bf16 tiles are upcast to fp32 there before ``tl.dot``.
+wrong (triton issue 11584), so bf16 (and fp8) tiles are upcast to fp32 there before ``tl.dot``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from tilewright.errors import UnsupportedProblemError
-from tilewright.problem import ELEMENT_BYTES, GEMM_INPUT_DTYPES, GemmProblem
+from tilewright.problem import ELEMENT_BYTES, GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
-    SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
+    SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support,
+    TemplateSpec, powers_of_two,
 )
 
-_TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-_INT32_MAX = 2**31 - 1
+TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
+               "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
+TRITON_POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16", "fp8e4m3": "*fp8e4nv",
+                  "fp8e5m2": "*fp8e5"}
+INT32_MAX = 2**31 - 1
 # fp32 accumulator registers a thread may hold before the kernel spills (of 255 per thread)
-_MAX_ACC_REGS_PER_THREAD = 128
+MAX_ACC_REGS_PER_THREAD = 128
+FP8 = ("fp8e4m3", "fp8e5m2")
 
 
 def smem_bytes(problem: GemmProblem, params: Params) -> int:
@@ -27,11 +34,60 @@ def smem_bytes(problem: GemmProblem, params: Params) -> int:
     return max(params["num_stages"] - 1, 1) * tile * ELEMENT_BYTES[problem.dtype]
 
 
+def tensor_core_dtype(problem: GemmProblem, target: Target) -> bool:
+    from tilewright._config import config
+
+    return problem.dtype in ("fp16", "bf16") + FP8 or (problem.dtype == "fp32" and config.allow_tf32
+                                                         and not target.interpreted)
+
+
+def needs_int64(problem: GemmProblem) -> bool:
+    """64-bit offsets when an operand can exceed 2**31 elements (always, for dynamic sizes)."""
+    if problem.dynamic:
+        return True
+    biggest = max(problem.M * problem.K, problem.K * problem.N, problem.M * problem.N)
+    return problem.batch * biggest > INT32_MAX
+
+
+PTX_DTYPE = {"bf16": "bf16", "fp16": "f16", "fp32": "tf32", "fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
+
+
+def mma_checks(problem: GemmProblem, params: Params, target: Target) -> list[InstructionCheck]:
+    """The matrix instructions a Triton dot of this shape and dtype lowers to on ``target``.
+
+    Measured with triton 3.9: on sm_90a/sm_100a a tile of BLOCK_M >= 64 with >= 4 warps becomes
+    wgmma/tcgen05 (fp8: ``kind::f8f6f4``), smaller tiles mma.sync; fp32 without TF32 stays on
+    FMA units; fp8 on CDNA4 is ``v_mfma_*_f8f6f4``, on gfx1250 ``v_wmma_*_fp8_fp8``.
+    """
+    fp8 = problem.dtype in FP8
+    if target.backend == "cuda":
+        if not tensor_core_dtype(problem, target):
+            return [InstructionCheck("ptx", ("fma.rn.f32",), ("wgmma", "tcgen05.mma"),
+                                     "fp32 without TF32 runs on FMA units")]
+        big = params["BLOCK_M"] >= 64 and params["num_warps"] >= 4
+        ptx = PTX_DTYPE[problem.dtype]
+        if big and target.has("wgmma"):
+            return [InstructionCheck("ptx", (rf"wgmma\.mma_async\S*\.{ptx}",), (), "warpgroup MMA (Hopper)")]
+        if big and target.has("tcgen05"):
+            kind = r"kind::f8f6f4" if fp8 else r"kind::(f16|tf32)"
+            return [InstructionCheck("ptx", (rf"tcgen05\.mma\S*{kind}",), (r"wgmma",), "5th-gen tensor cores")]
+        return [InstructionCheck("ptx", (rf"mma\.sync\S*\.{ptx}",), (), "warp-level MMA")]
+    if target.backend == "hip":
+        suffix = r"\w*(f8|fp8)" if fp8 else ""
+        if target.has("wmma"):
+            return [InstructionCheck("amdgcn", (rf"v_wmma{suffix}",), (), "WMMA (gfx12)")]
+        if target.has("mfma"):
+            return [InstructionCheck("amdgcn", (rf"v_mfma{suffix}",), (), "MFMA (CDNA)")]
+    return []
+
+
 class TritonGemm(TemplateSpec):
     id = "triton.gemm"
     backend = "triton"
     op = "gemm"
     jinja = "gemm.py.jinja"
+    includes = ("common/epilogue.jinja",)
+    kernel_name = "tw_gemm_kernel"
     space = ParamSpace((
         Knob("BLOCK_M", powers_of_two(16, 256), 64, "rows of C per program"),
         Knob("BLOCK_N", powers_of_two(16, 256), 64, "columns of C per program"),
@@ -44,8 +100,10 @@ class TritonGemm(TemplateSpec):
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if target.backend not in ("cuda", "hip", "cpu"):
             return Support(False, f"Triton does not generate for {target.backend}")
-        if problem.dtype not in GEMM_INPUT_DTYPES:
-            return Support(False, f"input dtype {problem.dtype} (Triton GEMM takes fp32/fp16/bf16)")
+        if problem.dtype not in ("fp32", "fp16", "bf16") + FP8:
+            return Support(False, f"input dtype {problem.dtype} (Triton GEMM takes fp32/fp16/bf16/fp8)")
+        if problem.dtype in FP8 and target.backend != "cpu" and not target.has("fp8_e4m3"):
+            return Support(False, f"{target.name} has no OCP fp8 (e4m3fn/e5m2) MMA")
         if problem.out_dtype not in ("fp32", "fp16", "bf16"):
             return Support(False, f"output dtype {problem.out_dtype}")
         if problem.batch > 65535:
@@ -59,63 +117,98 @@ class TritonGemm(TemplateSpec):
             return str(e)
         if target.interpreted:
             return None  # the interpreter has no shared memory or register limits
+        if problem.dtype in FP8 and params["BLOCK_K"] < 32:
+            return "fp8 MMA needs BLOCK_K >= 32"
         smem = smem_bytes(problem, params)
         if smem > target.smem_per_block:
             return f"needs {smem} B shared memory, {target.name} has {target.smem_per_block}"
         threads = params["num_warps"] * target.warp_size
         acc_regs = params["BLOCK_M"] * params["BLOCK_N"] / threads
-        if acc_regs > _MAX_ACC_REGS_PER_THREAD:
-            return f"accumulator needs {acc_regs:.0f} registers per thread (> {_MAX_ACC_REGS_PER_THREAD})"
+        if acc_regs > MAX_ACC_REGS_PER_THREAD:
+            return f"accumulator needs {acc_regs:.0f} registers per thread (> {MAX_ACC_REGS_PER_THREAD})"
         if params["BLOCK_M"] * params["BLOCK_N"] < 8 * threads:
             return "tile too small for the number of warps"
         return None
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
+    def _refuse_unless_valid(self, problem: GemmProblem, params: Params, target: Target) -> None:
         support = self.supports(problem, target)
         if not support:
             raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
         why = self.check(params, problem, target)
         if why:
             raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
-        upcast = target.interpreted and problem.dtype == "bf16"
+
+    def context(self, problem: GemmProblem, params: Params, target: Target) -> dict[str, Any]:
+        """Values the jinja source is rendered with."""
+        # the interpreter's bf16 (and fp8) arithmetic is wrong: compute those tiles in fp32
+        upcast = target.interpreted and problem.dtype not in ("fp32", "fp16")
         fp32_dot = problem.dtype == "fp32" or upcast
-        tf32 = problem.dtype == "fp32" and _allow_tf32() and not target.interpreted
-        dot_kwargs = f', input_precision="{"tf32" if tf32 else "ieee"}"' if fp32_dot else ""
-        ops = [{
-            "kind": op.kind, "input": op.input, "scale": op.scale, "reverse": op.reverse,
-            "scalar_text": repr(float(op.scalar)) if op.scalar is not None else "",
-        } for op in problem.epilogue]
-        source = self.render_jinja(
-            kernel_name="tw_gemm_kernel",
-            problem_text=problem.describe(),
-            params_text=self.space.encode(params),
-            target=target.name,
-            out_torch_dtype=_TORCH_DTYPE[problem.out_dtype],
-            n_inputs=len(problem.epilogue_inputs),
-            inputs=problem.epilogue_inputs,
-            epilogue=ops,
+        tf32 = problem.dtype == "fp32" and tensor_core_dtype(problem, target)
+        ops = [{"kind": op.kind, "input": op.input, "scale": op.scale, "reverse": op.reverse,
+                "scalar_text": repr(float(op.scalar)) if op.scalar is not None else ""}
+               for op in problem.epilogue]
+        return dict(
+            kernel_name=self.kernel_name, problem_text=problem.describe(),
+            params_text=self.space.encode(params), target=target.name,
+            out_torch_dtype=TORCH_DTYPE[problem.out_dtype], n_inputs=len(problem.epilogue_inputs),
+            inputs=problem.epilogue_inputs, epilogue=ops,
             uses_tanh=any(op.kind in ("tanh", "gelu_tanh") for op in problem.epilogue),
-            index_64=_needs_int64(problem),
+            index_64=needs_int64(problem),
             even_k="K" not in problem.dynamic and problem.K % params["BLOCK_K"] == 0,
             upcast=upcast,
-            dot_kwargs=dot_kwargs,
+            dot_kwargs=f', input_precision="{"tf32" if tf32 else "ieee"}"' if fp32_dot else "",
             **params,
         )
+
+    def unit_strides(self, problem: GemmProblem) -> dict[str, int]:
+        """Stride arguments that are 1 for operands laid out as the problem says (the JIT
+        specialises those; AOT does the same)."""
+        units = {"stride_cn": 1}
+        units["stride_ak" if problem.layout_a == "row" else "stride_am"] = 1
+        units["stride_bn" if problem.layout_b == "row" else "stride_bk"] = 1
+        if problem.layout_a == "strided":
+            units.pop("stride_am")
+        if problem.layout_b == "strided":
+            units.pop("stride_bk")
+        for i, inp in enumerate(problem.epilogue_inputs):
+            if inp.broadcast.endswith("N"):
+                units[f"stride_e{i}n"] = 1
+        return units
+
+    def divisible(self, problem: GemmProblem) -> list[str]:
+        """Size and stride arguments that are multiples of 16 at the problem's sizes."""
+        dyn = problem.dynamic
+        values = {"M": problem.M, "N": problem.N, "K": problem.K}
+        names = [n for n, v in values.items() if n not in dyn and v % 16 == 0]
+        outer = {"stride_am": problem.K if problem.layout_a == "row" else None,
+                 "stride_ak": problem.M if problem.layout_a == "col" else None,
+                 "stride_bk": problem.N if problem.layout_b == "row" else None,
+                 "stride_bn": problem.K if problem.layout_b == "col" else None,
+                 "stride_cm": problem.N}
+        depends = {"stride_am": "K", "stride_ak": "M", "stride_bk": "N", "stride_bn": "K", "stride_cm": "N"}
+        names += [n for n, v in outer.items() if v is not None and depends[n] not in dyn and v % 16 == 0]
+        return names
+
+    def aot_spec(self, problem: GemmProblem, params: Params) -> AotSpec:
+        pointers = {"A": TRITON_POINTER[problem.dtype], "B": TRITON_POINTER[problem.dtype],
+                    "C": TRITON_POINTER[problem.out_dtype]}
+        for i, inp in enumerate(problem.epilogue_inputs):
+            pointers[f"E{i}"] = TRITON_POINTER[inp.dtype]
+        constexprs = {k: params[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
+        constexprs.update(self.unit_strides(problem))
+        return AotSpec(self.kernel_name, "triton", pointers, constexprs,
+                       tuple(pointers) + tuple(self.divisible(problem)),
+                       {"num_warps": params["num_warps"], "num_stages": params["num_stages"]},
+                       int_type="i64" if needs_int64(problem) and not problem.dynamic else "i32")
+
+    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
+        self._refuse_unless_valid(problem, params, target)
+        source = self.render_jinja(**self.context(problem, params, target))
         return RenderedKernel(
             template_id=self.id, params=dict(params), target=target.name, source=source,
-            name="triton_gemm", interpret=target.interpreted,
-        )
+            name=self.id.replace(".", "_"), interpret=target.interpreted,
+            aot=None if target.interpreted else self.aot_spec(problem, params))
 
-
-def _allow_tf32() -> bool:
-    from tilewright._config import config
-
-    return config.allow_tf32
-
-
-def _needs_int64(problem: GemmProblem) -> bool:
-    if problem.dynamic:
-        # a size that varies at run time has no bound here: stay safe
-        return True
-    biggest = max(problem.M * problem.K, problem.K * problem.N, problem.M * problem.N)
-    return problem.batch * biggest > _INT32_MAX
+    def expected_instructions(self, problem: GemmProblem, params: Params,
+                              target: Target) -> list[InstructionCheck]:
+        return mma_checks(problem, params, target)

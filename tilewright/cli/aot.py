@@ -1,0 +1,80 @@
+"""``tilewright aot``: build a model's kernels for other chips, with instruction checks."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tilewright.cli.common import console, csv
+
+DEFAULT_TARGETS = "sm_90a,sm_100a,gfx950,gfx1250"
+
+
+def cmd_aot(args: argparse.Namespace) -> int:
+    from tilewright.compiler import aot
+
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console)
+    with progress:
+        task = progress.add_task("lowering", total=None, last="")
+
+        def planned(n: int) -> None:
+            progress.update(task, description="compiling", total=n)
+
+        def landed(result) -> None:
+            progress.update(task, advance=1, last=f"{result.status:7s} {result.name}")
+
+        report = aot.build(args.model, csv(args.target), args.out, train=args.train,
+                           per_template=args.per_template, workers=args.jobs,
+                           timeout_s=args.timeout, check=args.verify,
+                           on_planned=planned, on_result=landed)
+    table = Table(title=f"{report.model}: {len(report.kernels)} kernels → {report.out_dir}/manifest.json")
+    for col in ("target", "GEMM", "template", "tile", "pred. ms", "bound", "build", "s", "check"):
+        table.add_column(col, overflow="fold")
+    for k in report.kernels:
+        p = k.captured.problem
+        tile = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**k.params)
+        status = k.result.status if k.result else "-"
+        color = "green" if k.result and k.result.ok else "red"
+        if k.verified is None:
+            check = "-"
+        elif k.verified:
+            check = "[green]ok[/green] " + " ".join(f"{pat.split(chr(92))[0]}×{n}" for pat, n in k.verify_counts.items())
+        else:
+            check = "[red]" + "; ".join(k.verify_failures) + "[/red]"
+        table.add_row(k.target.name, f"{p.op} {p.M}x{p.N}x{p.K} {p.describe_epilogue()}", k.template.id,
+                      tile, f"{k.predicted_ms:.4f}", k.bound, f"[{color}]{status}[/{color}]",
+                      f"{k.result.seconds:.1f}" if k.result else "-", check)
+    console.print(table)
+    for k in report.failed:
+        console.print(f"[red]{k.name}: {k.result.status if k.result else 'not built'}[/red] "
+                      f"{(k.result.error if k.result else '').strip()[-600:]}")
+    if report.refused:
+        console.print(f"{len(report.refused)} (template, target, problem) pairs refused before "
+                      "compiling; reasons in manifest.json")
+    if not report.ok:
+        console.print(f"[red]{len(report.failed)} kernels failed to build, "
+                      f"{len(report.verify_failed)} failed their instruction checks[/red]")
+        return 1
+    console.print(f"[green]all {len(report.kernels)} kernels built"
+                  f"{' and passed their instruction checks' if args.verify else ''}[/green]")
+    return 0
+
+
+def add_parser(sub) -> None:
+    a = sub.add_parser("aot", help="build a model's kernels ahead of time for other GPUs")
+    a.add_argument("model", help="package.module:callable returning (model, example_inputs), "
+                                 "or a torch.export .pt2 file; e.g. tilewright.demo.models:llama_example")
+    a.add_argument("--target", default=DEFAULT_TARGETS,
+                   help=f"comma-separated targets (default {DEFAULT_TARGETS}); see `tilewright targets`")
+    a.add_argument("--out", default="aot-build", help="output folder (default ./aot-build)")
+    a.add_argument("--train", action="store_true", help="also build the backward graph's kernels")
+    a.add_argument("--per-template", type=int, default=1,
+                   help="best-ranked settings built per template and problem (default 1)")
+    a.add_argument("--jobs", type=int, default=2, help="compile processes at once (default 2)")
+    a.add_argument("--timeout", type=float, default=600.0, help="seconds before a compile is killed")
+    a.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="check each kernel's instructions against its template's promise (default on)")
+    a.set_defaults(fn=cmd_aot)

@@ -1,0 +1,187 @@
+"""``tilewright aot``: lower a model once, then build its kernels for chips this machine lacks.
+
+Nothing can be timed, so per target and GEMM problem the candidate policy proposes tile shapes,
+the analytic cost model ranks them, and the best ``per_template`` of every template that
+supports the problem are rendered and compiled (in worker processes: see
+:mod:`tilewright.runtime.aot`). Every built kernel is checked for the instructions its template
+promises (:mod:`tilewright.runtime.verify`). The output folder holds each kernel's source and
+every compile stage's artifact, plus ``manifest.json``: kernel, problem, target, template,
+parameters, predicted time, artifact paths and hashes, build and check status.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from tilewright.autotune.cache import current_versions
+from tilewright.autotune.cost_model import estimate_gemm
+from tilewright.autotune.policy import policy_for
+from tilewright.compiler.capture import CapturedGemm, ModelSpec, capture_gemms, load_model
+from tilewright.errors import UnsupportedProblemError
+from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
+from tilewright.runtime.targets import Target, get_target
+from tilewright.runtime.verify import verify
+from tilewright.templates import TemplateSpec, templates_for
+
+FORMAT = "tilewright-aot/1"
+
+
+@dataclass
+class AotKernel:
+    """One kernel of the build: what it computes, how it was chosen, how its build went."""
+
+    name: str
+    target: Target
+    captured: CapturedGemm
+    template: TemplateSpec
+    params: dict[str, Any]
+    predicted_ms: float
+    bound: str
+    job: CompileJob | None = None
+    result: CompileResult | None = None
+    verify_failures: list[str] = field(default_factory=list)
+    verify_counts: dict[str, int] = field(default_factory=dict)
+    verified: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.captured.problem
+        r = self.result
+        return {
+            "name": self.name, "target": self.target.name, "problem": p.to_json(),
+            "problem_text": p.describe(), "uses": self.captured.uses,
+            "template": self.template.id, "template_hash": self.template.source_hash,
+            "params": self.params, "predicted_ms": self.predicted_ms, "bound": self.bound,
+            "status": r.status if r else "not built", "compile_seconds": r.seconds if r else None,
+            "artifacts": r.artifacts if r else {}, "hashes": r.hashes if r else {},
+            "metadata": r.metadata if r else {}, "error": r.error if r else "",
+            "aot": self.job.spec if self.job else None,
+            "verify": None if self.verified is None else {
+                "ok": self.verified, "failures": self.verify_failures, "counts": self.verify_counts},
+        }
+
+
+@dataclass
+class AotReport:
+    """The whole build: kernels, refused (template, target, problem) pairs, where it went."""
+
+    out_dir: Path
+    model: str
+    targets: list[Target]
+    kernels: list[AotKernel]
+    refused: list[dict[str, str]]
+    train: bool = False
+
+    @property
+    def failed(self) -> list[AotKernel]:
+        return [k for k in self.kernels if not (k.result and k.result.ok)]
+
+    @property
+    def verify_failed(self) -> list[AotKernel]:
+        return [k for k in self.kernels if k.verified is False]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.verify_failed
+
+    def manifest(self) -> dict[str, Any]:
+        statuses = [k.result.status if k.result else "not built" for k in self.kernels]
+        return {
+            "format": FORMAT, "model": self.model, "train": self.train,
+            "targets": [t.name for t in self.targets], "versions": current_versions(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "summary": {s: statuses.count(s) for s in sorted(set(statuses))}
+            | {"kernels": len(self.kernels), "verify_failed": len(self.verify_failed)},
+            "kernels": [k.to_json() for k in self.kernels],
+            "refused": self.refused,
+        }
+
+
+def _kernel_name(target: Target, captured: CapturedGemm, template: TemplateSpec, params: dict) -> str:
+    p = captured.problem
+    tile = f"{params['BLOCK_M']}x{params['BLOCK_N']}x{params['BLOCK_K']}w{params['num_warps']}s{params['num_stages']}"
+    return (f"{target.arch}/{p.op}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}"
+            f"-{template.id.replace('.', '_')}-{tile}")
+
+
+def plan(captured: Iterable[CapturedGemm], targets: Iterable[Target], *, per_template: int = 1
+         ) -> tuple[list[AotKernel], list[dict[str, str]]]:
+    """Choose and render the kernels to build (no compiling yet).
+
+    Returns the kernels and the (template, target, problem) pairs refused, with the reason
+    each template gave: refusals happen here, before any compiler runs.
+    """
+    kernels: list[AotKernel] = []
+    refused: list[dict[str, str]] = []
+    for target in targets:
+        policy = policy_for("gemm", target)
+        templates = [t for t in templates_for("gemm", target.backend) if t.backend != "aten"]
+        for cap in captured:
+            for template in templates:
+                support = template.supports(cap.problem, target)
+                if not support:
+                    refused.append({"target": target.name, "template": template.id,
+                                    "problem": cap.problem.describe(), "reason": support.reason})
+                    continue
+                ranked = policy.ranked(cap.problem, target, template)
+                if not ranked:
+                    refused.append({"target": target.name, "template": template.id,
+                                    "problem": cap.problem.describe(),
+                                    "reason": "no parameter setting is legal on this target"})
+                for ms, params in ranked[:per_template]:
+                    est = estimate_gemm(cap.problem, params, target, efficiency=template.efficiency(target))
+                    k = AotKernel(_kernel_name(target, cap, template, params), target, cap, template,
+                                  dict(params), ms, est.bound)
+                    rendered = template.render(cap.problem, params, target)
+                    if rendered.aot is None:
+                        raise UnsupportedProblemError(f"{template.id} cannot be compiled ahead of time")
+                    k.job = CompileJob(k.name, rendered.source, rendered.aot.to_json(), target.triton)
+                    kernels.append(k)
+    return kernels, refused
+
+
+def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path | str, *,
+          train: bool = False, per_template: int = 1, workers: int = 2, timeout_s: float = 600.0,
+          check: bool = True, on_planned: Callable[[int], None] | None = None,
+          on_result: Callable[[CompileResult], None] | None = None) -> AotReport:
+    """Lower ``model`` once and build its GEMM kernels for every target into ``out_dir``.
+
+    Args:
+        model: a :class:`ModelSpec`, ``"package.module:callable"`` or a ``.pt2`` file.
+        targets: target names ("sm_90a", "cuda:sm_100a", "gfx950", ...).
+        train: also build the backward graph's kernels.
+        per_template: how many of each template's best-ranked settings to build per problem.
+        workers: compile processes at once.
+        timeout_s: a compile running longer than this is killed and reported.
+        check: verify each artifact's instructions against its template's promise.
+
+    Raises:
+        UnknownTargetError: a target name not in the registry.
+        InvalidInputError: a model spec that cannot be loaded.
+    """
+    spec = load_model(model) if isinstance(model, str) else model
+    resolved = [get_target(t) for t in targets]
+    for t in resolved:
+        if t.triton is None:
+            raise UnsupportedProblemError(f"{t.name} has no ahead-of-time compiler in tilewright")
+    captured = capture_gemms(spec, train=train)
+    kernels, refused = plan(captured, resolved, per_template=per_template)
+    if on_planned:
+        on_planned(len(kernels))
+    out = Path(out_dir)
+    root = out / "kernels"
+    results = compile_jobs([k.job for k in kernels if k.job], root, workers=workers,
+                           timeout_s=timeout_s, on_result=on_result)
+    by_name = {r.name: r for r in results}
+    for k in kernels:
+        k.result = by_name.get(k.name)
+        if check and k.result is not None and k.result.ok:
+            checks = k.template.expected_instructions(k.captured.problem, k.params, k.target)
+            v = verify({stage: root / rel for stage, rel in k.result.artifacts.items()}, checks)
+            k.verified, k.verify_failures, k.verify_counts = v.ok, list(v.failures), dict(v.counts)
+    report = AotReport(out, spec.name or "model", resolved, kernels, refused, train)
+    (out / "manifest.json").write_text(json.dumps(report.manifest(), indent=1))
+    return report

@@ -1,0 +1,130 @@
+"""Capture a model's GEMM problems without running any kernel: for ahead-of-time builds and
+cache warming.
+
+The model is traced exactly as ``torch.compile(backend="tilewright")`` would (Dynamo, then
+aot_autograd with tilewright's decomposition table), then lowered and fused; every GEMM node
+becomes a :class:`~tilewright.problem.GemmProblem` at its trace-time sizes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from tilewright.compiler.decompositions import decomposition_table
+from tilewright.compiler.fuse import fuse_epilogues
+from tilewright.compiler.ir import GemmNode
+from tilewright.compiler.lower import lower
+from tilewright.errors import InvalidInputError
+from tilewright.problem import DTYPE_NAMES, GemmProblem
+
+
+def gemm_problem(g: GemmNode) -> GemmProblem:
+    """The autotuner's view of a GEMM node, at its trace-time sizes."""
+    return GemmProblem(
+        M=g.hints["M"], N=g.hints["N"], K=g.hints["K"], batch=g.hints["batch"],
+        batched=g.batched, dtype=DTYPE_NAMES[g.dtype], out_dtype=DTYPE_NAMES[g.out_dtype],
+        layout_a=g.layout_a, layout_b=g.layout_b, epilogue=tuple(g.epilogue),
+        epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op)
+
+
+@dataclass
+class ModelSpec:
+    """A model and the inputs to trace it with."""
+
+    model: Any
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    name: str = ""
+
+
+def load_model(spec: str) -> ModelSpec:
+    """Resolve ``package.module:callable`` or a ``torch.export`` ``.pt2`` file.
+
+    The callable takes no arguments and returns ``(model, args)``, ``(model, args, kwargs)``
+    or ``(model, kwargs_dict)``.
+
+    Raises:
+        InvalidInputError: the spec does not name a callable or a file, or returns something else.
+    """
+    if spec.endswith(".pt2"):
+        path = Path(spec)
+        if not path.is_file():
+            raise InvalidInputError(f"no exported program at {spec}")
+        ep = torch.export.load(str(path))
+        args, kwargs = ep.example_inputs if ep.example_inputs is not None else ((), {})
+        return ModelSpec(ep.module(), tuple(args), dict(kwargs), path.stem)
+    if ":" not in spec:
+        raise InvalidInputError(
+            f"model {spec!r}: give 'package.module:callable' (returning (model, example_inputs)) "
+            "or a torch.export .pt2 file")
+    mod_name, attr = spec.split(":", 1)
+    try:
+        fn = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise InvalidInputError(f"model {spec!r}: cannot import {attr!r} from {mod_name!r} ({e})") from e
+    got = fn()
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
+        return ModelSpec(got[0], (), got[1], spec)
+    if isinstance(got, tuple) and len(got) in (2, 3):
+        args = got[1] if isinstance(got[1], tuple) else (got[1],)
+        return ModelSpec(got[0], args, got[2] if len(got) == 3 else {}, spec)
+    raise InvalidInputError(f"model {spec!r} returned {type(got).__name__}; expected (model, example_inputs)")
+
+
+def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphModule]:
+    """The ATen graphs the backend would compile: "inference", or "forward" and "backward"."""
+    graphs: dict[str, fx.GraphModule] = {}
+
+    def keep(kind: str):
+        def compiler(gm: fx.GraphModule, example_inputs: list) -> Any:
+            graphs[f"{kind}{'' if kind not in graphs else len(graphs)}"] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                           inference_compiler=keep("inference"), decompositions=decomposition_table())
+    torch._dynamo.reset()
+    compiled = torch.compile(spec.model, backend=backend)
+    if train:
+        out = compiled(*spec.args, **spec.kwargs)
+        loss = getattr(out, "loss", None)
+        if loss is None:
+            leaves = [t for t in pytree.tree_leaves(out)
+                      if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not leaves:
+                raise InvalidInputError("train=True but the model's outputs need no gradient")
+            loss = sum(t.float().sum() for t in leaves)
+        loss.backward()
+    else:
+        with torch.no_grad():
+            compiled(*spec.args, **spec.kwargs)
+    return graphs
+
+
+@dataclass
+class CapturedGemm:
+    """One GEMM problem and where it occurs (graph kind and node names)."""
+
+    problem: GemmProblem
+    uses: list[str] = field(default_factory=list)
+
+
+def capture_gemms(spec: ModelSpec, *, train: bool = False) -> list[CapturedGemm]:
+    """Distinct GEMM problems of the model, in first-seen order, with their uses."""
+    seen: dict[GemmProblem, CapturedGemm] = {}
+    for kind, gm in aten_graphs(spec, train=train).items():
+        kg = lower(gm)
+        fuse_epilogues(kg, gm)
+        for g in kg.gemms:
+            p = gemm_problem(g)
+            seen.setdefault(p, CapturedGemm(p)).uses.append(f"{kind}.{g.name}")
+    return list(seen.values())

@@ -1,0 +1,301 @@
+"""Ahead-of-time compile driver: rendered kernel source → PTX/cubin or AMDGCN/HSACO for a target
+this machine does not have.
+
+Each job is compiled with ``triton.compile(ASTSource(...), target=GPUTarget(...))`` in a worker
+process: some invalid AMD compiles abort the process (LLVM), and a hang must not stall the
+build, so a crash or a timeout costs one kernel, and a fresh worker takes the next job. Every
+stage's output (ttir or Gluon's IR, ttgir, llir, ptx/amdgcn, cubin/hsaco) is written next to
+the source, with a
+``job.json`` whose key hashes everything the artifacts depend on: a re-run with nothing changed
+rebuilds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+@dataclass(frozen=True)
+class AotSpec:
+    """How to compile a rendered kernel ahead of time with ``triton.compile``.
+
+    Attributes:
+        kernel: the ``@triton.jit`` / ``@gluon.jit`` function's name in the source.
+        language: "triton" or "gluon" (picks ``ASTSource`` or ``GluonASTSource``).
+        pointer_types: pointer arguments and their Triton types ("*bf16", "*fp32", ...).
+        constexprs: values of constexpr arguments, and of int arguments specialised as the JIT
+            would (a stride known to be 1).
+        divisible_by_16: arguments assumed to be multiples of 16 (pointers, sizes, strides):
+            the alignment facts that let the compiler vectorise and use TMA/TDM.
+        options: compile options (num_warps, num_stages).
+        int_type: the type of every other argument.
+    """
+
+    kernel: str
+    language: str
+    pointer_types: Mapping[str, str]
+    constexprs: Mapping[str, Any]
+    divisible_by_16: tuple[str, ...]
+    options: Mapping[str, Any]
+    int_type: str = "i32"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "language": self.language,
+                "pointer_types": dict(self.pointer_types),
+                "constexprs": {k: list(v) if isinstance(v, tuple) else v for k, v in self.constexprs.items()},
+                "divisible_by_16": list(self.divisible_by_16), "options": dict(self.options),
+                "int_type": self.int_type}
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One kernel to build for one target.
+
+    Attributes:
+        name: unique, filesystem-safe label (also the artifact folder's name).
+        source: the rendered module's Python source.
+        spec: ``AotSpec.to_json()`` of the rendering: kernel name, language, argument types,
+            constexprs, alignment facts, options.
+        target: (backend, arch, warp_size) for ``GPUTarget``.
+    """
+
+    name: str
+    source: str
+    spec: dict[str, Any]
+    target: tuple[str, Any, int]
+
+    @property
+    def key(self) -> str:
+        """Hash of everything the artifacts depend on (source, spec, target, triton version)."""
+        import triton
+
+        blob = json.dumps({"source": self.source, "spec": self.spec, "target": list(self.target),
+                           "triton": triton.__version__}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+@dataclass
+class CompileResult:
+    """What building one job gave. ``status``: built, cached, failed (compiler error), crashed
+    (the worker died), timeout. ``artifacts``: stage → path relative to the output folder;
+    ``hashes``: stage → sha256 of the file; ``seconds``: wall time of the compile."""
+
+    name: str
+    key: str
+    status: str
+    seconds: float = 0.0
+    artifacts: dict[str, str] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("built", "cached")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cached_result(job: CompileJob, root: Path) -> CompileResult | None:
+    """The previous build of this exact job, if its record and every artifact are still there."""
+    record = root / job.name / "job.json"
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("key") != job.key or data.get("status") != "built":
+        return None
+    for rel, digest in zip(data["artifacts"].values(), data["hashes"].values()):
+        p = root / rel
+        if not p.is_file() or _sha256(p) != digest:
+            return None
+    data["status"] = "cached"
+    data["seconds"] = 0.0
+    return CompileResult(**data)
+
+
+# -- the worker ------------------------------------------------------------------------------------
+def _compile_in_worker(job: CompileJob, root: Path) -> CompileResult:
+    import importlib.util
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    folder = root / job.name
+    folder.mkdir(parents=True, exist_ok=True)
+    src_path = folder / "kernel.py"
+    src_path.write_text(job.source)
+    t0 = time.perf_counter()
+    spec = importlib.util.spec_from_file_location(f"tw_aot_{job.key}", src_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    s = job.spec
+    fn = getattr(module, s["kernel"])
+    constexprs = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                  for k, v in s["constexprs"].items()}
+    signature = {n: s["pointer_types"].get(n) or ("constexpr" if n in constexprs else s["int_type"])
+                 for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
+             for n in s["divisible_by_16"] if n in fn.arg_names and n not in constexprs}
+    if s["language"] == "gluon":
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        Source = ASTSource
+    compiled = triton.compile(Source(fn, signature, constexprs, attrs),
+                              target=GPUTarget(*job.target), options=dict(s["options"]))
+    seconds = time.perf_counter() - t0
+    artifacts, hashes = {"source": f"{job.name}/kernel.py"}, {"source": _sha256(src_path)}
+    for stage, data in compiled.asm.items():
+        if stage == "source" or not isinstance(data, (str, bytes)):
+            continue
+        path = folder / f"kernel.{stage}"
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
+        artifacts[stage] = f"{job.name}/{path.name}"
+        hashes[stage] = _sha256(path)
+    meta = compiled.metadata
+    metadata = {k: getattr(meta, k) for k in ("shared", "num_warps", "num_stages", "name")
+                if hasattr(meta, k)}
+    return CompileResult(job.name, job.key, "built", seconds, artifacts, hashes, metadata)
+
+
+def _worker_main(conn: Connection, root: str) -> None:
+    os.environ["TRITON_INTERPRET"] = "0"
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            break
+        if job is None:
+            break
+        try:
+            result = _compile_in_worker(job, Path(root))
+        except Exception as e:  # noqa: BLE001 - any compiler error is this job's failure
+            tb = traceback.format_exc(limit=-4)
+            result = CompileResult(job.name, job.key, "failed", error=f"{type(e).__name__}: {e}\n{tb}"[-4000:])
+        conn.send(result)
+    conn.close()
+    os._exit(0)  # skip interpreter teardown (triton's bindings print leak warnings there)
+
+
+# -- the pool ----------------------------------------------------------------------------------------
+class _Worker:
+    def __init__(self, ctx, root: Path):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, str(root)), daemon=True)
+        self.proc.start()
+        child.close()
+        self.job: CompileJob | None = None
+        self.started = 0.0
+
+    def stop(self, kill: bool = False) -> None:
+        if kill and self.proc.is_alive():
+            self.proc.kill()
+        else:
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+def _death(proc: mp.Process) -> str:
+    proc.join(5)  # exitcode is only set once the process is reaped
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"worker killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"worker killed by signal {-code}"
+    return f"worker exited with code {code}"
+
+
+def compile_jobs(jobs: Iterable[CompileJob], root: Path | str, *, workers: int = 2,
+                 timeout_s: float = 600.0,
+                 on_result: Callable[[CompileResult], None] | None = None) -> list[CompileResult]:
+    """Build every job into ``root/<job.name>/``, ``workers`` at a time.
+
+    Jobs already built with the same key are reused ("cached"). A job whose worker crashes or
+    runs past ``timeout_s`` seconds is reported as "crashed"/"timeout" and the rest go on.
+    Results come back in job order; ``on_result`` sees each as it lands (for progress bars).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    jobs = list(jobs)
+    results: dict[str, CompileResult] = {}
+    pending: list[CompileJob] = []
+    for job in jobs:
+        hit = cached_result(job, root)
+        if hit is not None:
+            results[job.name] = hit
+            if on_result:
+                on_result(hit)
+        else:
+            pending.append(job)
+
+    def finish(result: CompileResult) -> None:
+        results[result.name] = result
+        record = root / result.name / "job.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(result.to_json(), indent=1))
+        if on_result:
+            on_result(result)
+
+    ctx = mp.get_context("spawn")
+    pool: list[_Worker] = []
+    try:
+        pool = [_Worker(ctx, root) for _ in range(max(1, min(workers, len(pending))))] if pending else []
+        queue = list(reversed(pending))
+        while queue or any(w.job for w in pool):
+            for w in pool:
+                if w.job is None and queue:
+                    w.job, w.started = queue.pop(), time.monotonic()
+                    w.conn.send(w.job)
+            busy = [w for w in pool if w.job is not None]
+            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=1.0)
+            for i, w in enumerate(pool):
+                if w.job is None:
+                    continue
+                job = w.job
+                if w.conn in ready:
+                    try:
+                        finish(w.conn.recv())
+                        w.job = None
+                        continue
+                    except (EOFError, OSError):
+                        pass
+                dead = w.proc.sentinel in ready or not w.proc.is_alive()
+                late = time.monotonic() - w.started > timeout_s
+                if dead or late:
+                    status = "crashed" if dead else "timeout"
+                    why = _death(w.proc) if dead else f"no result after {timeout_s:.0f} s"
+                    w.stop(kill=True)
+                    finish(CompileResult(job.name, job.key, status,
+                                         seconds=time.monotonic() - w.started, error=why))
+                    pool[i] = _Worker(ctx, root)
+    finally:
+        for w in pool:
+            w.stop()
+    return [results[j.name] for j in jobs]
