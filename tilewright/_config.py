@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 from tilewright.errors import ConfigError
 
-FORCE_BACKENDS = ("auto", "triton", "aten")
+FORCE_BACKENDS = ("auto", "triton", "aten", "cutedsl")
+PDL_MODES = ("off", "on", "auto")
 
 
 def _setting(default: Any, env: str, doc: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -44,7 +45,8 @@ class Config:
     force_backend: str = _setting(
         "auto", "TILEWRIGHT_FORCE_BACKEND",
         "Restrict GEMM candidates to one backend: 'auto' (autotuner picks among all), 'triton' "
-        "(generated Triton kernels only), 'aten' (ATen only).", FORCE_BACKENDS)
+        "(generated Triton kernels only), 'aten' (ATen only), 'cutedsl' (CuTeDSL kernels).",
+        FORCE_BACKENDS)
     autotune: bool = _setting(
         True, "TILEWRIGHT_AUTOTUNE",
         "Benchmark candidates. When off, the policy's top-ranked candidate is used untimed.")
@@ -81,6 +83,11 @@ class Config:
     allow_tf32: bool = _setting(
         False, "TILEWRIGHT_ALLOW_TF32",
         "Let fp32 GEMMs use TF32 tensor cores (faster, ~1e-3 relative error).")
+    pdl: str = _setting(
+        "auto", "TILEWRIGHT_PDL",
+        "Programmatic dependent launch for kernels that support it: 'off', 'on' (always), or "
+        "'auto' (both variants are candidates and the autotuner measures which is faster: PDL "
+        "can speed isolated decode GEMMs and slow a batch).", PDL_MODES)
     strict: bool = _setting(
         False, "TILEWRIGHT_STRICT",
         "Raise compiler errors instead of falling back to running the graph in ATen "

@@ -29,7 +29,16 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float8_e5m2: "fp8e5m2",
 }
 DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "fp8e4m3": 1, "fp8e5m2": 1}
+# Block-scaled formats: values and one scale per block along K (see tilewright.quant)
+#   nvfp4: e2m1 values packed two per byte + float8_e4m3fn scale per 16 values
+#   mxfp4: e2m1 values packed two per byte + float8_e8m0fnu scale per 32 values
+#   mxfp8: float8_e4m3fn values + float8_e8m0fnu scale per 32 values
+SCALED_FORMATS = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}  # format -> block size along K
+# bytes per element (block-scaled formats include their share of the scale)
+ELEMENT_BYTES: dict[str, float] = {
+    "fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "fp8e4m3": 1, "fp8e5m2": 1,
+    "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32, "mxfp8": 1 + 1 / 32,
+}
 
 # Floating dtypes a GEMM accepts as A/B; fp64 runs only on ATen.
 GEMM_INPUT_DTYPES = ("fp32", "fp16", "bf16")
@@ -111,6 +120,13 @@ class GemmProblem:
         epilogue, epilogue_inputs: the fused elementwise steps and the tensors they read.
         dynamic: names of dims ("M", "N", "K", "batch") whose size varies at run time.
         op: the ATen op it came from ("mm", "addmm", "bmm", "baddbmm", "linear"), for display.
+        scale_layout: for block-scaled dtypes (``SCALED_FORMATS``), how the block scales are
+            stored: "row" ((rows, K/block) row-major) or "swizzled" (the 128x4 tiled layout of
+            Blackwell's block-scaled MMA, ``tilewright.quant.nvfp4.swizzle_scales``); "" else.
+
+    Block-scaled problems: A is (M, K) and B is stored as (N, K) (``layout_b == "col"``), both
+    packed along K; ``launch(a, b, *epilogue_inputs, a_scale=..., b_scale=...)`` receives the
+    scales; the per-tensor global scales are epilogue multiplies (alpha).
     """
 
     M: int
@@ -126,10 +142,18 @@ class GemmProblem:
     epilogue_inputs: tuple[EpilogueInput, ...] = ()
     dynamic: frozenset[str] = field(default_factory=frozenset)
     op: str = "mm"
+    scale_layout: str = ""
 
     def __post_init__(self) -> None:
         if not self.out_dtype:
-            object.__setattr__(self, "out_dtype", self.dtype)
+            object.__setattr__(self, "out_dtype", "bf16" if self.dtype in SCALED_FORMATS else self.dtype)
+        if self.dtype in SCALED_FORMATS:
+            if self.scale_layout not in ("row", "swizzled"):
+                raise ValueError(f"{self.dtype} problems need scale_layout 'row' or 'swizzled'")
+            if self.K % SCALED_FORMATS[self.dtype] and "K" not in self.dynamic:
+                raise ValueError(f"{self.dtype} needs K divisible by {SCALED_FORMATS[self.dtype]}")
+        elif self.scale_layout:
+            raise ValueError(f"scale_layout is only for block-scaled dtypes, not {self.dtype}")
         for name in ("M", "N", "K", "batch"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
@@ -145,6 +169,11 @@ class GemmProblem:
         return 2 * self.batch * self.M * self.N * self.K
 
     @property
+    def block_scaled(self) -> bool:
+        """A and B carry per-block scales (nvfp4, mxfp4, mxfp8)."""
+        return self.dtype in SCALED_FORMATS
+
+    @property
     def min_bytes(self) -> int:
         """Bytes that must cross memory at least once: A, B, out and epilogue inputs."""
         e_in, e_out = ELEMENT_BYTES[self.dtype], ELEMENT_BYTES[self.out_dtype]
@@ -154,7 +183,7 @@ class GemmProblem:
         for inp in self.epilogue_inputs:
             b = self.batch if inp.broadcast.startswith("B") else 1
             total += b * sizes[inp.broadcast.lstrip("B")] * ELEMENT_BYTES.get(inp.dtype, 4)
-        return total
+        return int(total)
 
     def with_sizes(self, **sizes: int) -> "GemmProblem":
         return dataclasses.replace(self, **sizes)
