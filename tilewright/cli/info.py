@@ -23,8 +23,37 @@ def cmd_templates(args: argparse.Namespace) -> int:
     return 0
 
 
+CONFIG_DOC_HEAD = """# Configuration
+
+All settings live in one object, `tilewright.config`. Each has an environment variable
+that overrides its default when the process starts; `tilewright config` prints the current values.
+In code, change settings for a block with `tilewright.config.patch(...)`:
+
+```python
+import tilewright
+
+with tilewright.config.patch(force_backend="triton", autotune=False):
+    compiled(x)
+```
+
+| setting | environment variable | default | meaning |
+| --- | --- | --- | --- |
+"""
+CONFIG_DOC_TAIL = """
+Booleans accept `1/0`, `true/false`, `yes/no`, `on/off`. A value that does not parse stops
+the program with a `ConfigError` naming the variable.
+
+(This page is generated: `tilewright config --markdown > docs/config.md`.)
+"""
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from tilewright import config
+
+    if args.markdown:
+        rows = "".join(f"| `{n}` | `{env}` | `{default}` | {doc} |\n" for n, env, default, doc in config.describe())
+        print(CONFIG_DOC_HEAD + rows + CONFIG_DOC_TAIL, end="")
+        return 0
 
     table = Table(title="tilewright.config (override with the environment variable)")
     for col in ("setting", "value", "env var", "meaning"):
@@ -60,4 +89,5 @@ def add_parser(sub) -> None:
     t = sub.add_parser("templates", help="list kernel templates and their parameters")
     t.set_defaults(fn=cmd_templates)
     c = sub.add_parser("config", help="show settings and their environment variables")
+    c.add_argument("--markdown", action="store_true", help="print docs/config.md")
     c.set_defaults(fn=cmd_config)
