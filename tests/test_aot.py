@@ -88,7 +88,9 @@ def test_refusals_come_before_compiling_with_a_reason():
     fp8_on_old = get_template("triton.gemm").supports(FP8, get_target("mps"))
     assert not fp8_on_old
     kernels, refused = aot.plan([CapturedGemm(BF16, ["inference.gemm_0"])], [get_target("hip:gfx950")])
-    assert [(r["template"], "gfx1250" in r["reason"]) for r in refused] == [("gluon.gemm_tdm", True)]
+    reasons = {r["template"]: r["reason"] for r in refused}
+    assert "gfx1250" in reasons.pop("gluon.gemm_tdm")
+    assert all("NVFP4" in why or "nvfp4" in why.lower() for why in reasons.values()), reasons
     assert {k.template.id for k in kernels} == {"triton.gemm", "triton.gemm_tma"}
     assert all(k.job is not None for k in kernels)
 

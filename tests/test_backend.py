@@ -118,7 +118,7 @@ def test_debug_dir_dumps_every_stage(tmp_path):
     (graph,) = list(tmp_path.iterdir())
     names = {p.name for p in graph.rglob("*") if p.is_file()}
     assert {"fx_graph.py", "kernel_ir.txt", "wrapper.py"} <= names
-    assert any(n.endswith("_triton_gemm.py") for n in names)
+    assert any("_triton_gemm" in n and n.endswith(".py") for n in names)
     wrapper = (graph / "wrapper.py").read_text()
     assert "gemm_0(" in wrapper and "args.clear()" in wrapper and "del " in wrapper
     ir = (graph / "kernel_ir.txt").read_text()

@@ -36,8 +36,10 @@ def test_candidates_are_legal_clamped_and_bounded(target_name):
         assert 1 <= len(gen) <= tilewright.config.max_candidates, name
         for c in gen:
             params = c.param_dict
-            assert tmpl.check(params, p, target) is None, (name, params)
-            assert params["BLOCK_M"] <= max(16, 1 << (p.M - 1).bit_length()), (name, params)
+            template = tmpl if c.template_id == tmpl.id else __import__("tilewright.templates", fromlist=["x"]).get_template(c.template_id)
+            assert template.check(params, p, target) is None, (name, params)
+            kp = p.transposed() if params.get("SWAP_AB") else p  # tiles are of the kernel's problem
+            assert params["BLOCK_M"] <= max(16, 1 << (kp.M - 1).bit_length()), (name, params)
         preds = [c.predicted_ms for c in gen]
         assert preds == sorted(preds), f"{name}: generated candidates not ranked by prediction"
 
@@ -46,7 +48,32 @@ def test_decode_gets_thin_tiles():
     target = get_target("cuda:sm_90a")
     p = GemmProblem(M=1, N=4096, K=4096, dtype="bf16", layout_b="col")
     gen = policy_for("gemm", target).candidates(p, target)[1:]
-    assert all(c.param_dict["BLOCK_M"] == 16 for c in gen)
+    for c in gen:  # the token dim gets 16 rows (or 16 columns, swapped)
+        d = c.param_dict
+        assert (d["BLOCK_N"] if d.get("SWAP_AB") else d["BLOCK_M"]) == 16, c.name
+
+
+@pytest.mark.parametrize("target_name", ["cuda:sm_90a", "cuda:sm_100a", "hip:gfx950"])
+def test_decode_policy_budget_and_remedies(target_name):
+    """Every decode shape of the LLM table: at most the budget, swap-AB where N >> M, split-K
+    where too few tiles would leave SMs idle on a long K."""
+    from tilewright.autotune.decode import wants_split_k, wants_swap_ab
+
+    target = get_target(target_name)
+    for name, p in llm_problems():
+        if p.M > 64:
+            continue
+        gen = policy_for("gemm", target).candidates(p, target)[1:]
+        assert len(gen) <= tilewright.config.max_candidates, name
+        swapped = [c for c in gen if c.param_dict.get("SWAP_AB")]
+        split = [c for c in gen if c.param_dict.get("SPLIT_K", 1) > 1]
+        if wants_swap_ab(p):
+            assert swapped, f"{name}: N={p.N} >> M={p.M} but no swap-AB candidate"
+        thin = min(64, max(16, 1 << (p.M - 1).bit_length()))
+        if wants_split_k(p, target, thin, 128) and not wants_swap_ab(p):
+            assert split, f"{name}: few tiles on K={p.K} but no split-K candidate"
+        if split:
+            assert p.K >= 1024
 
 
 def test_interpreter_policy_prefers_big_tiles():

@@ -188,6 +188,17 @@ class GemmProblem:
     def with_sizes(self, **sizes: int) -> "GemmProblem":
         return dataclasses.replace(self, **sizes)
 
+    def transposed(self) -> "GemmProblem":
+        """The problem of computing C^T = B^T A^T (swap-AB): M and N trade places, each
+        operand's layout flips, and epilogue inputs broadcast over the swapped dims."""
+        flip = {"row": "col", "col": "row", "strided": "strided"}
+        swap = str.maketrans("MN", "NM")
+        inputs = tuple(EpilogueInput("".join(sorted(i.broadcast.translate(swap), key="BMN".index)), i.dtype)
+                       for i in self.epilogue_inputs)
+        dynamic = frozenset({"M": "N", "N": "M"}.get(d, d) for d in self.dynamic)
+        return dataclasses.replace(self, M=self.N, N=self.M, layout_a=flip[self.layout_b],
+                                   layout_b=flip[self.layout_a], epilogue_inputs=inputs, dynamic=dynamic)
+
     # -- identity -----------------------------------------------------------------------------
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)

@@ -48,8 +48,17 @@ class Candidate:
         """Short display name, e.g. ``triton.gemm[64x128x32 g8 w4 s3]``."""
         if not self.params:
             return self.template_id
-        text = "".join(f"{_SHORT.get(k, ' ' + k + '=')}{v}" for k, v in self.params)
-        return f"{self.template_id}[{text.strip()}]"
+        parts = []
+        for k, v in self.params:
+            if k == "SPLIT_K":
+                parts.append(f" splitk{v}" if v > 1 else "")
+            elif k == "SWAP_AB":
+                parts.append(" swapAB" if v else "")
+            elif k == "PDL":
+                parts.append(" pdl" if v else "")
+            else:
+                parts.append(f"{_SHORT.get(k, ' ' + k + '=')}{v}")
+        return f"{self.template_id}[{''.join(parts).strip()}]"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Candidate) and self.key == other.key

@@ -60,6 +60,8 @@ def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Targe
     ``target``. ``params`` without tile sizes get a 128x128x64 tile. ``efficiency`` is the
     template's relative tensor-core efficiency (TMA/TDM pipelines > 1); the sustained rate
     stays below 95% of peak whatever it says."""
+    if params.get("SWAP_AB"):
+        problem = problem.transposed()  # the kernel computes C^T = B^T A^T
     bm = params.get("BLOCK_M", 128)
     bn = params.get("BLOCK_N", 128)
     bk = params.get("BLOCK_K", 64)
@@ -78,6 +80,8 @@ def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Targe
     eb = ELEMENT_BYTES[problem.dtype]
     peak = target.peak(problem.dtype) * 1e12  # FLOP/s
     eff = min(_mma_efficiency(bm, bn, bk, params.get("num_warps", 4)) * efficiency, 0.95)
+    if bm < 64 and (target.has("wgmma") or target.has("tcgen05")):
+        eff *= 0.5  # below 64 rows the warpgroup MMA is out of reach: mma.sync at ~half rate
     per_sm = peak / target.num_sms * eff
     flops_per_tile = 2.0 * bm * bn * math.ceil(problem.K / split_k)
     waves = tiles / target.num_sms if target.num_sms else tiles
@@ -96,7 +100,11 @@ def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Targe
     operands = max(operands, problem.batch * (problem.M * problem.K + problem.K * problem.N) * eb)
     out_and_epilogue = problem.min_bytes - problem.batch * (problem.M * problem.K + problem.K * problem.N) * eb
     out_extra = (split_k - 1) * problem.batch * problem.M * problem.N * 4 * 2  # fp32 partials
-    memory_s = (operands + out_and_epilogue + out_extra) / (target.hbm_gbps * 1e9)
+    # few programs cannot pull full bandwidth: about half the SMs busy are needed to saturate
+    # HBM (the reason split-K helps decode GEMMs)
+    busy = min(tiles, target.num_sms) / max(target.num_sms * 0.5, 1)
+    bandwidth = target.hbm_gbps * 1e9 * min(1.0, busy)
+    memory_s = (operands + out_and_epilogue + out_extra) / bandwidth
 
     ms = max(compute_s, memory_s) * 1e3 + LAUNCH_US * 1e-3 * (2 if split_k > 1 else 1)
     if max(compute_s, memory_s) * 1e3 < LAUNCH_US * 1e-3:

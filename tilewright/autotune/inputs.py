@@ -21,10 +21,22 @@ class GemmInputs:
     a: torch.Tensor
     b: torch.Tensor
     epilogue_inputs: list[torch.Tensor]
+    a_scale: torch.Tensor | None = None  # block scales of block-scaled formats
+    b_scale: torch.Tensor | None = None
+
+    @property
+    def scale_kwargs(self) -> dict[str, torch.Tensor]:
+        """``a_scale=``/``b_scale=`` for ``launch`` when the problem is block-scaled."""
+        if self.a_scale is None:
+            return {}
+        return {"a_scale": self.a_scale, "b_scale": self.b_scale}
 
     def as_dtype(self, dtype: torch.dtype) -> "GemmInputs":
-        return GemmInputs(self.a.to(dtype), self.b.to(dtype),
-                          [e.to(dtype) for e in self.epilogue_inputs])
+        """Float operands and epilogue inputs in ``dtype``; packed operands and their block
+        scales stay as they are (their dequantisation is exact in any float type)."""
+        packed = self.a_scale is not None
+        return GemmInputs(self.a if packed else self.a.to(dtype), self.b if packed else self.b.to(dtype),
+                          [e.to(dtype) for e in self.epilogue_inputs], self.a_scale, self.b_scale)
 
 
 def _matrix(rows: int, cols: int, layout: str, batch: int | None, dtype: torch.dtype,
@@ -50,10 +62,35 @@ def make_inputs(problem: GemmProblem, device: torch.device | str, seed: int = 0)
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
     batch = problem.batch if problem.batched else None
+    shape = output_shape(problem)
+    if problem.block_scaled:
+        a, a_scale, b, b_scale = _block_scaled_operands(problem, device, gen)
+        return GemmInputs(a, b, _epilogue_inputs(problem, shape, device, gen), a_scale, b_scale)
     dt = DTYPES[problem.dtype]
     a = _matrix(problem.M, problem.K, problem.layout_a, batch, dt, device, gen)
     b = _matrix(problem.K, problem.N, problem.layout_b, batch, dt, device, gen)
-    shape = output_shape(problem)
+    return GemmInputs(a, b, _epilogue_inputs(problem, shape, device, gen))
+
+
+def _block_scaled_operands(problem: GemmProblem, device: torch.device, gen: torch.Generator):
+    """Random NVFP4 operands: every E2M1 code, E4M3 scales spread over 2^-4..2^4."""
+    from tilewright.quant.nvfp4 import BLOCK, swizzle_scales
+
+    if problem.dtype != "nvfp4":
+        raise NotImplementedError(f"random inputs for {problem.dtype}")
+    out = []
+    for rows in (problem.M, problem.N):
+        data = torch.randint(0, 256, (rows, problem.K // 2), generator=gen, dtype=torch.uint8)
+        exps = torch.randint(-4, 5, (rows, problem.K // BLOCK), generator=gen).float()
+        scale = torch.exp2(exps).to(torch.float8_e4m3fn)
+        if problem.scale_layout == "swizzled":
+            scale = swizzle_scales(scale)
+        out += [data.to(device), scale.to(device)]
+    return out
+
+
+def _epilogue_inputs(problem: GemmProblem, shape: tuple[int, ...], device: torch.device,
+                     gen: torch.Generator) -> list[torch.Tensor]:
     eps = []
     for inp in problem.epilogue_inputs:
         pattern = inp.broadcast
@@ -62,7 +99,7 @@ def make_inputs(problem: GemmProblem, device: torch.device | str, seed: int = 0)
         real = [full[d] if d in pattern else 1 for d in dims]
         t = torch.randn(*real, generator=gen, dtype=torch.float32).to(device, DTYPES[inp.dtype])
         eps.append(t.expand(*shape))
-    return GemmInputs(a, b, eps)
+    return eps
 
 
 def poisoned_output(problem: GemmProblem, device: torch.device | str) -> torch.Tensor:

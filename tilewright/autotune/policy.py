@@ -5,7 +5,9 @@ class, clamps each to the problem (a 16-row problem gets BLOCK_M = 16, not 128),
 shapes for small M, drops settings the template refuses on the target (shared memory,
 registers), removes duplicates, ranks the rest with the cost model and keeps the best
 ``config.max_candidates``. ATen is always a candidate (rank 0), so the tuner can only win by
-beating it.
+beating it. Decode shapes (M <= 64) also get swap-AB and split-K variants (``decode.py``) and,
+when nvidia-matmul-heuristics is installed, its picks (``heuristics.py``), all inside the same
+budget.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any, Callable, Iterable
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.cost_model import LAUNCH_US, estimate_gemm, roofline_ms
+from tilewright.autotune.decode import decode_variants
+from tilewright.autotune.heuristics import heuristic_params
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec, get_template, templates_for
@@ -68,20 +72,38 @@ class GemmPolicy:
 
     def tile_params(self, problem: GemmProblem, template: TemplateSpec, target: Target
                     ) -> list[dict[str, Any]]:
-        seeds = list(self.seeds)
-        if problem.M <= self.decode_m:
-            seeds = list(self.decode_seeds) + seeds
+        """Legal, distinct parameter settings for one template: its own ``seed_params`` when it
+        has them, else the seed tiles clamped to the problem; for decode shapes also
+        nvMatmulHeuristics' picks and the swap-AB / split-K variants the template can run."""
+        knobs = set(template.space.names())
+        defaults = template.space.default()
+        if hasattr(template, "seed_params"):
+            proposals = list(template.seed_params(problem, target))
+        else:
+            proposals = []
+            if problem.M <= self.decode_m and not target.interpreted:
+                proposals += heuristic_params(problem, target)
+                proposals += decode_variants(problem, target, knobs)
+            seeds = list(self.decode_seeds) + list(self.seeds) if problem.M <= self.decode_m else self.seeds
+            for bm, bn, bk, warps, stages in seeds:
+                bm, bn, bk = clamp_tile(problem, bm, bn, bk)
+                if not target.interpreted:
+                    # fewer warps for small tiles: 4 warps need at least a 64x64 tile to stay busy
+                    warps = max(1, min(warps, bm * bn // 1024))
+                    warps = 1 << (warps.bit_length() - 1)
+                proposals.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                  "GROUP_M": 8 if bm >= 64 else 4, "num_warps": warps,
+                                  "num_stages": stages})
         out, seen = [], set()
-        for bm, bn, bk, warps, stages in seeds:
-            bm, bn, bk = clamp_tile(problem, bm, bn, bk)
-            # fewer warps for small tiles: 4 warps need at least a 64x64 tile to stay busy
-            warps = max(1, min(warps, bm * bn // 1024)) if not target.interpreted else warps
-            warps = 1 << (warps.bit_length() - 1)
-            params = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                      "GROUP_M": 8 if bm >= 64 else 4, "num_warps": warps, "num_stages": stages}
-            if target.backend == "hip":
+        for p in proposals:
+            params = {k: p.get(k, defaults[k]) for k in template.space.names()}
+            if {"BLOCK_M", "BLOCK_N", "BLOCK_K"} <= set(params):
+                kp = problem.transposed() if params.get("SWAP_AB") else problem
+                params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"] = clamp_tile(
+                    kp, params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"])
+            if target.backend == "hip" and "num_stages" in params:
                 params["num_stages"] = 2  # AMD's stream pipeliner wants 2
-            key = tuple(params.values())
+            key = tuple(params.items())
             if key in seen or template.check(params, problem, target):
                 continue
             seen.add(key)
@@ -114,9 +136,19 @@ class GemmPolicy:
             if ranked:
                 per_template.append((template, ranked))
         budget = config.max_candidates
-        chosen = [(ranked[0][0], t, ranked[0][1]) for t, ranked in per_template][:budget]
-        rest = sorted(((ms, t, p) for t, ranked in per_template for ms, p in ranked[1:]),
-                      key=lambda item: item[0])
+        # reserved slots: the best of each template, and for decode shapes the best swap-AB
+        # and the best split-K setting, so those remedies are always measured where they apply
+        chosen = [(ranked[0][0], t, ranked[0][1]) for t, ranked in per_template]
+        for knob, on in (("SWAP_AB", True), ("SPLIT_K", 1)):
+            for t, ranked in per_template:
+                pick = next(((ms, t, p) for ms, p in ranked if knob in p and (
+                    p[knob] is True if on is True else p[knob] > on)), None)
+                if pick is not None and not any(c[2] is pick[2] for c in chosen):
+                    chosen.append(pick)
+                    break
+        chosen = sorted(chosen, key=lambda item: item[0])[:budget]
+        rest = sorted(((ms, t, p) for t, ranked in per_template for ms, p in ranked
+                       if not any(c[2] is p for c in chosen)), key=lambda item: item[0])
         chosen += rest[: max(budget - len(chosen), 0)]
         chosen.sort(key=lambda item: item[0])
         for i, (ms, template, params) in enumerate(chosen):

@@ -142,7 +142,7 @@ def _evaluate(problem: GemmProblem, cand: Candidate, target: Target, factory: Ke
     out = poisoned_output(problem, device)
 
     def run() -> torch.Tensor:
-        return launch(inputs.a, inputs.b, *inputs.epilogue_inputs, out=out)
+        return launch(inputs.a, inputs.b, *inputs.epilogue_inputs, out=out, **inputs.scale_kwargs)
 
     results: list[torch.Tensor] = []
     try:

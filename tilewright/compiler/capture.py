@@ -31,9 +31,10 @@ def gemm_problem(g: GemmNode) -> GemmProblem:
     """The autotuner's view of a GEMM node, at its trace-time sizes."""
     return GemmProblem(
         M=g.hints["M"], N=g.hints["N"], K=g.hints["K"], batch=g.hints["batch"],
-        batched=g.batched, dtype=DTYPE_NAMES[g.dtype], out_dtype=DTYPE_NAMES[g.out_dtype],
+        batched=g.batched, dtype=g.fmt or DTYPE_NAMES[g.dtype], out_dtype=DTYPE_NAMES[g.out_dtype],
         layout_a=g.layout_a, layout_b=g.layout_b, epilogue=tuple(g.epilogue),
-        epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op)
+        epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op,
+        scale_layout=g.scale_layout)
 
 
 @dataclass

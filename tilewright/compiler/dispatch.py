@@ -94,8 +94,11 @@ class GemmCall:
 
     # -- running ----------------------------------------------------------------------------------
     def __call__(self, a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
-                 view: Sequence[int] | None = None) -> torch.Tensor:
-        M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+                 view: Sequence[int] | None = None, **scales: torch.Tensor) -> torch.Tensor:
+        if self.problem.block_scaled:  # packed (M, K/2) and (N, K/2)
+            M, K, N = a.shape[0], a.shape[1] * 2, b.shape[0]
+        else:
+            M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
         if self.problem.batched:
             batch = max(a.shape[0], b.shape[0])
             gemm_shape: tuple[int, ...] = (batch, M, N)
@@ -107,7 +110,7 @@ class GemmCall:
             e.expand(view_shape).reshape(gemm_shape) if space == "view" else e.expand(gemm_shape)
             for e, space in zip(epilogue_inputs, self.spaces)
         ]
-        out = launch(a, b, *prepared)
+        out = launch(a, b, *prepared, **scales)
         return out.view(view_shape) if view_shape is not None else out
 
     def __repr__(self) -> str:

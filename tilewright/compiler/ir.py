@@ -135,10 +135,13 @@ class GemmNode(Node):
     epilogue_inputs: list[FusedInput] = field(default_factory=list)
     view: fx.Node | None = None  # the absorbed view node, whose shape arguments the wrapper uses
     value: str = ""
+    fmt: str = ""  # block-scaled format ("nvfp4") when A and B are packed with block scales
+    scales: tuple[str, str] | None = None  # values of A's and B's block scales
+    scale_layout: str = ""
 
     @property
     def inputs(self) -> list[str]:
-        return [self.a, self.b] + [e.value for e in self.epilogue_inputs]
+        return [self.a, self.b] + list(self.scales or ()) + [e.value for e in self.epilogue_inputs]
 
     @property
     def dynamic(self) -> frozenset[str]:
@@ -186,7 +189,8 @@ class KernelGraph:
                                  for op in n.epilogue) or "-"
                 lines.append(
                     f"{n.value} = {n.name}: {n.op} batch={n.batch} M={n.M} N={n.N} K={n.K} "
-                    f"{n.dtype}→{n.out_dtype} A={n.a}({n.layout_a}) B={n.b}({n.layout_b}) "
+                    f"{n.fmt or n.dtype}→{n.out_dtype} A={n.a}({n.layout_a}) B={n.b}({n.layout_b}) "
+                    + (f"scales={list(n.scales)} " if n.scales else "") +
                     f"epilogue: {eps} inputs: {[e.value for e in n.epilogue_inputs]} "
                     f"absorbs: {[f.name for f in n.fx_nodes]}")
             else:

@@ -2,7 +2,8 @@
 
 GEMM-family nodes with float operands on one device become :class:`GemmNode`s: ``mm``,
 ``addmm`` (bias as the first epilogue step, ``alpha``/``beta`` as scales), ``bmm``,
-``baddbmm``, and fp8 ``_scaled_mm`` (its scales and bias as epilogue steps). Transposed or sliced operands stay views: the GEMM reads them through their
+``baddbmm``, fp8 ``_scaled_mm`` (its scales and bias as epilogue steps) and NVFP4
+``tilewright.nvfp4_mm`` (packed operands with block scales; alpha and bias in the epilogue). Transposed or sliced operands stay views: the GEMM reads them through their
 strides, nothing is copied. Everything else becomes an :class:`ExternNode`, run as ATen, so an op
 tilewright cannot lower never fails the model.
 """
@@ -18,9 +19,11 @@ import torch.fx as fx
 from tilewright.compiler.ir import (
     ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
 )
+import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, EpilogueInput, EpilogueOp
 
 aten = torch.ops.aten
+NVFP4_MM = torch.ops.tilewright.nvfp4_mm.default
 
 GEMM_OPS = {
     aten.mm.default: "mm",
@@ -176,6 +179,29 @@ def lower_scaled_mm(node: fx.Node, index: int) -> GemmNode | None:
     return g
 
 
+def lower_nvfp4_mm(node: fx.Node, index: int) -> GemmNode | None:
+    """``tilewright.nvfp4_mm(a, a_scale, a_gs, b, b_scale, b_gs, bias, out_dtype)``: one GEMM on
+    packed NVFP4 operands whose epilogue multiplies by both global scales (alpha) and adds the
+    bias; later epilogue steps fuse after those as usual."""
+    a, a_scale, a_gs, b, b_scale, b_gs, bias, _ = node.args
+    ma, mb, mo = TensorMeta.of(a), TensorMeta.of(b), TensorMeta.of(node)
+    if None in (ma, mb, mo) or ma.ndim != 2 or mb.ndim != 2:
+        return None
+    g = GemmNode(
+        name=f"gemm_{index}", fx_nodes=[node], op="nvfp4_mm", a=a.name, b=b.name,
+        M=ma.shape[0], N=mb.shape[0], K=ma.shape[1] * 2,
+        hints={"M": ma.hint_shape[0], "N": mb.hint_shape[0], "K": ma.hint_shape[1] * 2, "batch": 1},
+        dtype=torch.uint8, out_dtype=mo.dtype, device=mo.device, layout_a="row", layout_b="col",
+        value=node.name, fmt="nvfp4", scales=(a_scale.name, b_scale.name), scale_layout="row")
+    for t, op, pattern in ((a_gs, "mul", ""), (b_gs, "mul", ""), (bias, "add", "N")):
+        if t is None:
+            continue
+        mt = TensorMeta.of(t)
+        g.epilogue_inputs.append(FusedInput(t.name, EpilogueInput(pattern, DTYPE_NAMES[mt.dtype])))
+        g.epilogue.append(EpilogueOp(op, input=len(g.epilogue_inputs) - 1))
+    return g
+
+
 def lower(gm: fx.GraphModule) -> KernelGraph:
     """The kernel IR of an ATen FX graph (one node per FX call; fusion comes after)."""
     placeholders: list[fx.Node] = []
@@ -193,6 +219,10 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
         elif node.op == "call_function" and node.target == aten._scaled_mm.default and (
                 scaled := lower_scaled_mm(node, n_gemm)) is not None:
             nodes.append(scaled)
+            n_gemm += 1
+        elif node.op == "call_function" and node.target == NVFP4_MM and (
+                fp4 := lower_nvfp4_mm(node, n_gemm)) is not None:
+            nodes.append(fp4)
             n_gemm += 1
         elif node.op == "call_function":
             nodes.append(ExternNode(node.name, [node], kind=_kind(node)))

@@ -77,6 +77,8 @@ class WrapperCodegen:
             ns = t.namespace
             if ns in ("aten", "prims"):
                 return f"{ns}.{t._opname}.{t._overloadname}"
+            if ns.isidentifier() and t._opname.isidentifier():
+                return f"torch.ops.{ns}.{t._opname}.{t._overloadname}"
             return self.const(t)
         if getattr(t, "__module__", None) == "_operator" and hasattr(operator, t.__name__):
             return f"operator.{t.__name__}"
@@ -96,6 +98,8 @@ class WrapperCodegen:
 
     def _gemm(self, g: GemmNode) -> list[str]:
         args = [self.name(g.a), self.name(g.b)] + [self.name(e.value) for e in g.epilogue_inputs]
+        if g.scales:
+            args += [f"a_scale={self.name(g.scales[0])}", f"b_scale={self.name(g.scales[1])}"]
         if g.view is not None:
             args.append(f"view={self.literal(g.view.args[1])}")
         lines = []

@@ -51,7 +51,28 @@ class TemplateKernelFactory:
         launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
         x = inputs.as_dtype(torch.float64)
         out = torch.empty(output_shape(problem), dtype=torch.float64, device=x.a.device)
-        return launch(x.a, x.b, *x.epilogue_inputs, out=out)
+        return launch(x.a, x.b, *x.epilogue_inputs, out=out, **x.scale_kwargs)
 
 
 default_factory = TemplateKernelFactory()
+
+
+_tuned: dict[tuple, object] = {}
+_tuned_lock = threading.Lock()
+
+
+def tuned_launcher(problem: GemmProblem, device: torch.device):
+    """The autotuner's choice for ``problem`` on ``device``, built (once per process)."""
+    from tilewright.autotune.select import select_gemm
+    from tilewright.runtime.targets import detect_target
+
+    target = detect_target(device)
+    key = (problem, target.name)
+    launch = _tuned.get(key)
+    if launch is None:
+        with _tuned_lock:
+            launch = _tuned.get(key)
+            if launch is None:
+                selection = select_gemm(problem, target, default_factory)
+                launch = _tuned[key] = default_factory.build(problem, selection.winner, target)
+    return launch

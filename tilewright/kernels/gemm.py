@@ -7,21 +7,15 @@ into an interpreted Triton kernel, but it treats a custom op as opaque.
 
 from __future__ import annotations
 
-import threading
 from typing import Optional
 
 import torch
 
-from tilewright.autotune.select import Launcher, select_gemm
 from tilewright.errors import InvalidInputError
-from tilewright.kernels.build import default_factory
+from tilewright.kernels.build import tuned_launcher
 from tilewright.problem import (
     DTYPE_NAMES, GEMM_INPUT_DTYPES, UNARY_EPILOGUES, EpilogueInput, EpilogueOp, GemmProblem,
 )
-from tilewright.runtime.targets import detect_target
-
-_launchers: dict[tuple, Launcher] = {}
-_lock = threading.Lock()
 
 
 def _layout(t: torch.Tensor) -> str:
@@ -107,14 +101,7 @@ def gemm_impl(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
     problem = GemmProblem(M=M, N=N, K=K, batch=batch, batched=batched, dtype=DTYPE_NAMES[a.dtype],
                           out_dtype=DTYPE_NAMES[out_dtype], layout_a=_layout(a), layout_b=_layout(b),
                           epilogue=tuple(ops), epilogue_inputs=tuple(inputs), op="gemm")
-    target = detect_target(a.device)
-    key = (problem, target.name)
-    launch = _launchers.get(key)
-    if launch is None:
-        with _lock:
-            selection = select_gemm(problem, target, default_factory)
-            launch = _launchers[key] = default_factory.build(problem, selection.winner, target)
-    return launch(a, b, *tensors)
+    return tuned_launcher(problem, a.device)(a, b, *tensors)
 
 
 @torch.library.custom_op("tilewright::gemm", mutates_args=())

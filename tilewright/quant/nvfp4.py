@@ -145,6 +145,14 @@ def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
     return (vals * s * q.global_scale.float()).to(dtype)
 
 
+def dequantize_packed(data: torch.Tensor, scale: torch.Tensor,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``e2m1 * block scale`` (no global scale) of packed data (rows, K/2) and row-major scales
+    (rows, K/16), as ``dtype`` (rows, K). Exact in float32: E2M1 x E4M3 fits its mantissa."""
+    vals = e2m1_decode(unpack_e2m1(data)).to(dtype)
+    return vals * scale.to(dtype).repeat_interleave(BLOCK, dim=-1)[..., : vals.shape[-1]]
+
+
 def reference_mm(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
     """``dequant(a) @ dequant(b).T`` in float32: a (M, K), b (N, K) → (M, N)."""
     return a.dequantize() @ b.dequantize().t()

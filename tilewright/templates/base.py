@@ -74,6 +74,10 @@ class ParamSpace:
     def default(self) -> dict[str, Any]:
         return {k.name: k.default for k in self.knobs}
 
+    def complete(self, params: Params) -> dict[str, Any]:
+        """``params`` with the default of every knob it leaves out."""
+        return {**self.default(), **params}
+
     def validate(self, params: Params) -> None:
         """Raise ValueError naming the first unknown, missing or out-of-range knob."""
         extra = set(params) - set(self.names())

@@ -19,6 +19,8 @@ class AtenGemm(TemplateSpec):
     jinja = "gemm.py.jinja"
 
     def supports(self, problem: GemmProblem, target: Target) -> Support:
+        if problem.block_scaled and (problem.dtype != "nvfp4" or problem.scale_layout != "row"):
+            return Support(False, "ATen path dequantises NVFP4 with row-major scales only")
         return SUPPORTED
 
     def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
@@ -28,7 +30,7 @@ class AtenGemm(TemplateSpec):
         } for op in problem.epilogue]
         addmm = None
         first = problem.epilogue[0] if problem.epilogue else None
-        if (first is not None and first.kind == "add" and first.input is not None
+        if (first is not None and not problem.block_scaled and first.kind == "add" and first.input is not None
                 and problem.epilogue_inputs[first.input].dtype == problem.dtype):
             # addmm/baddbmm need the bias in the operands' dtype; otherwise promote as eager does
             addmm, ops = ops[0], ops[1:]
@@ -36,6 +38,7 @@ class AtenGemm(TemplateSpec):
             problem_text=problem.describe(),
             out_torch_dtype=_TORCH_NAME[problem.out_dtype],
             batched=problem.batched,
+            block_scaled=problem.block_scaled,
             addmm=addmm,
             epilogue=ops,
         )

@@ -57,6 +57,7 @@ class GluonGemmTdm(TritonGemm):
         return SUPPORTED
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
+        params = self.space.complete(params)
         try:
             self.space.validate(params)
         except ValueError as e:

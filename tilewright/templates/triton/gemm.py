@@ -81,21 +81,37 @@ def mma_checks(problem: GemmProblem, params: Params, target: Target) -> list[Ins
     return []
 
 
+CORE_KNOBS = (
+    Knob("BLOCK_M", powers_of_two(16, 256), 64, "rows of C per program"),
+    Knob("BLOCK_N", powers_of_two(16, 256), 64, "columns of C per program"),
+    Knob("BLOCK_K", powers_of_two(16, 256), 32, "K slice per main-loop step"),
+    Knob("GROUP_M", (1, 4, 8, 16), 8, "programs per swizzle group along M"),
+    Knob("num_warps", (1, 2, 4, 8, 16), 4, "warps per program"),
+    Knob("num_stages", (1, 2, 3, 4, 5, 6), 3, "software-pipeline depth"),
+)
+
+
 class TritonGemm(TemplateSpec):
+    """The general template. Beyond the tile knobs: SPLIT_K > 1 splits K over that many
+    programs per tile, writing fp32 partials that a second kernel adds up (in a fixed order)
+    before the epilogue; SWAP_AB computes C^T = B^T A^T so a decode GEMM's large N fills the
+    MMA's M side (BLOCK_M/BLOCK_N then tile the swapped problem)."""
+
     id = "triton.gemm"
     backend = "triton"
     op = "gemm"
     jinja = "gemm.py.jinja"
     includes = ("common/epilogue.jinja",)
     kernel_name = "tw_gemm_kernel"
-    space = ParamSpace((
-        Knob("BLOCK_M", powers_of_two(16, 256), 64, "rows of C per program"),
-        Knob("BLOCK_N", powers_of_two(16, 256), 64, "columns of C per program"),
-        Knob("BLOCK_K", powers_of_two(16, 256), 32, "K slice per main-loop step"),
-        Knob("GROUP_M", (1, 4, 8, 16), 8, "programs per swizzle group along M"),
-        Knob("num_warps", (1, 2, 4, 8, 16), 4, "warps per program"),
-        Knob("num_stages", (1, 2, 3, 4, 5, 6), 3, "software-pipeline depth"),
+    space = ParamSpace(CORE_KNOBS + (
+        Knob("SPLIT_K", (1, 2, 4, 8, 16), 1, "programs sharing one tile's K range"),
+        Knob("SWAP_AB", (False, True), False, "compute C^T = B^T A^T"),
     ))
+
+    @staticmethod
+    def kernel_problem(problem: GemmProblem, params: Params) -> GemmProblem:
+        """The problem the kernel itself computes (transposed under SWAP_AB)."""
+        return problem.transposed() if params.get("SWAP_AB") else problem
 
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if target.backend not in ("cuda", "hip", "cpu"):
@@ -111,10 +127,15 @@ class TritonGemm(TemplateSpec):
         return SUPPORTED
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
+        params = self.space.complete(params)
         try:
             self.space.validate(params)
         except ValueError as e:
             return str(e)
+        if (params.get("SPLIT_K", 1) > 1 or params.get("SWAP_AB")) and problem.batched:
+            return "split-K and swap-AB are for 2-D GEMMs"
+        if params.get("SPLIT_K", 1) > 1 and problem.K < params["SPLIT_K"] * params["BLOCK_K"]:
+            return f"K={problem.K} is too short to split {params['SPLIT_K']} ways of BLOCK_K={params['BLOCK_K']}"
         if target.interpreted:
             return None  # the interpreter has no shared memory or register limits
         if problem.dtype in FP8 and params["BLOCK_K"] < 32:
@@ -139,7 +160,9 @@ class TritonGemm(TemplateSpec):
             raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
 
     def context(self, problem: GemmProblem, params: Params, target: Target) -> dict[str, Any]:
-        """Values the jinja source is rendered with."""
+        """Values the jinja source is rendered with (for the problem the kernel computes)."""
+        shown = problem.describe()
+        problem = self.kernel_problem(problem, params)
         # the interpreter's bf16 (and fp8) arithmetic is wrong: compute those tiles in fp32
         upcast = target.interpreted and problem.dtype not in ("fp32", "fp16")
         fp32_dot = problem.dtype == "fp32" or upcast
@@ -148,7 +171,8 @@ class TritonGemm(TemplateSpec):
                 "scalar_text": repr(float(op.scalar)) if op.scalar is not None else ""}
                for op in problem.epilogue]
         return dict(
-            kernel_name=self.kernel_name, problem_text=problem.describe(),
+            kernel_name=self.kernel_name, problem_text=shown,
+            split_k=params.get("SPLIT_K", 1), swap_ab=bool(params.get("SWAP_AB")),
             params_text=self.space.encode(params), target=target.name,
             out_torch_dtype=TORCH_DTYPE[problem.out_dtype], n_inputs=len(problem.epilogue_inputs),
             inputs=problem.epilogue_inputs, epilogue=ops,
@@ -160,10 +184,13 @@ class TritonGemm(TemplateSpec):
             **params,
         )
 
-    def unit_strides(self, problem: GemmProblem) -> dict[str, int]:
+    def unit_strides(self, problem: GemmProblem, params: Params | None = None) -> dict[str, int]:
         """Stride arguments that are 1 for operands laid out as the problem says (the JIT
-        specialises those; AOT does the same)."""
-        units = {"stride_cn": 1}
+        specialises those; AOT does the same). ``problem`` is the kernel's problem; under
+        swap-AB without split-K the kernel writes C transposed, so its unit stride is along M."""
+        params = params or {}
+        swapped_store = params.get("SWAP_AB") and params.get("SPLIT_K", 1) == 1
+        units = {"stride_cm" if swapped_store else "stride_cn": 1}
         units["stride_ak" if problem.layout_a == "row" else "stride_am"] = 1
         units["stride_bn" if problem.layout_b == "row" else "stride_bk"] = 1
         if problem.layout_a == "strided":
@@ -190,18 +217,27 @@ class TritonGemm(TemplateSpec):
         return names
 
     def aot_spec(self, problem: GemmProblem, params: Params) -> AotSpec:
+        problem = self.kernel_problem(problem, params)
+        split = params.get("SPLIT_K", 1) > 1
         pointers = {"A": TRITON_POINTER[problem.dtype], "B": TRITON_POINTER[problem.dtype],
                     "C": TRITON_POINTER[problem.out_dtype]}
-        for i, inp in enumerate(problem.epilogue_inputs):
-            pointers[f"E{i}"] = TRITON_POINTER[inp.dtype]
+        if split:  # the main kernel writes the fp32 workspace; the epilogue runs in _reduce
+            pointers["C"] = "*fp32"
+        else:
+            for i, inp in enumerate(problem.epilogue_inputs):
+                pointers[f"E{i}"] = TRITON_POINTER[inp.dtype]
         constexprs = {k: params[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
-        constexprs.update(self.unit_strides(problem))
+        constexprs.update(self.unit_strides(problem, params))
+        if split:
+            constexprs = {k: v for k, v in constexprs.items() if not k.startswith("stride_e")}
+        divisible = [d for d in self.divisible(problem) if not (d == "stride_cm" and params.get("SWAP_AB"))]
         return AotSpec(self.kernel_name, "triton", pointers, constexprs,
-                       tuple(pointers) + tuple(self.divisible(problem)),
+                       tuple(pointers) + tuple(divisible),
                        {"num_warps": params["num_warps"], "num_stages": params["num_stages"]},
                        int_type="i64" if needs_int64(problem) and not problem.dynamic else "i32")
 
     def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
+        params = self.space.complete(params)
         self._refuse_unless_valid(problem, params, target)
         source = self.render_jinja(**self.context(problem, params, target))
         return RenderedKernel(
@@ -211,4 +247,4 @@ class TritonGemm(TemplateSpec):
 
     def expected_instructions(self, problem: GemmProblem, params: Params,
                               target: Target) -> list[InstructionCheck]:
-        return mma_checks(problem, params, target)
+        return mma_checks(self.kernel_problem(problem, params), params, target)

@@ -15,14 +15,15 @@ from typing import Any
 
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
 from tilewright.runtime.targets import Target
-from tilewright.templates.base import InstructionCheck, Params, Support
-from tilewright.templates.triton.gemm import TritonGemm, mma_checks
+from tilewright.templates.base import InstructionCheck, ParamSpace, Params, Support
+from tilewright.templates.triton.gemm import CORE_KNOBS, TritonGemm, mma_checks
 
 
 class TritonGemmTma(TritonGemm):
     id = "triton.gemm_tma"
     jinja = "gemm_tma.py.jinja"
     kernel_name = "tw_gemm_tma_kernel"
+    space = ParamSpace(CORE_KNOBS)
 
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         base = super().supports(problem, target)
@@ -61,7 +62,7 @@ class TritonGemmTma(TritonGemm):
         ctx.update(a_col_major=problem.layout_a == "col", b_col_major=problem.layout_b == "col")
         return ctx
 
-    def unit_strides(self, problem: GemmProblem) -> dict[str, int]:
+    def unit_strides(self, problem: GemmProblem, params: Params | None = None) -> dict[str, int]:
         units = {"stride_cn": 1}
         for i, inp in enumerate(problem.epilogue_inputs):
             if inp.broadcast.endswith("N"):
