@@ -4,7 +4,7 @@ valid one wins, ties break deterministically, forced backends are honoured, resu
 from __future__ import annotations
 
 import pytest
-from fakes import Behaviour, FakeFactory, FakePolicy, noisy_timer
+from fakes import Behaviour, FakeFactory, FakePolicy
 
 import tilewright
 from tilewright.autotune import select as select_mod
@@ -23,9 +23,8 @@ def sim(monkeypatch, tmp_path):
 
     def run(behaviours, names=None, noise=0.0, seed=0, cache=None, hashes=None):
         names = names or list(behaviours)
-        factory = FakeFactory(behaviours)
+        factory = FakeFactory(behaviours, noise=noise, seed=seed)
         monkeypatch.setattr(select_mod, "policy_for", lambda op, t: FakePolicy(names, hashes))
-        monkeypatch.setattr(select_mod, "time_callable", noisy_timer(factory, noise, seed))
         cache = cache or TuningCache(tmp_path / f"tuning-{seed}-{len(names)}.json")
         return select_gemm(PROBLEM, get_target("cpu"), factory, cache=cache), factory
 
