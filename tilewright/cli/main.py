@@ -8,10 +8,10 @@ import logging
 import sys
 from typing import Sequence
 
-from tilewright.cli import common, demo, explain, info
+from tilewright.cli import cache, common, demo, explain, info
 
 # one entry per subcommand module; each registers its parser(s)
-COMMANDS = [demo, info, explain]
+COMMANDS = [demo, info, explain, cache]
 
 
 def build_parser() -> argparse.ArgumentParser:
