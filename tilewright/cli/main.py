@@ -8,10 +8,10 @@ import logging
 import sys
 from typing import Sequence
 
-from tilewright.cli import cache, common, demo, explain, info
+from tilewright.cli import cache, common, demo, explain, info, warm
 
 # one entry per subcommand module; each registers its parser(s)
-COMMANDS = [demo, info, explain, cache]
+COMMANDS = [demo, info, explain, cache, warm]
 
 
 def build_parser() -> argparse.ArgumentParser:

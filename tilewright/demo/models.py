@@ -53,3 +53,15 @@ def build_llama(dtype: torch.dtype = torch.float32, seed: int = 0):
 def llama_inputs(batch: int = 2, seq: int = 24, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 512, (batch, seq), generator=g)
+
+
+def llama_bf16_example():
+    """The demo's bf16 Llama inference case as ``(model, example_inputs)``, for
+    ``tilewright warm tilewright.demo.models:llama_bf16_example``."""
+    return build_llama(torch.bfloat16), (llama_inputs(batch=2, seq=16),)
+
+
+def llama_train_example():
+    """The demo's fp32 Llama training case as ``(model, example_inputs)`` (warm it with
+    ``--train``)."""
+    return build_llama(torch.float32), (llama_inputs(),)
