@@ -8,10 +8,10 @@ import logging
 import sys
 from typing import Sequence
 
-from tilewright.cli import cache, common, demo, explain, info, warm
+from tilewright.cli import bench, cache, common, demo, explain, info, warm
 
 # one entry per subcommand module; each registers its parser(s)
-COMMANDS = [demo, info, explain, cache, warm]
+COMMANDS = [demo, info, explain, cache, warm, bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
