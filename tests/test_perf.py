@@ -130,3 +130,25 @@ def test_bench_run_tiny_on_cpu(tmp_path, fresh_cache, capsys):
         assert r["choice"] and r["speedup_vs_aten"] > 0
     assert "tiny.32x64x48.col" in capsys.readouterr().out
     assert main(["bench", "compare", str(out), str(out)]) == 0, "a run never regresses on itself"
+
+
+@pytest.mark.slow
+def test_device_check_script_dry_run(tmp_path):
+    """bench/device_check.sh runs every step on the CPU (GPU tests skipped, tiny suite) and ends
+    with the table."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHON": sys.executable, "TILEWRIGHT_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(["bash", str(root / "bench/device_check.sh"), str(tmp_path / "out"),
+                           "--dry-run"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert {"env.json", "gpu_tests.log", "bench.json", "summary.json"} <= {p.name for p in out.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rc"] == {"tests": 0, "bench": 0, "gate": 0} and summary["gpu_tests"]["tests"] > 0
+    assert load_results(out / "bench.json")["complete"]
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("└"), "the table must come last"
