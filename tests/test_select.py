@@ -110,3 +110,33 @@ def test_unreachable_target_is_chosen_by_prediction(monkeypatch):
     factory = FakeFactory({})
     sel = select_gemm(GemmProblem(M=4096, N=4096, K=4096, dtype="bf16"), target, factory)
     assert not sel.measured and sel.winner.template_id == "triton.gemm" and factory.builds == []
+
+
+def test_why_the_winner_won_is_explained(sim):
+    clear, _ = sim({"aten": Behaviour("good", 9.0), "a": Behaviour("good", 2.0), "b": Behaviour("good", 1.0)})
+    assert clear.reason.startswith("fastest: ") and "beyond the noise" in clear.reason
+    tie, _ = sim({"aten": Behaviour("good", 9.0), "a": Behaviour("good", 1.0), "b": Behaviour("good", 0.99)},
+                 noise=0.05, seed=1)  # another seed: another cache file
+    assert "tied within noise with" in tie.reason and "lowest policy rank" in tie.reason
+
+
+def test_equal_ranks_tie_break_on_the_candidate_key():
+    from tilewright.autotune.cache import Record
+    from tilewright.autotune.candidates import Candidate
+    from tilewright.autotune.select import CandidateResult, pick_winner
+
+    def result(name):
+        c = Candidate.of("triton.gemm", "h", {"name": name}, rank=1)
+        return CandidateResult(c, Record("triton.gemm", "h", {"name": name}, "ok", median_ms=1.0, spread_ms=0.0))
+
+    for order in (["x", "y"], ["y", "x"]):
+        assert pick_winner([result(n) for n in order]).candidate.param_dict["name"] == "x"
+
+
+def test_cli_explain_shows_prediction_measurement_and_reason(fresh_cache, capsys):
+    from tilewright.cli.main import main
+
+    assert main(["explain", "24", "40", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted ms" in out and "measured ms" in out and "spread ms" in out
+    assert "◀ winner" in out and "winner: " in out and "rule:" in out

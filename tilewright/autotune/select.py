@@ -169,8 +169,9 @@ def why_winner(results: list[CandidateResult], winner: CandidateResult) -> str:
                 f"(rank {winner.candidate.rank})")
     rest = [r for r in timed if r is not winner]
     runner = min(rest, key=lambda r: r.record.median_ms)
-    gap = runner.record.median_ms - ms
-    return (f"fastest: {ms:.4g} ± {winner.record.spread_ms or 0:.2g} ms, {gap / ms * 100:.1f}% ahead of "
+    ratio = runner.record.median_ms / ms if ms > 0 else float("inf")
+    lead = f"{ratio:.1f}x faster than" if ratio >= 2 else f"{(ratio - 1) * 100:.1f}% ahead of"
+    return (f"fastest: {ms:.4g} ± {winner.record.spread_ms or 0:.2g} ms, {lead} "
             f"{runner.candidate.name} ({runner.record.median_ms:.4g} ms), beyond the noise")
 
 
