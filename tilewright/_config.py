@@ -75,7 +75,8 @@ class Config:
     bench_input_sets: int = _setting(
         3, "TILEWRIGHT_BENCH_INPUT_SETS",
         "Input sets cycled while timing, so caches do not flatter a kernel (1 when the operands "
-        "are larger than twice the target's L2, where rotation cannot matter).")
+        "are larger than twice the target's L2, or under the CPU's interpreter, where rotation "
+        "cannot matter).")
     bench_budget_ms: float = _setting(
         200.0, "TILEWRIGHT_BENCH_BUDGET_MS",
         "Time budget per candidate (ms): timing stops after this once 1 run is in.")

@@ -69,9 +69,13 @@ def is_fatal(e: BaseException) -> bool:
 
 def input_set_count(problem: GemmProblem, target_name: str) -> int:
     """How many input sets to rotate through: ``config.bench_input_sets``, or 1 when the
-    operands are over twice the target's L2 (no cache could flatter the kernel then)."""
-    l2 = get_target(target_name).l2_bytes
-    return 1 if problem.min_bytes > 2 * l2 else max(1, config.bench_input_sets)
+    operands are over twice the target's L2 (no cache could flatter the kernel then) or the
+    target is interpreted (the interpreter's overhead dwarfs any cache effect, and each extra
+    set costs a warm-up run)."""
+    target = get_target(target_name)
+    if target.interpreted or problem.min_bytes > 2 * target.l2_bytes:
+        return 1
+    return max(1, config.bench_input_sets)
 
 
 # the inputs and reference of the last problem evaluated in this process (candidates of one
