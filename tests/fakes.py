@@ -88,7 +88,8 @@ class FakeFactory:
             if b.kind == "run_error":
                 raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
             if b.kind == "oom":
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (simulated)")
+                raise torch.cuda.OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate 80.00 GiB (simulated)")
             if b.kind == "memory_error":
                 bytearray(1 << 62)  # a real MemoryError: no machine has 4 EiB
             if b.kind == "segfault":

@@ -127,7 +127,8 @@ def test_equal_ranks_tie_break_on_the_candidate_key():
 
     def result(name):
         c = Candidate.of("triton.gemm", "h", {"name": name}, rank=1)
-        return CandidateResult(c, Record("triton.gemm", "h", {"name": name}, "ok", median_ms=1.0, spread_ms=0.0))
+        rec = Record("triton.gemm", "h", {"name": name}, "ok", median_ms=1.0, spread_ms=0.0)
+        return CandidateResult(c, rec)
 
     for order in (["x", "y"], ["y", "x"]):
         assert pick_winner([result(n) for n in order]).candidate.param_dict["name"] == "x"

@@ -175,6 +175,7 @@ class WorkerPool:
         self.pids: list[int] = []
         self._ctx = mp.get_context("spawn")
         self._slots: list[_Worker | None] = [None] * len(self.devices)
+        self._lock = threading.Lock()  # one evaluate() at a time: workers serve one task each
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -216,6 +217,11 @@ class WorkerPool:
         Raises:
             TuningWorkerError: a worker could not start.
         """
+        with self._lock:
+            return self._evaluate(tasks, factory, on_result)
+
+    def _evaluate(self, tasks: Sequence[EvalTask], factory: Any,
+                  on_result: Callable[[EvalTask, EvalOutcome], None] | None) -> list[EvalOutcome]:
         settings = config.as_dict()
         results: list[EvalOutcome | None] = [None] * len(tasks)
         pending = deque(range(len(tasks)))

@@ -20,7 +20,8 @@ _PAGE = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=True).fr
 td:first-child,th:first-child{text-align:left}.regression{background:#fcc}.improvement{background:#cfc}
 .missing,.error{background:#fdb}</style></head><body>
 <h1>tilewright: {{ 'PASS' if cmp.passed else 'FAIL' }}</h1>
-<p>baseline: {{ cmp.base_env.device }} ({{ cmp.base_env.target }}), tilewright {{ cmp.base_env.versions.tilewright }},
+<p>baseline: {{ cmp.base_env.device }} ({{ cmp.base_env.target }}),
+tilewright {{ cmp.base_env.versions.tilewright }},
 torch {{ cmp.base_env.versions.torch }}, triton {{ cmp.base_env.versions.triton }}<br>
 new: {{ cmp.new_env.device }} ({{ cmp.new_env.target }}), tilewright {{ cmp.new_env.versions.tilewright }},
 torch {{ cmp.new_env.versions.torch }}, triton {{ cmp.new_env.versions.triton }}<br>
