@@ -76,16 +76,15 @@ def test_isolated_tuning_with_real_compiles(target, tmp_path):
 
 
 def test_faults_next_to_a_cuda_context(target, tmp_path, monkeypatch):
-    names = ["aten", "segv", "oom", "illegal", "good"]
+    names = ["aten", "segv", "oom", "good"]  # each fault costs a worker restart: keep it short
     monkeypatch.setattr(select_mod, "policy_for", lambda op, t: FakePolicy(names))
     factory = FakeFactory({"aten": Behaviour("good", 5.0), "segv": Behaviour("segfault"),
-                           "oom": Behaviour("oom"), "illegal": Behaviour("run_error"),
-                           "good": Behaviour("good", 1.0)})
+                           "oom": Behaviour("oom"), "good": Behaviour("good", 1.0)})
     sel = select_gemm(GemmProblem(M=64, N=64, K=64, dtype="fp32"), target, factory,
                       cache=TuningCache(tmp_path / "t.json"))
     assert sel.winner.param_dict["name"] == "good"
     status = {r.candidate.param_dict.get("name", "aten"): r.record.status for r in sel.results}
-    assert status == {"aten": "ok", "segv": "failed", "oom": "failed", "illegal": "failed", "good": "ok"}
+    assert status == {"aten": "ok", "segv": "failed", "oom": "failed", "good": "ok"}
     assert no_workers_left()
 
 
