@@ -19,6 +19,16 @@ import tilewright  # noqa: E402
 tilewright.config.reload_env()
 
 
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run where CUDA is; elsewhere they are skipped (bench/device_check.sh runs them)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run bench/device_check.sh on one)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _reset_dynamo():
     torch._dynamo.reset()

@@ -4,7 +4,7 @@ valid one wins, ties break deterministically, forced backends are honoured, resu
 from __future__ import annotations
 
 import pytest
-from fakes import Behaviour, FakeFactory, FakePolicy, noisy_timer
+from fakes import Behaviour, FakeFactory, FakePolicy
 
 import tilewright
 from tilewright.autotune import select as select_mod
@@ -23,9 +23,8 @@ def sim(monkeypatch, tmp_path):
 
     def run(behaviours, names=None, noise=0.0, seed=0, cache=None, hashes=None):
         names = names or list(behaviours)
-        factory = FakeFactory(behaviours)
+        factory = FakeFactory(behaviours, noise=noise, seed=seed)
         monkeypatch.setattr(select_mod, "policy_for", lambda op, t: FakePolicy(names, hashes))
-        monkeypatch.setattr(select_mod, "time_callable", noisy_timer(factory, noise, seed))
         cache = cache or TuningCache(tmp_path / f"tuning-{seed}-{len(names)}.json")
         return select_gemm(PROBLEM, get_target("cpu"), factory, cache=cache), factory
 
@@ -111,3 +110,34 @@ def test_unreachable_target_is_chosen_by_prediction(monkeypatch):
     factory = FakeFactory({})
     sel = select_gemm(GemmProblem(M=4096, N=4096, K=4096, dtype="bf16"), target, factory)
     assert not sel.measured and sel.winner.backend == "triton" and factory.builds == []
+
+
+def test_why_the_winner_won_is_explained(sim):
+    clear, _ = sim({"aten": Behaviour("good", 9.0), "a": Behaviour("good", 2.0), "b": Behaviour("good", 1.0)})
+    assert clear.reason.startswith("fastest: ") and "beyond the noise" in clear.reason
+    tie, _ = sim({"aten": Behaviour("good", 9.0), "a": Behaviour("good", 1.0), "b": Behaviour("good", 0.99)},
+                 noise=0.05, seed=1)  # another seed: another cache file
+    assert "tied within noise with" in tie.reason and "lowest policy rank" in tie.reason
+
+
+def test_equal_ranks_tie_break_on_the_candidate_key():
+    from tilewright.autotune.cache import Record
+    from tilewright.autotune.candidates import Candidate
+    from tilewright.autotune.select import CandidateResult, pick_winner
+
+    def result(name):
+        c = Candidate.of("triton.gemm", "h", {"name": name}, rank=1)
+        rec = Record("triton.gemm", "h", {"name": name}, "ok", median_ms=1.0, spread_ms=0.0)
+        return CandidateResult(c, rec)
+
+    for order in (["x", "y"], ["y", "x"]):
+        assert pick_winner([result(n) for n in order]).candidate.param_dict["name"] == "x"
+
+
+def test_cli_explain_shows_prediction_measurement_and_reason(fresh_cache, capsys):
+    from tilewright.cli.main import main
+
+    assert main(["explain", "24", "40", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted ms" in out and "measured ms" in out and "spread ms" in out
+    assert "◀ winner" in out and "winner: " in out and "rule:" in out

@@ -20,6 +20,7 @@ from tilewright.errors import ConfigError
 
 FORCE_BACKENDS = ("auto", "triton", "aten", "cutedsl")
 PDL_MODES = ("off", "on", "auto")
+ISOLATE_MODES = ("auto", "on", "off")
 
 
 def _setting(default: Any, env: str, doc: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -65,7 +66,19 @@ class Config:
         4, "TILEWRIGHT_MAX_CANDIDATES",
         "Most generated-kernel candidates the policy keeps per GEMM problem (ATen comes extra).")
     bench_warmup: int = _setting(2, "TILEWRIGHT_BENCH_WARMUP", "Untimed runs before timing.")
-    bench_rep: int = _setting(10, "TILEWRIGHT_BENCH_REP", "Most timed runs per candidate.")
+    bench_rep: int = _setting(100, "TILEWRIGHT_BENCH_REP", "Most timed runs per candidate.")
+    bench_min_rep: int = _setting(
+        5, "TILEWRIGHT_BENCH_MIN_REP",
+        "Timed runs before timing may stop because the estimate is stable.")
+    bench_stable_pct: float = _setting(
+        1.0, "TILEWRIGHT_BENCH_STABLE_PCT",
+        "Timing stops once the spread (half the interquartile range) is at most this percentage "
+        "of the median (after bench_min_rep runs; 0 disables).")
+    bench_input_sets: int = _setting(
+        3, "TILEWRIGHT_BENCH_INPUT_SETS",
+        "Input sets cycled while timing, so caches do not flatter a kernel (1 when the operands "
+        "are larger than twice the target's L2, or under the CPU's interpreter, where rotation "
+        "cannot matter).")
     bench_budget_ms: float = _setting(
         200.0, "TILEWRIGHT_BENCH_BUDGET_MS",
         "Time budget per candidate (ms): timing stops after this once 1 run is in.")
@@ -77,6 +90,29 @@ class Config:
         2.0, "TILEWRIGHT_BENCH_TIE_PCT",
         "Candidates whose medians differ by less than this percentage of the best (or twice "
         "their spread, if larger) are tied; a tie goes to the policy's lower rank.")
+    isolate: str = _setting(
+        "auto", "TILEWRIGHT_ISOLATE",
+        "Compile and benchmark generated candidates in worker processes, so a crash, hang or "
+        "OOM disqualifies only that candidate: 'auto' (workers on GPUs, in-process on the CPU), "
+        "'on', 'off'. ATen candidates always run in-process.", ISOLATE_MODES)
+    compile_timeout_s: float = _setting(
+        60.0, "TILEWRIGHT_COMPILE_TIMEOUT_S",
+        "Least time (s) a worker may spend compiling a candidate and running it once before it "
+        "is killed and the candidate disqualified.")
+    compile_timeout_factor: float = _setting(
+        5.0, "TILEWRIGHT_COMPILE_TIMEOUT_FACTOR",
+        "The compile timeout adapts: max(compile_timeout_s, this x the median compile time "
+        "observed so far).")
+    bench_timeout_s: float = _setting(
+        120.0, "TILEWRIGHT_BENCH_TIMEOUT_S",
+        "Most time (s) a worker may spend checking and timing one compiled candidate.")
+    bucket_max: int = _setting(
+        65536, "TILEWRIGHT_BUCKET_MAX",
+        "Dynamic sizes are tuned per power-of-two bucket; sizes above this share its bucket.")
+    pretune_buckets: bool = _setting(
+        False, "TILEWRIGHT_PRETUNE_BUCKETS",
+        "When compiling a GEMM with a dynamic size, tune every bucket up to the trace-time size "
+        "at once instead of each bucket when a size in it is first seen.")
     check_candidates: bool = _setting(
         True, "TILEWRIGHT_CHECK_CANDIDATES",
         "Compare each candidate's output with a float64 reference before its time counts.")

@@ -36,3 +36,7 @@ class NoValidCandidateError(TilewrightError):
 
 class EnvironmentMismatchError(TilewrightError):
     """An installed package version cannot do what was asked (the message names the fix)."""
+
+
+class TuningWorkerError(TilewrightError):
+    """Tuning worker processes could not be started (an environment problem, not a candidate's)."""

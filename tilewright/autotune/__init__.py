@@ -1,4 +1,6 @@
-"""Choosing kernels: candidate policies, the cost model, benchmarking and the tuning cache.
+"""Choosing kernels: candidate policies, the cost model, benchmarking (in-process or in isolated
+worker processes), deterministic selection, the tuning cache and its bundles, the dynamic-shape
+bucket policy and the offline warmer.
 
 Never renders source and never parses FX: it receives :class:`~tilewright.problem.GemmProblem`s
 and builds candidates through a :class:`~tilewright.autotune.select.KernelFactory`.

@@ -84,7 +84,8 @@ class Record:
 
     ``status``: "ok" (checked and timed), "wrong" (failed the correctness check), "failed"
     (compile or run error, crash, timeout), "aborted" (first run far slower than the best).
-    Times in ms.
+    Times in ms. ``rank`` and ``predicted_ms`` are the policy's view when it was measured (for
+    display; selection re-ranks with the installed policy).
     """
 
     template_id: str
@@ -96,6 +97,8 @@ class Record:
     reps: int = 0
     rel_err: float | None = None
     reason: str = ""
+    rank: int | None = None
+    predicted_ms: float | None = None
     created: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

@@ -1,18 +1,23 @@
 """Choosing a kernel for a problem: policy → cache → check and benchmark → deterministic pick.
 
 For each candidate the policy proposes (ATen first, then generated kernels by predicted time)
-that the cache has no record of: build it, run it once on fresh random inputs into an output
-poisoned with NaN, compare with the float64 reference, then time it. A candidate that fails to
-build or run, or whose error exceeds the dtype's tolerance, is recorded with the reason and can
-never win. A candidate whose first run is ``config.bench_abort_ratio`` times slower than the
-best so far is not timed further (it cannot win): this is what keeps tuning interpreted Triton
-kernels on the CPU cheap.
+that the cache has no record of, :func:`~tilewright.autotune.evaluate.evaluate` builds it, runs
+it once into an output poisoned with NaN, compares with the float64 reference, then times it. A
+candidate that fails to build or run, or whose error exceeds the dtype's tolerance, is recorded
+with the reason and can never win. A candidate whose first run is ``config.bench_abort_ratio``
+times slower than the best so far is not timed further (it cannot win): this is what keeps
+tuning interpreted Triton kernels on the CPU cheap.
+
+Generated candidates run in worker processes when ``config.isolate`` says so ("auto": on GPUs),
+so a crash, hang or OOM disqualifies only that candidate (:mod:`tilewright.autotune.pool`). ATen
+always runs in the tuning process: it is the fallback and needs no protection.
 
 Winner: the fastest checked candidate, except that candidates within measurement noise of the
 fastest count as tied, and a tie goes to the lowest policy rank (ATen, then the cost model's
-order). "Within noise" means a median difference of at most twice the larger of the two spreads
-(half interquartile ranges), and never less than ``config.bench_tie_pct`` percent of the best
-median. Near-equal kernels therefore do not flip between processes: the same ranking wins.
+order; equal ranks by candidate key). "Within noise" means a median difference of at most twice
+the larger of the two spreads (half interquartile ranges), and never less than
+``config.bench_tie_pct`` percent of the best median. Near-equal kernels therefore do not flip
+between processes: the same ranking wins.
 """
 
 from __future__ import annotations
@@ -25,13 +30,12 @@ from typing import Callable, Protocol
 import torch
 
 from tilewright._config import config
-from tilewright.autotune.bench import time_callable
 from tilewright.autotune.cache import ProblemKey, Record, TuningCache, default_cache
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.inputs import (
-    GemmInputs, make_inputs, poisoned_output, rel_error, tolerance,
-)
+from tilewright.autotune.evaluate import EvalTask, evaluate, forget_inputs
+from tilewright.autotune.inputs import GemmInputs
 from tilewright.autotune.policy import policy_for
+from tilewright.autotune.pool import WorkerPool, acquire_pool
 from tilewright.errors import NoValidCandidateError
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
@@ -49,6 +53,9 @@ class KernelFactory(Protocol):
 
     def reference(self, problem: GemmProblem, inputs: GemmInputs) -> torch.Tensor:
         """The float64 result for ``inputs``."""
+
+    # A simulated device may also carry its own clock: ``timer(fns, device, **kw) -> Timing``
+    # with the signature of :func:`tilewright.autotune.bench.time_callable`.
 
 
 @dataclass
@@ -110,93 +117,115 @@ def _measurable(target: Target) -> torch.device | None:
     return None
 
 
-def pick_winner(results: list[CandidateResult]) -> CandidateResult | None:
-    """Fastest checked result; results within noise of it tie, and a tie goes to the lowest rank.
+def _timed(results: list[CandidateResult]) -> list[CandidateResult]:
+    return [r for r in results
+            if r.record.status in ("ok", "aborted") and r.record.median_ms is not None]
 
-    "aborted" results count: they passed the check and have a (single-run) time, they were
-    only too slow to be worth timing again.
+
+def _order(r: CandidateResult) -> tuple:
+    # the documented tie rule: lowest policy rank, then the candidate key (a stable string)
+    return (r.candidate.rank, r.candidate.key)
+
+
+def tied_with_best(results: list[CandidateResult]) -> tuple[CandidateResult | None, list[CandidateResult]]:
+    """The fastest checked result and every result within noise of it (itself included).
+
+    "Within noise": a median at most max(2 x the larger spread of the two,
+    ``config.bench_tie_pct`` % of the best median) above the best. "aborted" results count:
+    they passed the check and have a (single-run) time, they were only too slow to time again.
     """
-    ok = [r for r in results
-          if r.record.status in ("ok", "aborted") and r.record.median_ms is not None]
+    ok = _timed(results)
     if not ok:
-        return None
-    best = min(ok, key=lambda r: (r.record.median_ms, r.candidate.rank))
+        return None, []
+    best = min(ok, key=lambda r: (r.record.median_ms, *_order(r)))
     floor = best.record.median_ms * config.bench_tie_pct / 100
 
     def noise(r: CandidateResult) -> float:
         return max(2 * max(best.record.spread_ms or 0.0, r.record.spread_ms or 0.0), floor)
 
-    ties = [r for r in ok if r.record.median_ms - best.record.median_ms <= noise(r)]
-    return min(ties, key=lambda r: (r.candidate.rank, r.record.median_ms))
+    return best, [r for r in ok if r.record.median_ms - best.record.median_ms <= noise(r)]
 
 
-def _evaluate(problem: GemmProblem, cand: Candidate, target: Target, factory: KernelFactory,
-              device: torch.device, inputs: GemmInputs, ref: Callable[[], torch.Tensor],
-              best_ms: float | None) -> Record:
-    base = dict(template_id=cand.template_id, template_hash=cand.template_hash,
-                params=cand.param_dict)
-    try:
-        launch = factory.build(problem, cand, target)
-    except Exception as e:  # noqa: BLE001 - any build failure disqualifies the candidate
-        return Record(**base, status="failed", reason=f"build: {type(e).__name__}: {e}"[:500])
-    out = poisoned_output(problem, device)
+def pick_winner(results: list[CandidateResult]) -> CandidateResult | None:
+    """Fastest checked result; results within noise of it tie, and a tie goes to the lowest
+    policy rank (then the lowest candidate key), so every process picks the same one."""
+    _, ties = tied_with_best(results)
+    return min(ties, key=_order) if ties else None
 
-    def run() -> torch.Tensor:
-        return launch(inputs.a, inputs.b, *inputs.epilogue_inputs, out=out, **inputs.scale_kwargs)
 
-    results: list[torch.Tensor] = []
-    try:
-        # the first run is the correctness check; on the CPU (nothing to compile) it is also a
-        # fair first sample of the candidate's time
-        first = time_callable(lambda: results.append(run()), device, warmup=0, rep=1,
-                              budget_ms=0.0)
-        result = results[0]
-    except Exception as e:  # noqa: BLE001
-        return Record(**base, status="failed", reason=f"run: {type(e).__name__}: {e}"[:500])
-    err = rel_error(result, ref()) if config.check_candidates else None
-    tol = tolerance(problem, config.allow_tf32)
-    if err is not None and not err <= tol:
-        return Record(**base, status="wrong", rel_err=err,
-                      reason=f"relative error {err:.3g} > tolerance {tol:.0e}")
-    abort_at = best_ms * config.bench_abort_ratio if best_ms is not None else None
-    if device.type == "cpu" and abort_at is not None and first.median_ms > abort_at:
-        return Record(**base, status="aborted", median_ms=first.median_ms, reps=1, rel_err=err,
-                      reason=f"first run {first.median_ms:.3g} ms vs best {best_ms:.3g} ms")
-    try:
-        timing = time_callable(run, device, warmup=max(config.bench_warmup - 1, 0),
-                               rep=config.bench_rep, budget_ms=config.bench_budget_ms,
-                               abort_above_ms=abort_at)
-    except Exception as e:  # noqa: BLE001
-        return Record(**base, status="failed", reason=f"timing: {type(e).__name__}: {e}"[:500])
-    status = "aborted" if timing.aborted else "ok"
-    return Record(**base, status=status, median_ms=timing.median_ms, spread_ms=timing.spread_ms,
-                  reps=timing.reps, rel_err=err,
-                  reason="slower than the best by more than the abort ratio" if timing.aborted else "")
+def why_winner(results: list[CandidateResult], winner: CandidateResult) -> str:
+    """One sentence on why ``winner`` won: clearly fastest, or tied and lowest rank."""
+    best, ties = tied_with_best(results)
+    timed = _timed(results)
+    if best is None or winner not in ties:
+        return "no candidate passed its check and timing"
+    if len(timed) == 1:
+        return "only valid candidate"
+    ms = winner.record.median_ms
+    others = [r for r in ties if r is not winner]
+    if others:
+        names = ", ".join(f"{r.candidate.name} ({r.record.median_ms:.4g} ms)" for r in others)
+        return (f"tied within noise with {names}; the tie goes to the lowest policy rank "
+                f"(rank {winner.candidate.rank})")
+    rest = [r for r in timed if r is not winner]
+    runner = min(rest, key=lambda r: r.record.median_ms)
+    ratio = runner.record.median_ms / ms if ms > 0 else float("inf")
+    lead = f"{ratio:.1f}x faster than" if ratio >= 2 else f"{(ratio - 1) * 100:.1f}% ahead of"
+    return (f"fastest: {ms:.4g} ± {winner.record.spread_ms or 0:.2g} ms, {lead} "
+            f"{runner.candidate.name} ({runner.record.median_ms:.4g} ms), beyond the noise")
+
+
+def local_devices(target: Target) -> list[str]:
+    """Devices of this machine that are ``target`` ("cuda:0", ...; ["cpu"] for the CPU)."""
+    if target.backend == "cpu":
+        return ["cpu"]
+    if target.backend not in ("cuda", "hip") or not torch.cuda.is_available():
+        return []
+    from tilewright.runtime.targets import detect_target
+
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())
+            if detect_target(torch.device("cuda", i)).name == target.name]
+
+
+def isolated(device: torch.device) -> bool:
+    """Whether generated candidates run in worker processes (``config.isolate``)."""
+    return config.isolate == "on" or (config.isolate == "auto" and device.type != "cpu")
 
 
 def select_gemm(problem: GemmProblem, target: Target, factory: KernelFactory, *,
-                cache: TuningCache | None = None, seed: int = 0) -> Selection:
+                cache: TuningCache | None = None, seed: int = 0,
+                pool: WorkerPool | None = None) -> Selection:
     """Choose a kernel for ``problem`` on ``target`` (see the module docstring).
 
-    Safe to call while a compiler traces: fake-tensor and other dispatch modes are switched off
-    so candidates run on real tensors.
+    Measures on this machine when it has the target (always for ``cpu``); otherwise (ahead of
+    time for another chip) picks the generated candidate the cost model ranks first. Safe to
+    call while a compiler traces: fake-tensor and other dispatch modes are switched off so
+    candidates run on real tensors.
+
+    Args:
+        problem: the GEMM, at concrete sizes (a dynamic problem at its bucket).
+        target: the chip to choose for.
+        factory: builds launchers (must be picklable when candidates run isolated).
+        cache: the tuning cache (default: the one under ``config.cache_dir``).
+        seed: seeds the random inputs.
+        pool: worker pool for isolated candidates (default: the current
+            :func:`~tilewright.autotune.pool.pool_scope`'s, or one for this call).
+
+    Raises:
+        NoValidCandidateError: no candidate, ATen included, could be built and run.
+        TuningWorkerError: isolation is on and worker processes could not start.
     """
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.no_grad():
-        return _select_gemm(problem, target, factory, cache=cache, seed=seed)
+        try:
+            return _select_gemm(problem, target, factory, cache=cache, seed=seed, pool=pool)
+        finally:
+            forget_inputs()
 
 
 def _select_gemm(problem: GemmProblem, target: Target, factory: KernelFactory, *,
-                 cache: TuningCache | None = None, seed: int = 0) -> Selection:
-    """Choose a kernel for ``problem`` on ``target``.
-
-    Measures on this machine when it has the target (always for ``cpu``); otherwise (ahead of
-    time for another chip) picks the generated candidate the cost model ranks first.
-
-    Raises:
-        NoValidCandidateError: no candidate, ATen included, could be built and run.
-    """
+                 cache: TuningCache | None, seed: int, pool: WorkerPool | None) -> Selection:
     t_start = time.perf_counter()
     candidates, reason = filter_forced(policy_for("gemm", target).candidates(problem, target))
     device = _measurable(target)
@@ -212,35 +241,41 @@ def _select_gemm(problem: GemmProblem, target: Target, factory: KernelFactory, *
     cache = cache if cache is not None else default_cache()
     key = ProblemKey.for_problem(problem, target.name)
     known = cache.lookup(key)
-    results: list[CandidateResult] = []
+    ordered = sorted(candidates, key=lambda c: c.rank)
+    records: dict[str, Record] = {c.key: known[c.key] for c in ordered if c.key in known}
+    todo = [c for c in ordered if c.key not in known]
+    here = [c for c in todo if c.backend == "aten" or not isolated(device)]
+    away = [c for c in todo if c not in here]
+
+    def best_ms() -> float | None:
+        times = [r.median_ms for r in records.values()
+                 if r.status in ("ok", "aborted") and r.median_ms is not None]
+        return min(times, default=None)
+
     new: dict[str, Record] = {}
-    inputs: GemmInputs | None = None
-    ref_cache: list[torch.Tensor] = []
 
-    def ref() -> torch.Tensor:
-        if not ref_cache:
-            ref_cache.append(factory.reference(problem, inputs))  # type: ignore[arg-type]
-        return ref_cache[0]
+    def done(cand: Candidate, rec: Record) -> None:
+        records[cand.key] = new[cand.key] = rec
+        if rec.status != "ok":
+            log.info("candidate %s for %s: %s (%s)", cand.name, problem.describe(), rec.status,
+                     rec.reason)
 
-    best_ms: float | None = None
-    for cand in sorted(candidates, key=lambda c: c.rank):
-        rec = known.get(cand.key)
-        if rec is not None:
-            results.append(CandidateResult(cand, rec, from_cache=True))
+    for cand in here:  # ATen first (rank 0): its time is the bar the others must beat
+        task = EvalTask(problem, cand, target.name, str(device), seed, best_ms())
+        done(cand, evaluate(task, factory).record)
+    if away:
+        tasks = [EvalTask(problem, c, target.name, str(device), seed, best_ms()) for c in away]
+        by_key = {c.key: c for c in away}
+        cb = lambda task, out: done(by_key[task.candidate.key], out.record)  # noqa: E731
+        if pool is not None:
+            pool.evaluate(tasks, factory, cb)
         else:
-            if inputs is None:
-                inputs = make_inputs(problem, device, seed)
-            rec = _evaluate(problem, cand, target, factory, device, inputs, ref, best_ms)
-            new[cand.key] = rec
-            results.append(CandidateResult(cand, rec))
-            if rec.status != "ok":
-                log.info("candidate %s for %s: %s (%s)", cand.name, problem.describe(),
-                         rec.status, rec.reason)
-        if rec.status in ("ok", "aborted") and rec.median_ms is not None:
-            best_ms = rec.median_ms if best_ms is None else min(best_ms, rec.median_ms)
+            with acquire_pool(local_devices(target) or [str(device)]) as p:
+                p.evaluate(tasks, factory, cb)
     if new:
         cache.store(key, new)
 
+    results = [CandidateResult(c, records[c.key], from_cache=c.key in known) for c in ordered]
     chosen = pick_winner(results)
     if chosen is None:
         aten = [r for r in results if r.candidate.backend == "aten" and r.record.status != "failed"]
@@ -250,7 +285,6 @@ def _select_gemm(problem: GemmProblem, target: Target, factory: KernelFactory, *
         chosen = aten[0]
         reason = "no candidate passed its check; ATen is the fallback"
     elif not reason:
-        timed = [r for r in results if r.record.status in ("ok", "aborted")]
-        reason = "fastest" if len(timed) > 1 else "only valid candidate"
+        reason = why_winner(results, chosen)
     return Selection(problem, target, chosen.candidate, results, reason, measured=True,
                      seconds=time.perf_counter() - t_start)

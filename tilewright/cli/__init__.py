@@ -1,1 +1,1 @@
-"""Command line: ``tilewright demo / templates / config / explain``."""
+"""Command line: ``tilewright demo / templates / config / explain / cache / warm / bench``."""

@@ -8,10 +8,10 @@ import logging
 import sys
 from typing import Sequence
 
-from tilewright.cli import aot, common, demo, explain, info
+from tilewright.cli import aot, bench, cache, common, demo, explain, info, warm
 
 # one entry per subcommand module; each registers its parser(s)
-COMMANDS = [demo, aot, info, explain]
+COMMANDS = [demo, aot, warm, bench, cache, info, explain]
 
 
 def build_parser() -> argparse.ArgumentParser:

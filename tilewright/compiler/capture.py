@@ -1,5 +1,5 @@
-"""Capture a model's GEMM problems without running any kernel: for ahead-of-time builds and
-cache warming.
+"""Capture a model's GEMM problems without running any kernel: for ahead-of-time builds
+(``tilewright aot``) and cache warming (``tilewright warm``).
 
 The model is traced exactly as ``torch.compile(backend="tilewright")`` would (Dynamo, then
 aot_autograd with tilewright's decomposition table), then lowered and fused; every GEMM node
@@ -122,9 +122,12 @@ class CapturedGemm:
 def capture_gemms(spec: ModelSpec, *, train: bool = False) -> list[CapturedGemm]:
     """Distinct GEMM problems of the model, in first-seen order, with their uses."""
     seen: dict[GemmProblem, CapturedGemm] = {}
+    from tilewright._config import config
+
     for kind, gm in aten_graphs(spec, train=train).items():
         kg = lower(gm)
-        fuse_epilogues(kg, gm)
+        if config.fuse_epilogues:
+            fuse_epilogues(kg, gm)
         for g in kg.gemms:
             p = gemm_problem(g)
             seen.setdefault(p, CapturedGemm(p)).uses.append(f"{kind}.{g.name}")

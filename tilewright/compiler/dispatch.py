@@ -2,8 +2,11 @@
 
 A :class:`GemmCall` is what the wrapper calls for one GEMM node. Static problems get their kernel
 chosen at compile time. For a problem with a symbolic size the kernel is chosen per *bucket* of
-that size (the next power of two, see :func:`bucket`) the first time a size in that bucket is
-seen, then reused; the kernel itself is size-generic, so any size in the bucket runs correctly.
+that size (see :mod:`tilewright.autotune.buckets` for the policy: powers of two up to
+``config.bucket_max``), and every call dispatches on the runtime size to its bucket's kernel.
+A bucket is tuned the first time a size in it is seen, or at compile time for every bucket up to
+the trace-time size with ``config.pretune_buckets``; the kernel itself is size-generic, so any
+size in the bucket runs correctly.
 """
 
 from __future__ import annotations
@@ -14,15 +17,14 @@ from typing import Sequence
 
 import torch
 
+from tilewright._config import config
+from tilewright.autotune.buckets import all_buckets, bucket, bucket_problem
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.select import KernelFactory, Launcher, Selection, select_gemm
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 
-
-def bucket(n: int) -> int:
-    """The size a dynamic dimension is tuned at: the next power of two (1 stays 1)."""
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+__all__ = ["GemmCall", "bucket"]
 
 
 def _resolve_view(shape: Sequence[int], numel: int) -> list[int]:
@@ -58,14 +60,17 @@ class GemmCall:
         self._lock = threading.Lock()
 
     # -- choosing ---------------------------------------------------------------------------------
-    def _bucket_problem(self, sizes: dict[str, int]) -> GemmProblem:
-        return self.problem.with_sizes(**{d: bucket(sizes[d]) for d in self.problem.dynamic})
-
     def prepare(self, sizes: dict[str, int] | None = None) -> Selection | None:
-        """Choose (tune) the kernel for these sizes (the trace-time ones by default)."""
-        sizes = sizes or {"M": self.problem.M, "N": self.problem.N, "K": self.problem.K,
-                          "batch": self.problem.batch}
-        problem = self._bucket_problem(sizes)
+        """Choose (tune) the kernel for these sizes (the trace-time ones by default); with
+        ``config.pretune_buckets``, first every bucket up to the trace-time sizes."""
+        if sizes is None:
+            trace = {d: getattr(self.problem, d) for d in ("M", "N", "K", "batch")}
+            selection = self.prepare(trace)  # first, so it is the one reports show
+            if config.pretune_buckets and self.problem.dynamic:
+                for p in all_buckets(self.problem):
+                    self.prepare({d: getattr(p, d) for d in ("M", "N", "K", "batch")})
+            return selection
+        problem = bucket_problem(self.problem, sizes)
         key = tuple(getattr(problem, d) for d in ("M", "N", "K", "batch"))
         with self._lock:
             if key in self._launchers:

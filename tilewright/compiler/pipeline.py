@@ -22,6 +22,7 @@ import torch.fx as fx
 
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.pool import pool_scope
 from tilewright.compiler.capture import gemm_problem
 from tilewright.compiler.dispatch import GemmCall
 from tilewright.compiler.fuse import fuse_epilogues
@@ -96,7 +97,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
         kg = lower(gm)
     with stage("fuse"):
         report.fused_nodes = fuse_epilogues(kg, gm) if config.fuse_epilogues else 0
-    with stage("select"):
+    with stage("select"), pool_scope():  # isolated tuning shares one worker pool per graph
         calls = {g.name: make_call(g) for g in kg.gemms}
     with stage("wrap"):
         describe = {name: f"{c.problem.describe()} | {next(iter(c.selections.values())).winner.name}"

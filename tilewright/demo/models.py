@@ -60,3 +60,15 @@ def llama_example():
     with labels so a training build has a loss to differentiate."""
     ids = llama_inputs()
     return build_llama(torch.bfloat16), {"input_ids": ids, "labels": ids}
+
+
+def llama_bf16_example():
+    """The demo's bf16 Llama inference case as ``(model, example_inputs)``, for
+    ``tilewright warm tilewright.demo.models:llama_bf16_example``."""
+    return build_llama(torch.bfloat16), (llama_inputs(batch=2, seq=16),)
+
+
+def llama_train_example():
+    """The demo's fp32 Llama training case as ``(model, example_inputs)`` (warm it with
+    ``--train``)."""
+    return build_llama(torch.float32), (llama_inputs(),)

@@ -27,11 +27,21 @@ def render(problem: GemmProblem, candidate: Candidate, target: Target) -> Render
 
 
 class TemplateKernelFactory:
-    """Builds launchers from the installed templates; one module per distinct source."""
+    """Builds launchers from the installed templates; one module per distinct source.
+
+    Picklable: a tuning worker process receives an empty factory and rebuilds each candidate
+    there from its template id and parameters (only choices are cached, never code).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._launchers: dict[tuple, object] = {}
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()  # type: ignore[misc]
 
     def build(self, problem: GemmProblem, candidate: Candidate, target: Target):
         key = (problem, candidate.key, target.name)

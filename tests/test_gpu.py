@@ -1,0 +1,133 @@
+"""The correctness suite's GPU part: generated kernels against float64 on the device, isolated
+tuning with real compiles and injected faults, device-event timing, the backend end to end, and
+a warmed cache that re-benchmarks nothing. Skipped without CUDA; bench/device_check.sh runs it."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+import torch
+import torch.nn as nn
+from conftest import rel_err
+from fakes import Behaviour, FakeFactory, FakePolicy
+
+import tilewright
+from tilewright.autotune import select as select_mod
+from tilewright.autotune.bench import time_callable
+from tilewright.autotune.cache import TuningCache
+from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error, tolerance
+from tilewright.autotune.policy import policy_for
+from tilewright.autotune.select import select_gemm
+from tilewright.compiler.report import collect_reports
+from tilewright.kernels.build import default_factory
+from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.runtime.targets import detect_target
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def target():
+    return detect_target(torch.device("cuda"))
+
+
+def no_workers_left() -> bool:
+    kids = [p for p in psutil.Process().children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+    return not kids
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("mnk", [(1, 4096, 4096), (127, 257, 509), (512, 1024, 256)])
+def test_generated_kernels_match_float64_on_the_gpu(target, dtype, mnk):
+    M, N, K = mnk
+    p = GemmProblem(M=M, N=N, K=K, dtype=dtype, layout_b="col",
+                    epilogue=(EpilogueOp("add", input=0), EpilogueOp("silu")),
+                    epilogue_inputs=(EpilogueInput("N", dtype),))
+    x = make_inputs(p, "cuda")
+    ref = default_factory.reference(p, x)
+    for cand in policy_for("gemm", target).candidates(p, target)[1:3]:
+        out = poisoned_output(p, "cuda")
+        default_factory.build(p, cand, target)(x.a, x.b, *x.epilogue_inputs, out=out)
+        assert rel_error(out, ref) <= tolerance(p), cand.name
+
+
+def test_dynamic_problem_runs_any_size_in_its_bucket(target):
+    p = GemmProblem(M=64, N=384, K=512, dtype="bf16", layout_b="col", dynamic=frozenset({"M"}))
+    cand = policy_for("gemm", target).candidates(p, target)[1]
+    launch = default_factory.build(p, cand, target)
+    for M in (33, 50, 64):
+        q = p.with_sizes(M=M)
+        x = make_inputs(q, "cuda")
+        out = launch(x.a, x.b, out=poisoned_output(q, "cuda"))
+        assert rel_error(out, default_factory.reference(q, x)) <= tolerance(q)
+
+
+def test_isolated_tuning_with_real_compiles(target, tmp_path):
+    assert tilewright.config.isolate == "auto"  # auto means workers on a GPU
+    p = GemmProblem(M=256, N=512, K=1024, dtype="bf16", layout_b="col")
+    sel = select_gemm(p, target, default_factory, cache=TuningCache(tmp_path / "t.json"))
+    report = [(r.candidate.name, r.record.status, r.record.reason) for r in sel.results]
+    ok = [r for r in sel.results if r.record.status == "ok"]
+    assert sel.measured and sel.winner_record.status == "ok", report
+    assert any(r.candidate.backend == "triton" for r in ok), report
+    assert sel.winner_record.rel_err <= tolerance(p)
+    assert no_workers_left()
+
+
+def test_faults_next_to_a_cuda_context(target, tmp_path, monkeypatch):
+    names = ["aten", "segv", "oom", "good"]  # each fault costs a worker restart: keep it short
+    monkeypatch.setattr(select_mod, "policy_for", lambda op, t: FakePolicy(names))
+    factory = FakeFactory({"aten": Behaviour("good", 5.0), "segv": Behaviour("segfault"),
+                           "oom": Behaviour("oom"), "good": Behaviour("good", 1.0)})
+    sel = select_gemm(GemmProblem(M=64, N=64, K=64, dtype="fp32"), target, factory,
+                      cache=TuningCache(tmp_path / "t.json"))
+    assert sel.winner.param_dict["name"] == "good"
+    status = {r.candidate.param_dict.get("name", "aten"): r.record.status for r in sel.results}
+    assert status == {"aten": "ok", "segv": "failed", "oom": "failed", "good": "ok"}
+    assert no_workers_left()
+
+
+def test_device_event_timing_with_rotation():
+    a = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    t = time_callable([lambda x=x: x @ x for x in a], torch.device("cuda"), warmup=3, rep=50,
+                      budget_ms=500, min_rep=5, stable_pct=1.0)
+    assert t.median_ms > 0 and 5 <= t.reps <= 50 and t.spread_ms >= 0
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(512, 1024), nn.Linear(1024, 512)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+def test_backend_on_the_gpu(mode, fresh_cache):
+    m = MLP().cuda().to(torch.bfloat16)
+    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad(), tilewright.config.patch(force_backend=mode), collect_reports() as reports:
+        out = torch.compile(m, backend="tilewright")(x)
+    assert rel_err(out, m.float()(x.float())) < 2e-2
+    winners = [g.winner for r in reports for g in r.gemms]
+    assert winners and (mode == "auto" or all(w.startswith("triton.") for w in winners))
+    assert no_workers_left()
+
+
+def test_warmed_model_rebenchmarks_nothing_on_the_gpu(fresh_cache):
+    from tilewright.autotune.shapes import NamedProblem
+    from tilewright.autotune.warm import warm
+    from tilewright.compiler.capture import ModelSpec, capture_gemms
+
+    m = MLP().cuda().to(torch.bfloat16)
+    x = torch.randn(32, 512, device="cuda", dtype=torch.bfloat16)
+    problems = [c.problem for c in capture_gemms(ModelSpec(m, (x,)))]
+    target = detect_target(torch.device("cuda"))
+    report = warm([NamedProblem(str(i), p) for i, p in enumerate(problems)], target, default_factory)
+    assert report.tuned == len(problems) == 2
+    with torch.no_grad(), collect_reports() as reports:
+        torch.compile(m, backend="tilewright")(x)
+    cands = [c for r in reports for g in r.gemms for c in g.candidates]
+    assert cands and all(c.cached for c in cands)

@@ -1,0 +1,223 @@
+"""Shipping and maintaining tuning results: export, import, list and prune the tuning cache.
+
+An export is one file a team can commit beside a model and import on every machine that serves
+it: JSON (``.json``) or SQLite (``.sqlite``/``.db``). It holds what the cache holds, per problem
+key the key's fields and one record per candidate, i.e. choices and timings, never code: an
+import keeps only the known fields of each record and recomputes each problem's digest from its
+key, so a bundle cannot smuggle anything else in or file a record under a wrong key.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.cache import FORMAT, ProblemKey, Record, TuningCache, current_versions
+from tilewright.errors import TilewrightError
+from tilewright.problem import GemmProblem
+
+BUNDLE_FORMAT = "tilewright-tuning-bundle/1"
+_SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+
+
+class BundleError(TilewrightError):
+    """A tuning bundle that cannot be read; the message says what is wrong with it."""
+
+
+def _key_of(entry: dict[str, Any]) -> ProblemKey:
+    return ProblemKey(GemmProblem.from_json(entry["problem"]), entry["target"],
+                      entry["torch_version"], entry["triton_version"], entry["tilewright_version"])
+
+
+def clean_entry(entry: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(digest, entry) rebuilt from the entry's key fields and records' known fields only.
+
+    Raises:
+        BundleError: a key or record that does not parse.
+    """
+    try:
+        key = _key_of(entry)
+        records = {str(ck): Record.from_json(r).to_json() for ck, r in entry["records"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise BundleError(f"a problem entry does not parse ({type(e).__name__}: {e})") from None
+    return key.digest, {**key.to_json(), "records": records}
+
+
+def _is_sqlite(path: Path) -> bool:
+    if path.suffix in _SQLITE_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def write_bundle(path: Path | str, problems: dict[str, dict[str, Any]]) -> None:
+    """Write ``problems`` (digest -> entry) to ``path``, SQLite when its suffix says so."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": BUNDLE_FORMAT, "created": time.time(), "exported_by": current_versions()}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    if path.suffix in _SQLITE_SUFFIXES:
+        with sqlite3.connect(tmp) as db:
+            db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+            db.execute("CREATE TABLE problems (digest TEXT PRIMARY KEY, key_json TEXT NOT NULL)")
+            db.execute("CREATE TABLE records (digest TEXT, candidate TEXT, record_json TEXT, "
+                       "PRIMARY KEY (digest, candidate))")
+            db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()])
+            for digest, entry in problems.items():
+                key = {k: v for k, v in entry.items() if k != "records"}
+                db.execute("INSERT INTO problems VALUES (?, ?)", (digest, json.dumps(key, sort_keys=True)))
+                db.executemany("INSERT INTO records VALUES (?, ?, ?)",
+                               [(digest, ck, json.dumps(r, sort_keys=True))
+                                for ck, r in entry["records"].items()])
+        db.close()
+    else:
+        tmp.write_text(json.dumps({**meta, "problems": problems}, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def read_bundle(path: Path | str) -> dict[str, dict[str, Any]]:
+    """The cleaned entries of a bundle (JSON or SQLite) or of a tuning cache file.
+
+    Raises:
+        BundleError: the file is missing, not a bundle, or has an entry that does not parse.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(f"no tuning bundle at {path}; give the file `tilewright cache export` wrote")
+    raw: dict[str, Any] = {}
+    try:
+        if _is_sqlite(path):
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+                fmt = json.loads(dict(db.execute("SELECT key, value FROM meta"))["format"])
+                if fmt != BUNDLE_FORMAT:
+                    raise BundleError(f"{path} is a {fmt} file, not a {BUNDLE_FORMAT} bundle")
+                for digest, key_json in db.execute("SELECT digest, key_json FROM problems"):
+                    raw[digest] = {**json.loads(key_json), "records": {}}
+                for digest, ck, rec in db.execute("SELECT digest, candidate, record_json FROM records"):
+                    raw.setdefault(digest, {"records": {}})["records"][ck] = json.loads(rec)
+            db.close()
+        else:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or data.get("format") not in (BUNDLE_FORMAT, FORMAT):
+                raise BundleError(f"{path} is not a tuning bundle (format {BUNDLE_FORMAT}) "
+                                  f"nor a tuning cache ({FORMAT})")
+            raw = data["problems"]
+    except (sqlite3.Error, json.JSONDecodeError, UnicodeDecodeError, KeyError) as e:
+        raise BundleError(f"{path} does not read as a tuning bundle ({type(e).__name__}: {e})") from None
+    return dict(clean_entry(entry) for entry in raw.values())
+
+
+def export_cache(cache: TuningCache, dest: Path | str, *, target: str | None = None,
+                 current_only: bool = False) -> int:
+    """Write the cache's entries (optionally one target's, optionally only records valid for
+    the installed versions and templates) to ``dest``. Returns the number of records written."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, entry in cache.entries():
+        if target is not None and entry.get("target") != target:
+            continue
+        if current_only and not is_current_entry(entry):
+            continue
+        digest, clean = clean_entry(entry)
+        if current_only:
+            clean["records"] = {ck: r for ck, r in clean["records"].items() if not is_stale_record(r)}
+        if clean["records"]:
+            out[digest] = clean
+    write_bundle(dest, out)
+    return sum(len(e["records"]) for e in out.values())
+
+
+def import_bundle(cache: TuningCache, src: Path | str) -> int:
+    """Merge a bundle into the cache (a record already there is kept when it is newer).
+    Returns the number of records written."""
+    return cache.merge(read_bundle(src))
+
+
+def is_current_entry(entry: dict[str, Any]) -> bool:
+    """Whether an entry's versions are the installed torch, triton and tilewright."""
+    v = current_versions()
+    return (entry.get("torch_version"), entry.get("triton_version"),
+            entry.get("tilewright_version")) == (v["torch"], v["triton"], v["tilewright"])
+
+
+def is_stale_record(record: dict[str, Any]) -> bool:
+    """Whether a record was measured for a template source that is no longer installed."""
+    from tilewright.templates import get_template
+
+    try:
+        return get_template(record["template_id"]).source_hash != record["template_hash"]
+    except KeyError:
+        return True
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """Records removed, by reason."""
+
+    stale_templates: int = 0
+    failures: int = 0
+    other_versions: int = 0
+    older: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.stale_templates + self.failures + self.other_versions + self.older
+
+
+def prune(cache: TuningCache, *, stale_templates: bool = False, failures: bool = False,
+          other_versions: bool = False, older_than_days: float | None = None) -> PruneReport:
+    """Remove records: of template sources no longer installed, of failed/wrong candidates (to
+    retry them, e.g. after a driver update), of other torch/triton/tilewright versions, or
+    older than ``older_than_days``. Problems left without records go too."""
+    counts = {"stale_templates": 0, "failures": 0, "other_versions": 0, "older": 0}
+    cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
+
+    def keep(entry: dict[str, Any], ck: str, rec: dict[str, Any]) -> bool:
+        why = None
+        if other_versions and not is_current_entry(entry):
+            why = "other_versions"
+        elif stale_templates and is_stale_record(rec):
+            why = "stale_templates"
+        elif failures and rec.get("status") in ("failed", "wrong"):
+            why = "failures"
+        elif cutoff is not None and rec.get("created", 0) < cutoff:
+            why = "older"
+        if why:
+            counts[why] += 1
+        return why is None
+
+    cache.rewrite(keep)
+    return PruneReport(**counts)
+
+
+def entry_rows(entries: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One summary row per problem: digest, problem text, target, versions, record counts by
+    status and the fastest checked candidate (ms)."""
+    rows = []
+    for digest, entry in entries:
+        problem = GemmProblem.from_json(entry["problem"])
+        recs = entry.get("records", {})
+        ok = [(r["median_ms"], ck, r) for ck, r in recs.items()
+              if r.get("status") in ("ok", "aborted") and r.get("median_ms") is not None]
+        fastest = min(ok, key=lambda t: t[:2]) if ok else None
+        status: dict[str, int] = {}
+        for r in recs.values():
+            status[r.get("status", "?")] = status.get(r.get("status", "?"), 0) + 1
+        rows.append({
+            "digest": digest, "problem": problem.describe(), "target": entry["target"],
+            "versions": f"torch {entry['torch_version']} triton {entry['triton_version']} "
+                        f"tilewright {entry['tilewright_version']}",
+            "records": len(recs), "status": status, "current": is_current_entry(entry),
+            "fastest": (Candidate.of(fastest[2]["template_id"], "", fastest[2].get("params")).name
+                        if fastest else None),
+            "fastest_ms": fastest[0] if fastest else None,
+        })
+    return rows

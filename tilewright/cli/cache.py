@@ -1,0 +1,102 @@
+"""``tilewright cache list / export / import / prune``: ship and maintain tuning results."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from tilewright.cli.common import console
+
+
+def open_cache(args: argparse.Namespace):
+    """The cache named by ``--cache FILE``, else the one under ``config.cache_dir``."""
+    from tilewright.autotune.cache import TuningCache, default_cache
+
+    return TuningCache(args.cache) if getattr(args, "cache", None) else default_cache()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from tilewright.autotune.cache_io import entry_rows
+
+    cache = open_cache(args)
+    rows = [r for r in entry_rows(cache.entries())
+            if (args.target is None or r["target"] == args.target) and (args.all or r["current"])]
+    table = Table(title=f"tuning cache {cache.path} ({len(rows)} problems"
+                        f"{'' if args.all else ', installed versions only; --all for every one'})")
+    for col in ("problem", "target", "records", "status", "fastest", "ms"):
+        table.add_column(col, overflow="fold")
+    for r in sorted(rows, key=lambda r: (r["target"], r["problem"])):
+        table.add_row(r["problem"], r["target"], str(r["records"]),
+                      " ".join(f"{k}:{v}" for k, v in sorted(r["status"].items())),
+                      r["fastest"] or "-", f"{r['fastest_ms']:.4g}" if r["fastest_ms"] else "-")
+    console.print(table)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tilewright.autotune.cache_io import export_cache
+
+    n = export_cache(open_cache(args), args.file, target=args.target, current_only=args.current_only)
+    console.print(f"exported {n} records to {args.file}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from tilewright.autotune.cache_io import import_bundle
+
+    cache = open_cache(args)
+    n = import_bundle(cache, args.file)
+    console.print(f"imported {n} records from {args.file} into {cache.path}")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from tilewright.autotune.cache_io import prune
+
+    flags = dict(stale_templates=args.stale_templates or args.all,
+                 failures=args.failures or args.all,
+                 other_versions=args.other_versions or args.all,
+                 older_than_days=args.older_than_days)
+    if not any(flags.values()) and args.older_than_days is None:
+        console.print("[red]say what to prune: --stale-templates, --failures, --other-versions, "
+                      "--older-than-days N, or --all[/red]")
+        return 2
+    report = prune(open_cache(args), **flags)
+    console.print(f"removed {report.total} records: {report.stale_templates} of changed templates, "
+                  f"{report.failures} failures, {report.other_versions} of other versions, "
+                  f"{report.older} older")
+    return 0
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("cache", help="list, export, import or prune tuning results")
+    csub = c.add_subparsers(dest="cache_command", required=True)
+
+    def common(p):
+        p.add_argument("--cache", help="a tuning cache file (default: <cache_dir>/autotune/tuning.json)")
+        return p
+
+    ls = common(csub.add_parser("list", help="one line per tuned problem"))
+    ls.add_argument("--target", help="only this target, e.g. cuda:sm_90a")
+    ls.add_argument("--all", action="store_true", help="include problems of other versions")
+    ls.set_defaults(fn=cmd_list)
+    ex = common(csub.add_parser("export", help="write the results to one .json or .sqlite file"))
+    ex.add_argument("file")
+    ex.add_argument("--target", help="only this target")
+    ex.add_argument("--current-only", action="store_true",
+                    help="only records valid for the installed versions and templates")
+    ex.set_defaults(fn=cmd_export)
+    im = common(csub.add_parser("import", help="merge a .json or .sqlite bundle into the cache"))
+    im.add_argument("file")
+    im.set_defaults(fn=cmd_import)
+    pr = common(csub.add_parser("prune", help="remove stale or failed records"))
+    pr.add_argument("--stale-templates", action="store_true",
+                    help="records of template sources no longer installed")
+    pr.add_argument("--failures", action="store_true",
+                    help="failed and wrong candidates (they will be tried again)")
+    pr.add_argument("--other-versions", action="store_true",
+                    help="problems tuned with other torch/triton/tilewright versions")
+    pr.add_argument("--older-than-days", type=float, help="records older than this")
+    pr.add_argument("--all", action="store_true", help="the first three together")
+    pr.set_defaults(fn=cmd_prune)

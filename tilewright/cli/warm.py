@@ -1,0 +1,111 @@
+"""``tilewright warm``: tune a shapes file or a model's GEMMs ahead of time, resumably."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tilewright.cli.common import console, csv
+
+
+def load_factory(spec: str | None):
+    """The kernel factory: the installed templates', or ``module:attr`` (an object or a
+    zero-argument callable returning one; for simulated devices and plugins)."""
+    if not spec:
+        from tilewright.kernels.build import default_factory
+
+        return default_factory
+    from tilewright.errors import ConfigError
+
+    mod, _, attr = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"--factory {spec}: {e}; write module:attr") from None
+    return obj() if callable(obj) and not hasattr(obj, "build") else obj
+
+
+def gather_problems(args: argparse.Namespace):
+    """NamedProblems from a shapes file or a ``module:callable`` model spec."""
+    from pathlib import Path
+
+    from tilewright.autotune.shapes import NamedProblem, load_shapes, problems_from_shapes
+
+    if ":" in args.shapes and not Path(args.shapes).exists():
+        from tilewright.compiler.capture import capture_gemms, load_model
+
+        problems = [c.problem for c in capture_gemms(load_model(args.shapes), train=args.train)]
+        name = args.shapes.split(":")[-1]
+        return [NamedProblem(f"{name}.{i}.{p.M}x{p.N}x{p.K}", p) for i, p in enumerate(problems)]
+    data = load_shapes(args.shapes)
+    return problems_from_shapes(
+        data, models=csv(args.models) if args.models else None,
+        phases=csv(args.phases), m_values=[int(m) for m in csv(args.m)] if args.m else None,
+        dtype=args.dtype, dynamic=csv(args.dynamic) if args.dynamic else ())
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tilewright.autotune.cache import TuningCache, default_cache
+    from tilewright.autotune.warm import expand_buckets, warm
+    from tilewright.runtime.targets import get_target
+
+    target = get_target(args.target)
+    problems = expand_buckets(gather_problems(args), args.max_m)
+    cache = TuningCache(args.cache) if args.cache else default_cache()
+    factory = load_factory(args.factory)
+    if args.ray is None:
+        from tilewright.autotune.select import local_devices
+        from tilewright.autotune.warm import WarmError
+
+        if not local_devices(target):
+            raise WarmError(f"target {target.name} is not on this machine, so nothing can be "
+                            f"measured here; run the warmer where it is, or on a fleet with --ray")
+    console.print(f"warming {len(problems)} problems for {target.name} into {cache.path}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        bar = progress.add_task("tuning", total=len(problems))
+
+        def tick(name: str, status: str) -> None:
+            progress.update(bar, advance=1, description=f"{status}: {name}")
+
+        report = warm(problems, target, factory, cache=cache,
+                      state_path=Path(args.state) if args.state else None, restart=args.restart,
+                      use_ray=args.ray is not None, ray_address=args.ray or None,
+                      on_progress=tick)
+        progress.update(bar, completed=report.skipped + report.tuned + len(report.failed))
+    console.print(f"{report.tuned} tuned, {report.skipped} already done (state {report.state_path}), "
+                  f"{len(report.failed)} failed; {report.measured} candidates benchmarked "
+                  f"in {report.seconds:.1f} s")
+    for name, why in report.failed.items():
+        console.print(f"[red]failed[/red] {name}: {why}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+    return 1 if report.failed else 0
+
+
+def add_parser(sub) -> None:
+    w = sub.add_parser("warm", help="tune a shapes file or a model's GEMMs ahead of time (resumable)")
+    w.add_argument("shapes", help="a shapes JSON file (like bench/cases/llm_gemm_shapes.json) or a "
+                                  "model spec module:callable returning (model, example_inputs)")
+    w.add_argument("--target", default="cpu", help="target to tune for (must be this machine's)")
+    w.add_argument("--models", help="comma-separated models of the shapes file (default all)")
+    w.add_argument("--phases", default="decode,prefill", help="decode and/or prefill M lists")
+    w.add_argument("--m", help="comma-separated M values instead of the file's lists")
+    w.add_argument("--dtype", default="bf16", help="fp32, fp16 or bf16 (shapes files)")
+    w.add_argument("--dynamic", help="dims to mark dynamic, e.g. M: keys then match a model "
+                                     "compiled with dynamic shapes")
+    w.add_argument("--max-m", type=int, help="tune dynamic M buckets up to this size")
+    w.add_argument("--train", action="store_true", help="models: also collect backward GEMMs")
+    w.add_argument("--cache", help="tuning cache file (default <cache_dir>/autotune/tuning.json)")
+    w.add_argument("--state", help="state file for resuming (default beside the cache)")
+    w.add_argument("--restart", action="store_true", help="ignore the state, tune everything again")
+    w.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run one Ray task per problem (on ADDRESS, or a local cluster)")
+    w.add_argument("--factory", help=argparse.SUPPRESS)  # module:attr, simulated devices in tests
+    w.add_argument("--json", help="write the run's report here")
+    w.set_defaults(fn=cmd_warm)
