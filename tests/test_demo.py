@@ -19,7 +19,7 @@ def test_demo_matches_eager_on_real_models(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads(out_json.read_text())["results"]
     assert {(r["case"], r["mode"]) for r in results} == {
-        (c, m) for c in ("minilm", "llama-train", "llama-bf16") for m in ("auto", "triton")}
+        (c, m) for c in ("minilm", "llama-train", "llama-bf16", "minilm-nvfp4") for m in ("auto", "triton")}
     for r in results:
         assert r["passed"], r
         assert r["max_error"] <= r["tolerance"]
@@ -29,4 +29,7 @@ def test_demo_matches_eager_on_real_models(tmp_path):
             assert all(g["winner"].startswith("triton.") for g in gemms)
     minilm = next(r for r in results if r["case"] == "minilm" and r["mode"] == "triton")
     assert sum(len(g["gemms"]) for g in minilm["graphs"]) == 36
-    assert "all 6 cases match eager" in proc.stdout
+    nvfp4 = next(r for r in results if r["case"] == "minilm-nvfp4" and r["mode"] == "triton")
+    gemms = [g for graph in nvfp4["graphs"] for g in graph["gemms"]]
+    assert len(gemms) == 36 and all(g["op"] == "nvfp4_mm" for g in gemms)
+    assert "all 8 cases match eager" in proc.stdout

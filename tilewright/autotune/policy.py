@@ -64,11 +64,15 @@ class GemmPolicy:
         seeds: tile shapes to start from.
         decode_seeds: extra shapes for M <= ``decode_m``.
         decode_m: the M up to which a problem counts as decode.
+        max_candidates: cap on generated candidates below ``config.max_candidates``.
     """
 
     seeds: tuple[tuple[int, int, int, int, int], ...]
     decode_seeds: tuple[tuple[int, int, int, int, int], ...] = ()
     decode_m: int = 64
+    # most generated candidates (None: config.max_candidates); interpreted kernels cannot beat
+    # ATen on a CPU, so measuring many of them only costs time
+    max_candidates: int | None = None
 
     def tile_params(self, problem: GemmProblem, template: TemplateSpec, target: Target
                     ) -> list[dict[str, Any]]:
@@ -135,7 +139,7 @@ class GemmPolicy:
             ranked = self.ranked(problem, target, template)
             if ranked:
                 per_template.append((template, ranked))
-        budget = config.max_candidates
+        budget = min(config.max_candidates, self.max_candidates or config.max_candidates)
         # reserved slots: the best of each template, and for decode shapes the best swap-AB
         # and the best split-K setting, so those remedies are always measured where they apply
         chosen = [(ranked[0][0], t, ranked[0][1]) for t, ranked in per_template]
@@ -160,7 +164,7 @@ class GemmPolicy:
 POLICIES: dict[tuple[str, str], Callable[[], GemmPolicy]] = {
     ("gemm", "cuda"): lambda: GemmPolicy(GPU_SEEDS, DECODE_SEEDS),
     ("gemm", "hip"): lambda: GemmPolicy(GPU_SEEDS, DECODE_SEEDS),
-    ("gemm", "cpu"): lambda: GemmPolicy(INTERPRETER_SEEDS),
+    ("gemm", "cpu"): lambda: GemmPolicy(INTERPRETER_SEEDS, max_candidates=2),
 }
 
 

@@ -72,3 +72,25 @@ def llama_train_example():
     """The demo's fp32 Llama training case as ``(model, example_inputs)`` (warm it with
     ``--train``)."""
     return build_llama(torch.float32), (llama_inputs(),)
+
+
+def minilm_nvfp4():
+    """MiniLM with every Linear quantised to NVFP4 (W4A4), and a float copy whose Linears carry
+    the dequantised weights: the eager reference the NVFP4 model is judged against."""
+    import copy
+
+    from tilewright.quant.linear import NVFP4Linear, quantize_linears
+
+    model = load_minilm()
+    reference = copy.deepcopy(model)
+    quantize_linears(model)
+    for mod, ref in zip(model.modules(), reference.modules()):
+        if isinstance(mod, NVFP4Linear):
+            ref.weight.data.copy_(mod.dequantized_weight())
+    return model, reference
+
+
+def minilm_nvfp4_example():
+    """(model, inputs) for ``tilewright aot``: the NVFP4 MiniLM (its 36 GEMMs are nvfp4_mm)."""
+    model, _ = minilm_nvfp4()
+    return model, (minilm_inputs(model),)
