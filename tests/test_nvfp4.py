@@ -142,11 +142,14 @@ def test_triton_nvfp4_gemm_matches_dequantised_fp32(M):
 
 
 def test_dot_scaled_variant_refuses_the_interpreter_and_hopper():
+    import triton
+
     t = get_template("triton.gemm_nvfp4_mma")
     prob = _problem(64, 64, 64)
     assert "misreads" in t.supports(prob, get_target("cpu")).reason
     assert not t.supports(prob, get_target("cuda:sm_90a"))
-    assert t.supports(prob, get_target("cuda:sm_100a"))
+    new_enough = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9)
+    assert bool(t.supports(prob, get_target("cuda:sm_100a"))) == new_enough
 
 
 @pytest.mark.slow
@@ -156,6 +159,8 @@ def test_dot_scaled_variant_uses_block_scaled_tcgen05(tmp_path):
 
     t, target = get_template("triton.gemm_nvfp4_mma"), get_target("cuda:sm_100a")
     prob = _problem(256, 512, 512)
+    if not t.supports(prob, target):
+        pytest.skip(t.supports(prob, target).reason)
     params = t.space.default()
     r = t.render(prob, params, target)
     (res,) = compile_jobs([CompileJob("nvfp4_mma", r.source, r.aot.to_json(), target.triton)], tmp_path)

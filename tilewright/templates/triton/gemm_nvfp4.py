@@ -87,6 +87,12 @@ class TritonGemmNvfp4(TritonGemm):
         return mma_checks(self._as_bf16(problem), params, target)
 
 
+def _triton_version() -> tuple[int, int]:
+    import triton
+
+    return tuple(int(x) for x in triton.__version__.split(".")[:2])  # type: ignore[return-value]
+
+
 class TritonGemmNvfp4Mma(TritonGemmNvfp4):
     """The same GEMM on block-scaled tensor cores (``tl.dot_scaled``): targets whose MMA reads
     E4M3 scales per 16 values (sm_100a: ``tcgen05.mma ... kind::mxf4nvf4.block_scale.block16``).
@@ -109,6 +115,9 @@ class TritonGemmNvfp4Mma(TritonGemmNvfp4):
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if target.interpreted:
             return Support(False, "the Triton interpreter misreads E4M3 block scales; use triton.gemm_nvfp4")
+        if _triton_version() < (3, 9):
+            # measured: triton 3.6 lowers an E4M3-scaled dot_scaled without block-scaled MMA
+            return Support(False, "needs triton >= 3.9 to lower NVFP4 dot_scaled to block-scaled tcgen05")
         if not target.has("nvfp4") or not target.has("tcgen05"):
             return Support(False, f"{target.name} has no NVFP4 block-scaled tcgen05 MMA")
         return super().supports(problem, target)
