@@ -227,3 +227,27 @@ def detect_target(device: torch.device | str) -> Target:
             f"no target for CUDA compute capability {props.major}.{props.minor} ({props.name}); "
             f"tilewright knows {', '.join(t for t in TARGETS if t.startswith('cuda'))}")
     raise UnknownTargetError(f"no target for device type {device.type!r}")
+
+
+def triton_version() -> tuple[int, int]:
+    """The installed triton's (major, minor)."""
+    import triton
+
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# Code generation that needs a minimum triton, measured on AOT builds (older versions compile
+# but silently leave the engine unused, which the instruction checks catch):
+#   gfx1250: triton 3.6 emits no v_wmma for tl.dot and no tensor_load_to_lds for descriptors,
+#   and cannot compile the Gluon TDM GEMM; 3.9 does all three.
+MIN_TRITON = {"hip:gfx1250": (3, 9)}
+
+
+def triton_can_target(target: Target) -> str | None:
+    """Why the installed triton cannot generate proper code for ``target`` (None if it can)."""
+    need = MIN_TRITON.get(target.name)
+    if need and triton_version() < need:
+        return (f"triton {'.'.join(map(str, triton_version()))} does not generate {target.arch}'s "
+                f"matrix and data-mover instructions; needs triton >= {need[0]}.{need[1]}")
+    return None

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
-from tilewright.runtime.targets import Target
+from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, Support,
 )
@@ -42,6 +42,8 @@ class GluonGemmTdm(TritonGemm):
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if target.name != "hip:gfx1250":
             return Support(False, f"the Gluon TDM GEMM is written for gfx1250, not {target.name}")
+        if (why := triton_can_target(target)) is not None:
+            return Support(False, why)
         if problem.dtype not in ("fp16", "bf16"):
             return Support(False, f"input dtype {problem.dtype} (this WMMA path takes fp16/bf16)")
         if problem.out_dtype not in ("fp32", "fp16", "bf16"):

@@ -12,7 +12,7 @@ from typing import Any
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
-from tilewright.runtime.targets import Target
+from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support,
     TemplateSpec, powers_of_two,
@@ -116,6 +116,8 @@ class TritonGemm(TemplateSpec):
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if target.backend not in ("cuda", "hip", "cpu"):
             return Support(False, f"Triton does not generate for {target.backend}")
+        if (why := triton_can_target(target)) is not None:
+            return Support(False, why)
         if problem.dtype not in ("fp32", "fp16", "bf16") + FP8:
             return Support(False, f"input dtype {problem.dtype} (Triton GEMM takes fp32/fp16/bf16/fp8)")
         if problem.dtype in FP8 and target.backend != "cpu" and not target.has("fp8_e4m3"):

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from tilewright.problem import GemmProblem
-from tilewright.runtime.targets import Target
+from tilewright.runtime.targets import Target, triton_can_target, triton_version
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, Support, powers_of_two,
 )
@@ -31,6 +31,8 @@ class TritonGemmNvfp4(TritonGemm):
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if target.backend not in ("cuda", "hip", "cpu"):
             return Support(False, f"Triton does not generate for {target.backend}")
+        if (why := triton_can_target(target)) is not None:
+            return Support(False, why)
         if problem.dtype != "nvfp4":
             return Support(False, "this template dequantises NVFP4 operands")
         if problem.scale_layout != "row":
@@ -87,12 +89,6 @@ class TritonGemmNvfp4(TritonGemm):
         return mma_checks(self._as_bf16(problem), params, target)
 
 
-def _triton_version() -> tuple[int, int]:
-    import triton
-
-    return tuple(int(x) for x in triton.__version__.split(".")[:2])  # type: ignore[return-value]
-
-
 class TritonGemmNvfp4Mma(TritonGemmNvfp4):
     """The same GEMM on block-scaled tensor cores (``tl.dot_scaled``): targets whose MMA reads
     E4M3 scales per 16 values (sm_100a: ``tcgen05.mma ... kind::mxf4nvf4.block_scale.block16``).
@@ -115,7 +111,7 @@ class TritonGemmNvfp4Mma(TritonGemmNvfp4):
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if target.interpreted:
             return Support(False, "the Triton interpreter misreads E4M3 block scales; use triton.gemm_nvfp4")
-        if _triton_version() < (3, 9):
+        if triton_version() < (3, 9):
             # measured: triton 3.6 lowers an E4M3-scaled dot_scaled without block-scaled MMA
             return Support(False, "needs triton >= 3.9 to lower NVFP4 dot_scaled to block-scaled tcgen05")
         if not target.has("nvfp4") or not target.has("tcgen05"):
