@@ -68,20 +68,31 @@ class GemmPolicy:
 
     def tile_params(self, problem: GemmProblem, template: TemplateSpec, target: Target
                     ) -> list[dict[str, Any]]:
-        seeds = list(self.seeds)
-        if problem.M <= self.decode_m:
-            seeds = list(self.decode_seeds) + seeds
+        """Legal, distinct parameter settings for one template: its own ``seed_params(problem,
+        target)`` when it defines that hook (templates whose knobs are not the Triton family's,
+        knobs it leaves out take their defaults), else the seed tiles clamped to the problem."""
+        seeder = getattr(template, "seed_params", None)
+        if seeder is not None:
+            defaults = template.space.default()
+            proposals = [{**defaults, **p} for p in seeder(problem, target)]
+        else:
+            seeds = list(self.seeds)
+            if problem.M <= self.decode_m:
+                seeds = list(self.decode_seeds) + seeds
+            proposals = []
+            for bm, bn, bk, warps, stages in seeds:
+                bm, bn, bk = clamp_tile(problem, bm, bn, bk)
+                # fewer warps for small tiles: 4 warps need at least a 64x64 tile to stay busy
+                warps = max(1, min(warps, bm * bn // 1024)) if not target.interpreted else warps
+                warps = 1 << (warps.bit_length() - 1)
+                proposals.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                  "GROUP_M": 8 if bm >= 64 else 4, "num_warps": warps,
+                                  "num_stages": stages})
         out, seen = [], set()
-        for bm, bn, bk, warps, stages in seeds:
-            bm, bn, bk = clamp_tile(problem, bm, bn, bk)
-            # fewer warps for small tiles: 4 warps need at least a 64x64 tile to stay busy
-            warps = max(1, min(warps, bm * bn // 1024)) if not target.interpreted else warps
-            warps = 1 << (warps.bit_length() - 1)
-            params = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                      "GROUP_M": 8 if bm >= 64 else 4, "num_warps": warps, "num_stages": stages}
-            if target.backend == "hip":
+        for params in proposals:
+            if target.backend == "hip" and "num_stages" in params:
                 params["num_stages"] = 2  # AMD's stream pipeliner wants 2
-            key = tuple(params.values())
+            key = tuple(params.items())
             if key in seen or template.check(params, problem, target):
                 continue
             seen.add(key)
