@@ -136,6 +136,11 @@ def test_policy_uses_the_templates_own_seeds(monkeypatch):
     assert any(p["CTA_GROUP"] == 2 for _, p in ranked), "2-CTA tiles are proposed for big problems"
     decode = GemmProblem(M=8, N=4096, K=4096, dtype="bf16", layout_b="col")
     assert policy_for("gemm", SM100).ranked(decode, SM100, GEMM100)[0][1]["BLOCK_M"] == 64
+    # under auto the measured candidates hold the best tile with and without PDL
+    with tilewright.config.patch(pdl="auto", max_candidates=4):
+        cands = [c for c in policy_for("gemm", SM100).candidates(big, SM100) if c.backend == "cutedsl"]
+    first = cands[0].param_dict
+    assert any(c.param_dict == {**first, "PDL": not first["PDL"]} for c in cands)
     # a forced backend keeps only its candidates
     with tilewright.config.patch(force_backend="cutedsl"):
         kept, why = filter_forced(policy_for("gemm", SM90).candidates(big, SM90))

@@ -128,6 +128,10 @@ class GemmPolicy:
         chosen = [(ranked[0][0], t, ranked[0][1]) for t, ranked in per_template][:budget]
         rest = sorted(((ms, t, p) for t, ranked in per_template for ms, p in ranked[1:]),
                       key=lambda item: item[0])
+        # the PDL twin of a template's best (same tile, other PDL value, as proposed under
+        # TILEWRIGHT_PDL=auto) comes next: only a measurement can tell the two apart
+        best = [c[2] for c in chosen if "PDL" in c[2]]
+        rest.sort(key=lambda item: not any({**item[2], "PDL": b["PDL"]} == b for b in best))
         chosen += rest[: max(budget - len(chosen), 0)]
         chosen.sort(key=lambda item: item[0])
         for i, (ms, template, params) in enumerate(chosen):

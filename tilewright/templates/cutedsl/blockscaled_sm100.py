@@ -95,7 +95,9 @@ class CuteBlockScaledSm100(CuteDslGemm):
 
     def extra_context(self, problem: GemmProblem, params: Params) -> dict[str, Any]:
         ab, pack, sf, sf_torch = FORMATS[problem.dtype]
+        value_torch = "(torch.uint8, torch.float4_e2m1fn_x2)" if pack == 2 else "(torch.float8_e4m3fn,)"
         return dict(fmt=problem.dtype, ab_cute=ab, pack=pack, sf_cute=sf, sf_torch=sf_torch,
+                    value_torch=value_torch,
                     sf_vec=SCALED_FORMATS[problem.dtype], scale_layout=problem.scale_layout,
                     acc_stages=self.acc_stages(params))
 
