@@ -63,7 +63,7 @@ class Config:
         True, "TILEWRIGHT_FUSE_EPILOGUES",
         "Fuse bias/activation/residual/scale/cast epilogues into the GEMM that produces them.")
     max_candidates: int = _setting(
-        4, "TILEWRIGHT_MAX_CANDIDATES",
+        6, "TILEWRIGHT_MAX_CANDIDATES",
         "Most generated-kernel candidates the policy keeps per GEMM problem (ATen comes extra).")
     bench_warmup: int = _setting(2, "TILEWRIGHT_BENCH_WARMUP", "Untimed runs before timing.")
     bench_rep: int = _setting(100, "TILEWRIGHT_BENCH_REP", "Most timed runs per candidate.")

@@ -76,9 +76,11 @@ class GemmPolicy:
 
     def tile_params(self, problem: GemmProblem, template: TemplateSpec, target: Target
                     ) -> list[dict[str, Any]]:
-        """Legal, distinct parameter settings for one template: its own ``seed_params`` when it
-        has them, else the seed tiles clamped to the problem; for decode shapes also
-        nvMatmulHeuristics' picks and the swap-AB / split-K variants the template can run."""
+        """Legal, distinct parameter settings for one template: its own ``seed_params(problem,
+        target)`` when it defines that hook (templates whose knobs are not the Triton family's;
+        knobs it leaves out take their defaults), else the seed tiles clamped to the problem, and
+        for decode shapes also nvMatmulHeuristics' picks and the swap-AB / split-K variants the
+        template can run."""
         knobs = set(template.space.names())
         defaults = template.space.default()
         if hasattr(template, "seed_params"):
@@ -86,8 +88,10 @@ class GemmPolicy:
         else:
             proposals = []
             if problem.M <= self.decode_m and not target.interpreted:
-                proposals += heuristic_params(problem, target)
-                proposals += decode_variants(problem, target, knobs)
+                for p in heuristic_params(problem, target) + decode_variants(problem, target, knobs):
+                    kp = problem.transposed() if p.get("SWAP_AB") else problem
+                    p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"] = clamp_tile(kp, p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"])
+                    proposals.append(p)
             seeds = list(self.decode_seeds) + list(self.seeds) if problem.M <= self.decode_m else self.seeds
             for bm, bn, bk, warps, stages in seeds:
                 bm, bn, bk = clamp_tile(problem, bm, bn, bk)
@@ -101,10 +105,6 @@ class GemmPolicy:
         out, seen = [], set()
         for p in proposals:
             params = {k: p.get(k, defaults[k]) for k in template.space.names()}
-            if {"BLOCK_M", "BLOCK_N", "BLOCK_K"} <= set(params):
-                kp = problem.transposed() if params.get("SWAP_AB") else problem
-                params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"] = clamp_tile(
-                    kp, params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"])
             if target.backend == "hip" and "num_stages" in params:
                 params["num_stages"] = 2  # AMD's stream pipeliner wants 2
             key = tuple(params.items())
@@ -124,9 +124,8 @@ class GemmPolicy:
 
     def candidates(self, problem: GemmProblem, target: Target,
                    templates: Iterable[TemplateSpec] | None = None) -> list[Candidate]:
-        """Ranked candidates: ATen first (rank 0), then generated kernels, at most
-        ``config.max_candidates`` of them: the best of each template, then the next best
-        overall, in order of predicted time."""
+        """Ranked candidates: ATen first (rank 0), then at most ``config.max_candidates``
+        generated kernels in order of predicted time, chosen by the priorities below."""
         aten = get_template("aten.gemm")
         # a vendor BLAS is taken to reach 80% of the roofline, plus one launch
         launch_ms = 0.0 if target.interpreted else LAUNCH_US * 1e-3
@@ -140,20 +139,29 @@ class GemmPolicy:
             if ranked:
                 per_template.append((template, ranked))
         budget = min(config.max_candidates, self.max_candidates or config.max_candidates)
-        # reserved slots: the best of each template, and for decode shapes the best swap-AB
-        # and the best split-K setting, so those remedies are always measured where they apply
-        chosen = [(ranked[0][0], t, ranked[0][1]) for t, ranked in per_template]
-        for knob, on in (("SWAP_AB", True), ("SPLIT_K", 1)):
-            for t, ranked in per_template:
-                pick = next(((ms, t, p) for ms, p in ranked if knob in p and (
-                    p[knob] is True if on is True else p[knob] > on)), None)
-                if pick is not None and not any(c[2] is pick[2] for c in chosen):
-                    chosen.append(pick)
-                    break
-        chosen = sorted(chosen, key=lambda item: item[0])[:budget]
-        rest = sorted(((ms, t, p) for t, ranked in per_template for ms, p in ranked
-                       if not any(c[2] is p for c in chosen)), key=lambda item: item[0])
-        chosen += rest[: max(budget - len(chosen), 0)]
+        everything = sorted(((ms, t, p) for t, ranked in per_template for ms, p in ranked),
+                            key=lambda item: item[0])
+        chosen: list[tuple[float, TemplateSpec, dict[str, Any]]] = []
+
+        def take(item) -> None:
+            if item is not None and len(chosen) < budget and not any(c[2] is item[2] for c in chosen):
+                chosen.append(item)
+
+        # slots in priority order: the predicted best; for decode shapes the best swap-AB and
+        # the best split-K setting (a remedy is only known to help once measured); the best of
+        # every other template; the PDL twin of each template's best (same tile, the other PDL
+        # value, proposed under TILEWRIGHT_PDL=auto); then the rest by predicted time
+        take(everything[0] if everything else None)
+        take(next((c for c in everything if c[2].get("SWAP_AB") is True), None))
+        take(next((c for c in everything if c[2].get("SPLIT_K", 1) > 1), None))
+        for t, ranked in per_template:
+            take((ranked[0][0], t, ranked[0][1]))
+        for ms, t, p in list(chosen):
+            if "PDL" in p:
+                twin = {**p, "PDL": not p["PDL"]}
+                take(next((c for c in everything if c[1] is t and c[2] == twin), None))
+        for item in everything:
+            take(item)
         chosen.sort(key=lambda item: item[0])
         for i, (ms, template, params) in enumerate(chosen):
             out.append(Candidate.of(template.id, template.source_hash, params, rank=i + 1,

@@ -36,6 +36,8 @@ def cmd_aot(args: argparse.Namespace) -> int:
     for k in report.kernels:
         p = k.captured.problem
         tile = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**k.params)
+        tile += " 2cta" if k.params.get("CTA_GROUP") == 2 else ""
+        tile += " pdl" if k.params.get("PDL") else ""
         status = k.result.status if k.result else "-"
         color = "green" if k.result and k.result.ok else "red"
         if k.verified is None:

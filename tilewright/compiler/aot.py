@@ -2,7 +2,8 @@
 
 Nothing can be timed, so per target and GEMM problem the candidate policy proposes tile shapes,
 the analytic cost model ranks them, and the best ``per_template`` of every template that
-supports the problem are rendered and compiled (in worker processes: see
+supports the problem are rendered and compiled (with their PDL twins where the template has a
+PDL knob and ``TILEWRIGHT_PDL=auto`` leaves the choice to the device; in worker processes: see
 :mod:`tilewright.runtime.aot`). Every built kernel is checked for the instructions its template
 promises (:mod:`tilewright.runtime.verify`). The output folder holds each kernel's source and
 every compile stage's artifact, plus ``manifest.json``: kernel, problem, target, template,
@@ -100,11 +101,32 @@ class AotReport:
         }
 
 
+# knobs every GEMM template has; the name spells any others out (CTA_GROUP2, PDL1, ...)
+_TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
 def _kernel_name(target: Target, captured: CapturedGemm, template: TemplateSpec, params: dict) -> str:
     p = captured.problem
     tile = f"{params['BLOCK_M']}x{params['BLOCK_N']}x{params['BLOCK_K']}w{params['num_warps']}s{params['num_stages']}"
+    tile += "".join(f"-{k}{int(v) if isinstance(v, bool) else v}" for k, v in params.items()
+                    if k not in _TILE_KNOBS)
     return (f"{target.arch}/{p.op}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}"
             f"-{template.id.replace('.', '_')}-{tile}")
+
+
+def _with_pdl_twins(ranked: list[tuple[float, dict]], per_template: int) -> list[tuple[float, dict]]:
+    """The best ``per_template`` settings, each with its PDL twin (same tile, the other PDL
+    value) when the policy proposed one: under ``TILEWRIGHT_PDL=auto`` only a measurement on
+    the device can choose between them, so an ahead-of-time build carries both."""
+    chosen = ranked[:per_template]
+    for _, params in list(chosen):
+        if "PDL" not in params:
+            continue
+        for ms, other in ranked[per_template:]:
+            if other["PDL"] != params["PDL"] and {**other, "PDL": params["PDL"]} == params:
+                chosen.append((ms, other))
+                break
+    return chosen
 
 
 def plan(captured: Iterable[CapturedGemm], targets: Iterable[Target], *, per_template: int = 1
@@ -131,7 +153,7 @@ def plan(captured: Iterable[CapturedGemm], targets: Iterable[Target], *, per_tem
                     refused.append({"target": target.name, "template": template.id,
                                     "problem": cap.problem.describe(),
                                     "reason": "no parameter setting is legal on this target"})
-                for ms, params in ranked[:per_template]:
+                for ms, params in _with_pdl_twins(ranked, per_template):
                     est = estimate_gemm(cap.problem, params, target, efficiency=template.efficiency(target))
                     k = AotKernel(_kernel_name(target, cap, template, params), target, cap, template,
                                   dict(params), ms, est.bound)

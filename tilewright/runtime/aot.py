@@ -1,8 +1,9 @@
 """Ahead-of-time compile driver: rendered kernel source → PTX/cubin or AMDGCN/HSACO for a target
 this machine does not have.
 
-Each job is compiled with ``triton.compile(ASTSource(...), target=GPUTarget(...))`` in a worker
-process: some invalid AMD compiles abort the process (LLVM), and a hang must not stall the
+Each job is compiled with ``triton.compile(ASTSource(...), target=GPUTarget(...))`` (Triton and
+Gluon sources) or by the rendered module's own ``compile_aot(arch, dump_dir)`` (CuTeDSL, whose
+``cute.compile`` gets ``--gpu-arch`` explicitly) in a worker process: some invalid AMD compiles abort the process (LLVM), and a hang must not stall the
 build, so a crash or a timeout costs one kernel, and a fresh worker takes the next job. Every
 stage's output (ttir or Gluon's IR, ttgir, llir, ptx/amdgcn, cubin/hsaco) is written next to
 the source, with a
@@ -16,6 +17,8 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import re
+import shutil
 import signal
 import time
 import traceback
@@ -29,14 +32,16 @@ class AotSpec:
     """How to compile a rendered kernel ahead of time with ``triton.compile``.
 
     Attributes:
-        kernel: the ``@triton.jit`` / ``@gluon.jit`` function's name in the source.
-        language: "triton" or "gluon" (picks ``ASTSource`` or ``GluonASTSource``).
+        kernel: the ``@triton.jit`` / ``@gluon.jit`` function's name in the source (CuTeDSL:
+            the ``@cute.jit`` host function, for the record).
+        language: "triton" or "gluon" (picks ``ASTSource`` or ``GluonASTSource``), or
+            "cutedsl" (the module's ``compile_aot(options["gpu_arch"], dump_dir)`` is called).
         pointer_types: pointer arguments and their Triton types ("*bf16", "*fp32", ...).
         constexprs: values of constexpr arguments, and of int arguments specialised as the JIT
             would (a stride known to be 1).
         divisible_by_16: arguments assumed to be multiples of 16 (pointers, sizes, strides):
             the alignment facts that let the compiler vectorise and use TMA/TDM.
-        options: compile options (num_warps, num_stages).
+        options: compile options (num_warps, num_stages; CuTeDSL: gpu_arch).
         int_type: the type of every other argument.
     """
 
@@ -75,11 +80,17 @@ class CompileJob:
 
     @property
     def key(self) -> str:
-        """Hash of everything the artifacts depend on (source, spec, target, triton version)."""
+        """Hash of everything the artifacts depend on (source, spec, target, triton version, and
+        the nvidia-cutlass-dsl version for CuTeDSL jobs)."""
         import triton
 
-        blob = json.dumps({"source": self.source, "spec": self.spec, "target": list(self.target),
-                           "triton": triton.__version__}, sort_keys=True)
+        facts = {"source": self.source, "spec": self.spec, "target": list(self.target),
+                 "triton": triton.__version__}
+        if self.spec.get("language") == "cutedsl":
+            from tilewright.runtime.cutedsl import dsl_version
+
+            facts["cutlass_dsl"] = dsl_version()
+        blob = json.dumps(facts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -129,21 +140,66 @@ def cached_result(job: CompileJob, root: Path) -> CompileResult | None:
 
 
 # -- the worker ------------------------------------------------------------------------------------
-def _compile_in_worker(job: CompileJob, root: Path) -> CompileResult:
+def _load_source(job: CompileJob, folder: Path) -> tuple[Any, Path]:
+    """Write the job's source to ``folder/kernel.py`` and import it."""
     import importlib.util
 
+    folder.mkdir(parents=True, exist_ok=True)
+    src_path = folder / "kernel.py"
+    src_path.write_text(job.source)
+    spec = importlib.util.spec_from_file_location(f"tw_aot_{job.key}", src_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module, src_path
+
+
+# CuTeDSL dump files by suffix -> artifact stage (the MLIR dumps, when asked for, keep theirs)
+_CUTEDSL_STAGES = {".ptx": "ptx", ".cubin": "cubin", ".sass": "sass"}
+
+
+def _compile_cutedsl(job: CompileJob, root: Path) -> CompileResult:
+    """Call the rendered module's ``compile_aot(arch, dump_dir)`` and collect what it dumped
+    (``<host function>.<arch>.ptx`` and ``.cubin``) as ``kernel.ptx`` / ``kernel.cubin``."""
+    from tilewright.runtime.cutedsl import dsl_version
+
+    folder = root / job.name
+    arch = job.spec["options"]["gpu_arch"]
+    t0 = time.perf_counter()
+    module, src_path = _load_source(job, folder)
+    dump = folder / "dump"
+    shutil.rmtree(dump, ignore_errors=True)
+    module.compile_aot(arch, str(dump))
+    seconds = time.perf_counter() - t0
+    artifacts, hashes = {"source": f"{job.name}/kernel.py"}, {"source": _sha256(src_path)}
+    for f in sorted(dump.iterdir()):
+        stage = _CUTEDSL_STAGES.get(f.suffix, f.suffix.lstrip("."))
+        if not stage or stage in artifacts:
+            continue
+        path = folder / f"kernel.{stage}"
+        f.replace(path)
+        artifacts[stage] = f"{job.name}/{path.name}"
+        hashes[stage] = _sha256(path)
+    shutil.rmtree(dump, ignore_errors=True)
+    if "ptx" not in artifacts or "cubin" not in artifacts:
+        raise RuntimeError(f"compile_aot({arch!r}) dumped {sorted(artifacts)}: no PTX/cubin")
+    ptx = (folder / "kernel.ptx").read_text(errors="replace")
+    entries = re.findall(r"\.entry\s+(\w+)", ptx)
+    target = re.search(r"^\.target\s+(\S+)", ptx, re.M)
+    metadata = {"name": entries[0] if entries else "", "gpu_arch": target.group(1) if target else "",
+                "cutlass_dsl": dsl_version()}
+    return CompileResult(job.name, job.key, "built", seconds, artifacts, hashes, metadata)
+
+
+def _compile_in_worker(job: CompileJob, root: Path) -> CompileResult:
+    if job.spec.get("language") == "cutedsl":
+        return _compile_cutedsl(job, root)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     folder = root / job.name
-    folder.mkdir(parents=True, exist_ok=True)
-    src_path = folder / "kernel.py"
-    src_path.write_text(job.source)
     t0 = time.perf_counter()
-    spec = importlib.util.spec_from_file_location(f"tw_aot_{job.key}", src_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module, src_path = _load_source(job, folder)
     s = job.spec
     fn = getattr(module, s["kernel"])
     constexprs = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v

@@ -58,9 +58,9 @@ def register(manifest: BackendManifest) -> None:
 
 
 def _load_builtin() -> None:
-    from tilewright.templates import aten, gluon, triton
+    from tilewright.templates import aten, cutedsl, gluon, triton
 
-    for backend in (aten, triton, gluon):
+    for backend in (aten, triton, gluon, cutedsl):
         register(backend.MANIFEST)
 
 

@@ -167,6 +167,11 @@ class TemplateSpec(ABC):
         op: the problem kind it implements ("gemm").
         space: its :class:`ParamSpace`.
         jinja: file name of its source template beside the subclass's module (or None).
+
+    Optional hook: ``seed_params(problem, target) -> list[dict]``, the template's own candidate
+    parameters (for templates whose knobs are not the Triton family's BLOCK_*/GROUP_M/num_warps/
+    num_stages set, e.g. CuTeDSL's cluster and PDL knobs); the candidate policy uses it instead
+    of its tile table when a template defines it.
     """
 
     id: ClassVar[str]
