@@ -131,3 +131,50 @@ def test_warmed_model_rebenchmarks_nothing_on_the_gpu(fresh_cache):
         torch.compile(m, backend="tilewright")(x)
     cands = [c for r in reports for g in r.gemms for c in g.candidates]
     assert cands and all(c.cached for c in cands)
+
+
+# -- the templates added for NVFP4, decode shapes, TMA and CuTeDSL ------------------------------
+def _check_candidate(p, cand, target):
+    x = make_inputs(p, "cuda")
+    ref = default_factory.reference(p, x)
+    out = poisoned_output(p, "cuda")
+    default_factory.build(p, cand, target)(x.a, x.b, *x.epilogue_inputs, out=out, **x.scale_kwargs)
+    assert rel_error(out, ref) <= tolerance(p), cand.name
+
+
+@pytest.mark.parametrize("M", [1, 16, 64, 257])
+def test_every_policy_candidate_is_right_on_the_gpu(target, M):
+    """Decode (swap-AB, split-K, thin tiles), TMA and, where installed, CuTeDSL candidates."""
+    p = GemmProblem(M=M, N=4096, K=4096, dtype="bf16", layout_b="col",
+                    epilogue=(EpilogueOp("add", input=0), EpilogueOp("gelu")),
+                    epilogue_inputs=(EpilogueInput("N", "bf16"),))
+    cands = policy_for("gemm", target).candidates(p, target)[1:]
+    if M <= 16:
+        assert any(c.param_dict.get("SWAP_AB") for c in cands)
+    for cand in cands:
+        _check_candidate(p, cand, target)
+
+
+@pytest.mark.parametrize("M", [1, 8, 128])
+def test_nvfp4_gemm_on_the_gpu(target, M):
+    p = GemmProblem(M=M, N=1024, K=2048, dtype="nvfp4", out_dtype="bf16", layout_b="col",
+                    scale_layout="row",
+                    epilogue=(EpilogueOp("mul", input=0), EpilogueOp("mul", input=1)),
+                    epilogue_inputs=(EpilogueInput("", "fp32"), EpilogueInput("", "fp32")))
+    for cand in policy_for("gemm", target).candidates(p, target)[1:]:
+        _check_candidate(p, cand, target)
+
+
+def test_fp8_scaled_mm_on_the_gpu(target):
+    if not target.has("fp8_e4m3"):
+        pytest.skip(f"{target.name} has no OCP fp8")
+    x = torch.randn(64, 512, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(256, 512, device="cuda").to(torch.float8_e4m3fn)
+    sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(2.0, device="cuda")
+
+    def f(x, w):
+        return torch._scaled_mm(x, w.t(), sa, sb, out_dtype=torch.bfloat16)
+
+    with tilewright.config.patch(force_backend="triton"):
+        out = torch.compile(f, backend="tilewright")(x, w)
+    assert rel_err(out, x.double() @ w.double().t()) < 2e-2
