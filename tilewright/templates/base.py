@@ -207,6 +207,14 @@ class TemplateSpec(ABC):
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
         """Why ``params`` are illegal for this problem on this target (None when legal)."""
+        return self.space_refusal(params)
+
+    def space_refusal(self, params: Params) -> str | None:
+        """Why ``params`` (defaults filled in for knobs left out) are outside the space."""
+        try:
+            self.space.validate(self.space.complete(params))
+        except ValueError as e:
+            return str(e)
         return None
 
     @abstractmethod

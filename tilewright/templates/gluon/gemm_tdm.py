@@ -60,10 +60,8 @@ class GluonGemmTdm(TritonGemm):
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
         params = self.space.complete(params)
-        try:
-            self.space.validate(params)
-        except ValueError as e:
-            return str(e)
+        if (why := self.space_refusal(params)) is not None:
+            return why
         warps_m = params["num_warps"] // 2
         if params["BLOCK_M"] < 16 * warps_m or params["BLOCK_N"] < 32:
             return f"BLOCK_M must cover {warps_m} warps of 16 rows and BLOCK_N two of 16 columns"

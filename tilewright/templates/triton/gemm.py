@@ -130,10 +130,8 @@ class TritonGemm(TemplateSpec):
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
         params = self.space.complete(params)
-        try:
-            self.space.validate(params)
-        except ValueError as e:
-            return str(e)
+        if (why := self.space_refusal(params)) is not None:
+            return why
         if (params.get("SPLIT_K", 1) > 1 or params.get("SWAP_AB")) and problem.batched:
             return "split-K and swap-AB are for 2-D GEMMs"
         if params.get("SPLIT_K", 1) > 1 and problem.K < params["SPLIT_K"] * params["BLOCK_K"]:

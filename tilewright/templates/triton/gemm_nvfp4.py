@@ -49,10 +49,8 @@ class TritonGemmNvfp4(TritonGemm):
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
         params = self.space.complete(params)
-        try:
-            self.space.validate(params)
-        except ValueError as e:
-            return str(e)
+        if (why := self.space_refusal(params)) is not None:
+            return why
         return super().check(params, self._as_bf16(problem), target)
 
     scaled_mma = False
