@@ -176,3 +176,32 @@ def test_fp8_scaled_mm_lowers_with_scales_in_the_epilogue(mode, scales):
     (gemm,) = [g for r in reports for g in r.gemms]
     assert gemm.op == "scaled_mm" and gemm.dtype == "fp8e4m3" and gemm.out_dtype == "bf16"
     assert gemm.epilogue.startswith("mul[") and gemm.epilogue.endswith("add[N]")
+
+
+def test_dynamic_sizes_feeding_an_absorbed_view():
+    """Regression: the wrapper freed the symbolic sizes a fused GEMM's reshape still needed
+    (UnboundLocalError on the second sequence length)."""
+    m = nn.Linear(32, 16)
+    f = torch.compile(m, backend="tilewright")
+    with torch.no_grad():
+        for seq in (7, 9, 12):
+            x = torch.randn(2, seq, 32)
+            assert rel_err(f(x), m(x)) < 1e-5
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    torch.compile(m, backend="tilewright", dynamic=True)(x).sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_run_time_failure_falls_back_to_aten(monkeypatch):
+    import tilewright.compiler.dispatch as dispatch
+
+    m, x = MLP(), torch.randn(4, 32)
+    with torch.no_grad(), tilewright.config.patch(strict=False):
+        f = torch.compile(m, backend="tilewright")
+        f(x)
+        monkeypatch.setattr(dispatch.GemmCall, "__call__", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel bug")))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = f(x)
+    assert torch.allclose(out, m(x), atol=1e-6)
+    assert any("kernel bug" in str(w.message) and "ATen" in str(w.message) for w in caught)

@@ -53,7 +53,7 @@ def test_store_and_lookup_round_trip(tmp_path):
     assert set(again) == {"c0", "c1"} and again["c1"].rel_err == 1e-7 and again["c1"].median_ms == 2.0
 
 
-@pytest.mark.parametrize("garbage", [b"{not json", b"", b'{"format": "other", "problems": {}}',
+@pytest.mark.parametrize("garbage", [b"{not json", b"", b'{"problems": {}}', b"[1, 2]",
                                      b"\xff\xfe\x00binary"])
 def test_corrupt_file_is_quarantined_and_rebuilt(tmp_path, garbage, caplog):
     path = tmp_path / "t.json"
@@ -136,3 +136,21 @@ def test_second_process_reuses_choices_without_benchmarking(tmp_path):
     assert runs[0]["builds"] > 1 and not any(runs[0]["cached"])
     assert runs[1]["builds"] == 0 and all(runs[1]["cached"])
     assert runs[0]["winner"] == runs[1]["winner"]
+
+
+
+@pytest.mark.parametrize("content", [b'{"format": "tilewright-tuning-bundle/1", "records": []}',
+                                     b"SQLite format 3\x00" + b"\x00" * 100])
+def test_a_foreign_file_is_refused_not_moved(tmp_path, content):
+    """Regression: pointing --cache at an exported bundle renamed the bundle away."""
+    from tilewright.errors import CacheFileError
+
+    path = tmp_path / "bundle"
+    path.write_bytes(content)
+    cache = TuningCache(path)
+    with pytest.raises(CacheFileError, match="cache import"):
+        cache.lookup(KEY)
+    with pytest.raises(CacheFileError):
+        cache.store(KEY, {"c0": rec()})
+    assert path.read_bytes() == content
+    assert [p for p in tmp_path.iterdir() if p.suffix != ".lock"] == [path]

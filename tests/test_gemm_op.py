@@ -69,3 +69,12 @@ def test_gradients():
     (2.0 * a2 @ w2.t() + b2).square().sum().backward()
     for x, y in ((a, a2), (w, w2), (bias, b2)):
         assert rel_err(x.grad, y.grad) < 1e-5
+
+
+def test_batched_a_with_shared_2d_b_and_bias():
+    """Regression: the ATen candidate called baddbmm with a 2-D b."""
+    a, w, bias = torch.randn(2, 8, 32), torch.randn(16, 32), torch.randn(16)
+    for mode in ("auto", "aten"):
+        with tilewright.config.patch(force_backend=mode):
+            out = gemm(a, w.t(), bias)
+        assert rel_err(out, a.double() @ w.double().t() + bias.double()) < 1e-5

@@ -40,3 +40,8 @@ class EnvironmentMismatchError(TilewrightError):
 
 class TuningWorkerError(TilewrightError):
     """Tuning worker processes could not be started (an environment problem, not a candidate's)."""
+
+
+class CacheFileError(TilewrightError):
+    """A file given as the tuning cache is something else (a bundle, a database, another
+    format): refused, never overwritten or moved."""

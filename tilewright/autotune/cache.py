@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import filelock
 
+from tilewright.errors import CacheFileError
 from tilewright.problem import GemmProblem
 
 log = logging.getLogger("tilewright.autotune")
@@ -133,12 +134,25 @@ class TuningCache:
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def _parse(self) -> dict[str, Any]:
-        """The file's contents; raises ValueError when it does not parse as a cache file."""
+        """The file's contents.
+
+        Raises:
+            ValueError: the file is damaged (not JSON, truncated, wrong shape): quarantine it.
+            CacheFileError: the file is intact but is something else (an exported bundle, an
+                SQLite database, another format): refuse it and leave it alone.
+        """
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {"format": FORMAT, "problems": {}}
-        data = json.loads(text)
+        if raw.startswith(b"SQLite format 3\x00"):
+            raise CacheFileError(f"{self.path} is an SQLite file (an exported tuning bundle?), not a "
+                                 f"tuning cache; load it with `tilewright cache import {self.path}`")
+        data = json.loads(raw.decode())
+        if isinstance(data, dict) and isinstance(data.get("format"), str) and data["format"] != FORMAT:
+            raise CacheFileError(
+                f"{self.path} is a {data['format']} file, not a tuning cache ({FORMAT}); "
+                f"if it is an exported bundle, load it with `tilewright cache import {self.path}`")
         if not isinstance(data, dict) or data.get("format") != FORMAT \
                 or not isinstance(data.get("problems"), dict):
             raise ValueError(f"not a {FORMAT} file")

@@ -4,7 +4,8 @@ Registered through the ``torch_dynamo_backends`` entry point, so installing the 
 Dynamo's graph goes through aot_autograd with tilewright's decomposition table, which produces
 ATen forward and backward graphs (or one inference graph under ``no_grad``); each is compiled by
 :func:`tilewright.compiler.pipeline.compile_graph`. A graph tilewright fails to compile runs
-unchanged on ATen, with a warning, unless ``config.strict`` is set.
+unchanged on ATen, with a warning; so does a compiled graph that fails when it runs. With
+``config.strict`` set, both errors are raised instead.
 """
 
 from __future__ import annotations
@@ -27,9 +28,36 @@ from tilewright.compiler.report import GraphReport, publish
 log = logging.getLogger("tilewright.compiler")
 
 
+def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Callable:
+    """The compiled graph, guarded: if it raises at run time (a tilewright bug the compile-time
+    checks missed), warn, switch this graph to ATen for good and rerun the call there, so the
+    model still gets its answer. An error the graph itself raises (bad user input) raises
+    again from ATen, unchanged. ``config.strict`` lets the first error through instead."""
+    aten: list[Callable] = []
+
+    def call(args: list) -> Any:
+        if aten:
+            return aten[0](args)
+        saved = list(args)  # the compiled call clears its argument list
+        try:
+            return compiled(args)
+        except Exception as e:
+            if config.strict:
+                raise
+            msg = (f"a tilewright-compiled {kind} graph failed at run time ({type(e).__name__}: {e}); "
+                   "running it on ATen from now on")
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            log.warning(msg, exc_info=True)
+            aten.append(make_boxed_func(gm.forward))
+            return aten[0](saved)
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
 def _compile_or_fallback(gm: fx.GraphModule, example_inputs: list[Any], *, kind: str) -> Callable:
     try:
-        return compile_graph(gm, example_inputs, kind)
+        return _run_or_fall_back(compile_graph(gm, example_inputs, kind), gm, kind)
     except Exception as e:
         if config.strict:
             raise

@@ -141,7 +141,11 @@ class GemmNode(Node):
 
     @property
     def inputs(self) -> list[str]:
-        return [self.a, self.b] + list(self.scales or ()) + [e.value for e in self.epilogue_inputs]
+        names = [self.a, self.b] + list(self.scales or ()) + [e.value for e in self.epilogue_inputs]
+        if self.view is not None:  # a symbolic view shape reads size values of the graph
+            names += [n.name for n in self.view.args[1] if isinstance(n, fx.Node)] \
+                if isinstance(self.view.args[1], (list, tuple)) else []
+        return names
 
     @property
     def dynamic(self) -> frozenset[str]:

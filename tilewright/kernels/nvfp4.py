@@ -22,7 +22,8 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: Optional[torch.Tensor]
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantise ``x`` (..., K) along K: (uint8 (..., K/2), float8_e4m3fn (..., K/16), fp32 ())."""
     q = nvfp4.quantize(x, global_scale)
-    return q.data, q.scale, q.global_scale.reshape(())
+    # a custom op's outputs may not alias its inputs: a calibrated scale comes back as a copy
+    return q.data, q.scale, q.global_scale.reshape(()).clone()
 
 
 @nvfp4_quantize.register_fake

@@ -1,5 +1,9 @@
 """``NVFP4Linear``: a Linear whose weight is stored in NVFP4 and whose activations are
-quantised to NVFP4 on the fly (W4A4), as ModelOpt's NVFP4 linear layers do."""
+quantised to NVFP4 on the fly (W4A4), as ModelOpt's NVFP4 linear layers do.
+
+For inference: the weight, its scales and the bias are buffers, not parameters, and the ops have
+no backward (quantisation-aware training is out of scope).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +18,10 @@ from tilewright.quant import nvfp4
 class NVFP4Linear(nn.Module):
     """y = x @ W.T + b with W and x in NVFP4 (fp32 accumulation, alpha folded into the GEMM).
 
-    Buffers: ``weight`` uint8 (out, in/2), ``weight_scale`` float8_e4m3fn (out, in/16),
-    ``weight_global_scale`` fp32 (), optional ``input_global_scale`` fp32 () (calibrated; when
-    absent each call quantises the activation with its own amax), ``bias``.
+    Buffers (inference only: nothing here trains): ``weight`` uint8 (out, in/2),
+    ``weight_scale`` float8_e4m3fn (out, in/16), ``weight_global_scale`` fp32 (), optional
+    ``input_global_scale`` fp32 () (calibrated; when absent each call quantises the activation
+    with its own amax), ``bias`` (the Linear's dtype) or None.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -30,7 +35,7 @@ class NVFP4Linear(nn.Module):
                                                          dtype=torch.float8_e4m3fn, device=device))
         self.register_buffer("weight_global_scale", torch.ones((), device=device))
         self.register_buffer("input_global_scale", None)
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "NVFP4Linear":
@@ -42,7 +47,7 @@ class NVFP4Linear(nn.Module):
         m.weight_scale.copy_(q.scale)
         m.weight_global_scale.copy_(q.global_scale)
         if linear.bias is not None:
-            m.bias.data.copy_(linear.bias.detach())
+            m.bias.copy_(linear.bias.detach())
         return m
 
     @torch.no_grad()

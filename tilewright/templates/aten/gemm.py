@@ -37,7 +37,6 @@ class AtenGemm(TemplateSpec):
         source = self.render_jinja(
             problem_text=problem.describe(),
             out_torch_dtype=_TORCH_NAME[problem.out_dtype],
-            batched=problem.batched,
             block_scaled=problem.block_scaled,
             addmm=addmm,
             epilogue=ops,
