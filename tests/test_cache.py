@@ -133,7 +133,7 @@ def test_second_process_reuses_choices_without_benchmarking(tmp_path):
                              text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert runs[0]["builds"] > 1 and not any(runs[0]["cached"])
+    assert runs[0]["builds"] >= 1 and not any(runs[0]["cached"])
     assert runs[1]["builds"] == 0 and all(runs[1]["cached"])
     assert runs[0]["winner"] == runs[1]["winner"]
 

@@ -131,6 +131,11 @@ class GemmPolicy:
         launch_ms = 0.0 if target.interpreted else LAUNCH_US * 1e-3
         out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0,
                             predicted_ms=roofline_ms(problem, target) / 0.8 + launch_ms)]
+        if target.interpreted and config.force_backend == "auto":
+            # interpreted kernels run Python per tile: they can only lose to ATen, except when
+            # a loaded machine stalls ATen's threads mid-measurement (seen: 64^3 at 16 ms),
+            # which would cache a hundredfold slower choice. They run when forced.
+            return out
         per_template = []
         for template in templates if templates is not None else templates_for("gemm", target.backend):
             if template.backend == "aten" or not template.supports(problem, target):
