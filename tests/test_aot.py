@@ -195,3 +195,31 @@ def test_cli_builds_the_demo_llama(tmp_path):
     assert re.search(r"all \d+ kernels built and passed their instruction checks", out.stdout)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len({k["problem_text"] for k in manifest["kernels"]}) >= 6
+
+
+def test_exported_dynamic_dims_stay_dynamic(tmp_path):
+    """Regression: a .pt2 export's symbolic batch came back static, so AOT kernels assumed M % 16."""
+    import torch
+    from torch.export import Dim, export, save
+
+    from tilewright.compiler.capture import capture_gemms, load_model
+
+    ep = export(TinyMLP(), (torch.randn(32, 64),), dynamic_shapes={"x": {0: Dim("B", min=2, max=1024)}})
+    save(ep, str(tmp_path / "tiny.pt2"))
+    spec = load_model(str(tmp_path / "tiny.pt2"))
+    problems = [c.problem for c in capture_gemms(spec)]
+    assert problems and all(p.dynamic == {"M"} for p in problems)
+    kernels, _ = aot.plan(capture_gemms(spec), [get_target("cuda:sm_90a")])
+    assert all("M" not in k.job.spec["divisible_by_16"] for k in kernels)
+
+
+def test_bad_model_specs_are_named():
+    from tilewright.compiler.capture import load_model
+    from tilewright.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="module:callable"):
+        load_model("no_colon_here")
+    with pytest.raises(InvalidInputError, match="cannot import"):
+        load_model("tilewright.demo.models:no_such_thing")
+    with pytest.raises(InvalidInputError, match="not a callable"):
+        load_model("tilewright.demo.models:SENTENCES")

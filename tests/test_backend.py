@@ -115,7 +115,7 @@ def test_dtype_mix_gets_a_clear_error():
 def test_debug_dir_dumps_every_stage(tmp_path):
     with tilewright.config.patch(debug_dir=str(tmp_path), force_backend="triton"), torch.no_grad():
         torch.compile(MLP(), backend="tilewright")(torch.randn(4, 32))
-    (graph,) = list(tmp_path.iterdir())
+    (graph,) = list(tmp_path.glob("run_*/graph_*"))
     names = {p.name for p in graph.rglob("*") if p.is_file()}
     assert {"fx_graph.py", "kernel_ir.txt", "wrapper.py"} <= names
     assert any("_triton_gemm" in n and n.endswith(".py") for n in names)
@@ -205,3 +205,13 @@ def test_run_time_failure_falls_back_to_aten(monkeypatch):
             out = f(x)
     assert torch.allclose(out, m(x), atol=1e-6)
     assert any("kernel bug" in str(w.message) and "ATen" in str(w.message) for w in caught)
+
+
+def test_unwritable_debug_dir_costs_a_warning_not_the_graph(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    m, x = MLP(), torch.randn(4, 32)
+    with torch.no_grad(), tilewright.config.patch(debug_dir=str(blocker / "dump")), collect_reports() as reports:
+        out = torch.compile(m, backend="tilewright")(x)
+    assert torch.allclose(out, m(x), atol=1e-6)
+    assert reports and not reports[0].fallback and "debug dump" in caplog.text

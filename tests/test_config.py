@@ -54,3 +54,34 @@ def test_docs_list_every_setting():
     doc = (Path(__file__).parents[1] / "docs/config.md").read_text()
     missing = [env for _, env, _, _ in Config.describe() if f"`{env}`" not in doc]
     assert not missing, f"docs/config.md lacks {missing}; regenerate its table from Config.describe()"
+
+
+def test_values_are_checked_when_set_in_code():
+    with pytest.raises(ConfigError, match="must be a bool"):
+        tilewright.config.autotune = "maybe"
+    with pytest.raises(ConfigError, match="below its minimum"):
+        with tilewright.config.patch(max_candidates=0):
+            pass
+    with pytest.raises(ConfigError, match="below its minimum"):
+        Config.from_env({"TILEWRIGHT_BENCH_TIE_PCT": "-5"})
+
+
+def test_a_bad_env_var_does_not_break_import_but_the_first_compile_says_why():
+    import subprocess
+    import sys
+
+    code = """
+import tilewright, torch
+try:
+    torch.compile(torch.nn.Linear(4, 4), backend='tilewright')(torch.randn(2, 4))
+except Exception as e:
+    print('ERR', e)
+"""
+    import os
+
+    env = {**os.environ, "TILEWRIGHT_AUTOTUNE": "maybe"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "TILEWRIGHT_AUTOTUNE" in out.stdout and "not a valid bool" in out.stdout, out.stdout + out.stderr
+    cli = subprocess.run([sys.executable, "-m", "tilewright", "config"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 2 and "TILEWRIGHT_AUTOTUNE" in cli.stdout and "Traceback" not in cli.stderr

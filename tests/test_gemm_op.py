@@ -78,3 +78,19 @@ def test_batched_a_with_shared_2d_b_and_bias():
         with tilewright.config.patch(force_backend=mode):
             out = gemm(a, w.t(), bias)
         assert rel_err(out, a.double() @ w.double().t() + bias.double()) < 1e-5
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"])
+def test_gradients_through_every_activation(activation):
+    a = torch.randn(6, 7, dtype=torch.float64).float().requires_grad_()
+    w = torch.randn(5, 7).requires_grad_()
+    bias, res = torch.randn(5, requires_grad=True), torch.randn(6, 5, requires_grad=True)
+    gemm(a, w.t(), bias, activation=activation, residual=res, alpha=0.5).square().sum().backward()
+    ref_in = [t.detach().clone().requires_grad_() for t in (a, w, bias, res)]
+    act = {"none": lambda z: z, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+           "relu": torch.relu, "gelu": F.gelu, "silu": F.silu, "sigmoid": torch.sigmoid,
+           "tanh": torch.tanh}[activation]
+    a2, w2, b2, r2 = ref_in
+    (act(0.5 * a2 @ w2.t() + b2) + r2).square().sum().backward()
+    for x, y in zip((a, w, bias, res), ref_in):
+        assert rel_err(x.grad, y.grad) < 1e-5, activation

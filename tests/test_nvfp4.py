@@ -192,7 +192,7 @@ def test_quantised_model_has_one_gemm_kernel_per_layer(mode, tmp_path):
         with tilewright.config.patch(force_backend=mode, debug_dir=str(tmp_path)):
             out = torch.compile(m, backend="tilewright")(x)
     assert rel_err(out, eager) < 1e-2  # same quantised arithmetic, up to rounding flips
-    (wrapper,) = list(tmp_path.glob("*/wrapper.py"))
+    (wrapper,) = list(tmp_path.glob("run_*/*/wrapper.py"))
     lines = [ln.strip() for ln in wrapper.read_text().splitlines() if "=" in ln and not ln.strip().startswith("#")]
     launches = [ln for ln in lines if "= gemm_" in ln]
     assert len(launches) == 3, launches

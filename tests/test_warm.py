@@ -218,3 +218,19 @@ def test_a_warmed_llama_compiles_without_benchmarking(tmp_path):
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["gemms"] >= 8 and got["candidates"] >= got["gemms"]
     assert got["measured"] == 0, "the warmed cache must answer every candidate of every GEMM"
+
+
+def test_bias_layers_warm_the_keys_a_linear_looks_up():
+    """Regression: warming from a shapes file only wrote bias-free mm keys, which an
+    nn.Linear(bias=True) never looks up."""
+    import torch
+    import torch.nn as nn
+
+    from tilewright.compiler.capture import ModelSpec, capture_gemms
+
+    captured = capture_gemms(ModelSpec(nn.Linear(384, 1536), (torch.randn(8, 384),)))[0].problem
+    data = load_shapes(ROOT / "bench/cases/llm_gemm_shapes.json")
+    plain = problems_from_shapes(data, models=["all-minilm-l6-v2"], m_values=[8], dtype="fp32")
+    biased = problems_from_shapes(data, models=["all-minilm-l6-v2"], m_values=[8], dtype="fp32", bias=True)
+    assert captured not in [p.problem for p in plain]
+    assert captured in [p.problem for p in biased]

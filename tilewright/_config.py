@@ -131,6 +131,18 @@ class Config:
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
+        self._env_error: ConfigError | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        f = self.__dataclass_fields__.get(name)  # type: ignore[attr-defined]
+        if f is not None:
+            _check_value(f, value)
+        object.__setattr__(self, name, value)
+
+    def raise_env_error(self) -> None:
+        """Raise the ConfigError a ``TILEWRIGHT_*`` variable caused at import, if any."""
+        if self._env_error is not None:
+            raise self._env_error
 
     # -- environment ---------------------------------------------------------------------------
     @classmethod
@@ -145,12 +157,17 @@ class Config:
         return cfg
 
     def reload_env(self, environ: dict[str, str] | None = None) -> None:
-        """Re-read every ``TILEWRIGHT_*`` override (defaults for those unset are kept)."""
+        """Re-read every ``TILEWRIGHT_*`` override (defaults for those unset are kept).
+
+        Raises:
+            ConfigError: a variable's value does not parse or is out of range.
+        """
         environ = os.environ if environ is None else environ
         for f in dataclasses.fields(self):
             raw = environ.get(f.metadata["env"])
             if raw is not None:
                 setattr(self, f.name, _parse(f, raw))
+        self._env_error = None
 
     # -- scoped overrides ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -164,7 +181,7 @@ class Config:
         for name, value in changes.items():
             if name not in names:
                 raise ConfigError(f"unknown setting {name!r}; known: {', '.join(sorted(names))}")
-            _check_choice(names[name], value)
+            _check_value(names[name], value)
         with self._lock:
             old = {name: getattr(self, name) for name in changes}
             for name, value in changes.items():
@@ -193,12 +210,29 @@ class Config:
         return rows
 
 
-def _check_choice(f: dataclasses.Field, value: Any) -> None:
+_TYPES = {"bool": bool, "int": int, "float": (int, float), "str": str}
+
+
+def _check_value(f: dataclasses.Field, value: Any) -> None:
+    """Type, choices and range of a setting's value."""
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    expected = _TYPES.get(kind)
+    if expected is not None and (not isinstance(value, expected)
+                                 or (kind in ("int", "float") and isinstance(value, bool))):
+        raise ConfigError(f"config.{f.name} must be a {kind}, got {value!r} ({f.metadata['env']})")
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise ConfigError(
             f"{f.name}={value!r} is not one of {', '.join(choices)} "
             f"(set {f.metadata['env']} or config.{f.name} to one of those)")
+    low = _MINIMUM.get(f.name)
+    if low is not None and value < low:
+        raise ConfigError(f"{f.name}={value!r} is below its minimum {low} ({f.metadata['env']})")
+
+
+# settings with a lower bound (counts of at least one, non-negative times and percentages)
+_MINIMUM = {"max_candidates": 1, "bench_rep": 1, "bench_warmup": 0, "bench_budget_ms": 0.0,
+            "bench_abort_ratio": 1.0, "bench_tie_pct": 0.0}
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:
@@ -218,9 +252,19 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
             return float(raw)
     except ValueError:
         raise ConfigError(f"{env}={raw!r} is not a valid {kind}; unset it or give a {kind}") from None
-    value = raw.strip()
-    _check_choice(f, value)
-    return value
+    return raw.strip()
 
 
-config = Config.from_env()
+def _from_env_or_defaults() -> Config:
+    """The process's config. A bad ``TILEWRIGHT_*`` value must not make ``import tilewright``
+    fail with a traceback: the defaults are used and the error is raised, with its message, by
+    the first compile, kernel call or command (``Config.raise_env_error``)."""
+    try:
+        return Config.from_env()
+    except ConfigError as e:
+        cfg = Config()
+        cfg._env_error = e
+        return cfg
+
+
+config = _from_env_or_defaults()

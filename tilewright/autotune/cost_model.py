@@ -89,14 +89,14 @@ def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Targe
 
     # DRAM traffic: the tiles of one wave (num_sms of them, GROUP_M rows of tiles by
     # num_sms / GROUP_M columns with the swizzle) fetch their A and B panels once; panels
-    # shared inside the wave come from L2. A wave whose panels overflow L2 re-reads them.
+    # shared inside the wave come from L2. The wave walks K in step, so what L2 must hold at a
+    # time is one K slice of those panels, never the whole K: long K does not spill.
     group = params.get("GROUP_M", 8)
     rows = max(1, min(group, tiles_m))
     cols = max(1, min(math.ceil(target.num_sms / rows), tiles_n))
     waves_total = math.ceil(tiles / (rows * cols)) if tiles else 0
     panel = (rows * bm + cols * bn) * math.ceil(problem.K / split_k) * eb
-    spill = max(1.0, panel / target.l2_bytes)
-    operands = waves_total * panel * spill
+    operands = waves_total * panel
     operands = max(operands, problem.batch * (problem.M * problem.K + problem.K * problem.N) * eb)
     out_and_epilogue = problem.min_bytes - problem.batch * (problem.M * problem.K + problem.K * problem.N) * eb
     out_extra = (split_k - 1) * problem.batch * problem.M * problem.N * 4 * 2  # fp32 partials

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tilewright.errors import TilewrightError
-from tilewright.problem import GEMM_INPUT_DTYPES, GemmProblem
+from tilewright.problem import GEMM_INPUT_DTYPES, EpilogueInput, EpilogueOp, GemmProblem
 
 PHASES = ("decode", "prefill")
 
@@ -67,20 +67,26 @@ def load_shapes(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def _layer_problem(M: int, nk: dict[str, Any], dtype: str, dynamic: frozenset[str]) -> GemmProblem:
+def _layer_problem(M: int, nk: dict[str, Any], dtype: str, dynamic: frozenset[str],
+                   bias: bool = False) -> GemmProblem:
     if nk.get("grouped"):
         experts, top_k = int(nk.get("experts", 1)), int(nk.get("top_k", 1))
         active = max(1, min(experts, M * top_k))
         rows = math.ceil(M * top_k / active)
         return GemmProblem(M=rows, N=nk["N"], K=nk["K"], batch=active, batched=True, dtype=dtype,
                            layout_b="col", op="bmm", dynamic=dynamic)
+    if bias:  # what nn.Linear(bias=True) lowers to: addmm with the bias as a fused add
+        return GemmProblem(M=M, N=nk["N"], K=nk["K"], dtype=dtype, layout_b="col", op="addmm",
+                           dynamic=dynamic, epilogue=(EpilogueOp("add", input=0),),
+                           epilogue_inputs=(EpilogueInput("N", dtype),))
     return GemmProblem(M=M, N=nk["N"], K=nk["K"], dtype=dtype, layout_b="col", op="mm",
                        dynamic=dynamic)
 
 
 def problems_from_shapes(data: dict[str, Any], *, models: Iterable[str] | None = None,
                          phases: Iterable[str] = PHASES, m_values: Iterable[int] | None = None,
-                         dtype: str = "bf16", dynamic: Iterable[str] = ()) -> list[NamedProblem]:
+                         dtype: str = "bf16", dynamic: Iterable[str] = (),
+                         bias: bool = False) -> list[NamedProblem]:
     """Every (model, layer, M) problem of a loaded shapes file, in file order.
 
     Args:
@@ -90,6 +96,8 @@ def problems_from_shapes(data: dict[str, Any], *, models: Iterable[str] | None =
         dtype: input/output dtype ("bf16", "fp16", "fp32").
         dynamic: dims to mark dynamic ("M"), so the keys match a model compiled with dynamic
             shapes; M is then rounded to its bucket.
+        bias: the layers have a bias (``nn.Linear(bias=True)`` lowers to addmm + a fused add,
+            a different problem from the bias-free mm).
 
     Raises:
         ShapesFileError: an unknown model, phase or dtype.
@@ -118,5 +126,5 @@ def problems_from_shapes(data: dict[str, Any], *, models: Iterable[str] | None =
         for layer, nk in data["models"][model].items():
             short = layer.split(" ")[0]
             for M in ms:
-                out.append(NamedProblem(f"{model}.{short}.M{M}", _layer_problem(M, nk, dtype, dyn)))
+                out.append(NamedProblem(f"{model}.{short}.M{M}", _layer_problem(M, nk, dtype, dyn, bias)))
     return out

@@ -7,7 +7,7 @@ import argparse
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tilewright.cli.common import console, csv
+from tilewright.cli.common import console, positive_float, positive_int, target_list
 
 DEFAULT_TARGETS = "sm_90a,sm_100a,gfx950,gfx1250"
 
@@ -26,7 +26,7 @@ def cmd_aot(args: argparse.Namespace) -> int:
         def landed(result) -> None:
             progress.update(task, advance=1, last=f"{result.status:7s} {result.name}")
 
-        report = aot.build(args.model, csv(args.target), args.out, train=args.train,
+        report = aot.build(args.model, args.target, args.out, train=args.train,
                            per_template=args.per_template, workers=args.jobs,
                            timeout_s=args.timeout, check=args.verify,
                            on_planned=planned, on_result=landed)
@@ -69,14 +69,14 @@ def add_parser(sub) -> None:
     a = sub.add_parser("aot", help="build a model's kernels ahead of time for other GPUs")
     a.add_argument("model", help="package.module:callable returning (model, example_inputs), "
                                  "or a torch.export .pt2 file; e.g. tilewright.demo.models:llama_example")
-    a.add_argument("--target", default=DEFAULT_TARGETS,
+    a.add_argument("--target", type=target_list, default=DEFAULT_TARGETS,
                    help=f"comma-separated targets (default {DEFAULT_TARGETS}); see `tilewright targets`")
     a.add_argument("--out", default="aot-build", help="output folder (default ./aot-build)")
     a.add_argument("--train", action="store_true", help="also build the backward graph's kernels")
-    a.add_argument("--per-template", type=int, default=1,
+    a.add_argument("--per-template", type=positive_int, default=1,
                    help="best-ranked settings built per template and problem (default 1)")
-    a.add_argument("--jobs", type=int, default=2, help="compile processes at once (default 2)")
-    a.add_argument("--timeout", type=float, default=600.0, help="seconds before a compile is killed")
+    a.add_argument("--jobs", type=positive_int, default=2, help="compile processes at once (default 2)")
+    a.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before a compile is killed")
     a.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check each kernel's instructions against its template's promise (default on)")
     a.set_defaults(fn=cmd_aot)

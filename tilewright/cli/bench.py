@@ -87,7 +87,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         write_html(cmp, args.html)
         console.print(f"wrote {args.html}")
     counts = ", ".join(f"{v} {cmp.count(v)}"
-                       for v in ("regression", "missing", "improvement", "same", "noisy"))
+                       for v in ("regression", "error", "missing", "improvement", "same", "noisy"))
     gm = cmp.geomean_speedup("new")
     console.print(f"{'PASS' if cmp.passed else 'FAIL'}: {counts}; geomean speed-up vs ATen "
                   f"{_f(gm, '.3f')}")

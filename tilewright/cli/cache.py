@@ -6,7 +6,7 @@ import argparse
 
 from rich.table import Table
 
-from tilewright.cli.common import console
+from tilewright.cli.common import console, target_name
 
 
 def open_cache(args: argparse.Namespace):
@@ -78,12 +78,12 @@ def add_parser(sub) -> None:
         return p
 
     ls = common(csub.add_parser("list", help="one line per tuned problem"))
-    ls.add_argument("--target", help="only this target, e.g. cuda:sm_90a")
+    ls.add_argument("--target", type=target_name, help="only this target, e.g. cuda:sm_90a")
     ls.add_argument("--all", action="store_true", help="include problems of other versions")
     ls.set_defaults(fn=cmd_list)
     ex = common(csub.add_parser("export", help="write the results to one .json or .sqlite file"))
     ex.add_argument("file")
-    ex.add_argument("--target", help="only this target")
+    ex.add_argument("--target", type=target_name, help="only this target")
     ex.add_argument("--current-only", action="store_true",
                     help="only records valid for the installed versions and templates")
     ex.set_defaults(fn=cmd_export)

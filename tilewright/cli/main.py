@@ -27,12 +27,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from tilewright import config
     from tilewright.errors import TilewrightError
 
     try:
+        config.raise_env_error()
         return args.fn(args)
+    except KeyboardInterrupt:
+        common.console.print("[yellow]interrupted[/yellow]")
+        return 130
     except TilewrightError as e:
         common.console.print(f"[red]error:[/red] {e}")
+        return 2
+    except Exception as e:  # noqa: BLE001 - a command line shows a message, -v the traceback
+        if args.verbose:
+            raise
+        common.console.print(f"[red]error:[/red] {type(e).__name__}: {e}  (-v shows the traceback)")
         return 2
 
 

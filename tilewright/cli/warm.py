@@ -8,7 +8,7 @@ import json
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tilewright.cli.common import console, csv
+from tilewright.cli.common import console, csv, positive_int
 
 
 def load_factory(spec: str | None):
@@ -28,6 +28,21 @@ def load_factory(spec: str | None):
     return obj() if callable(obj) and not hasattr(obj, "build") else obj
 
 
+def _m_values(text: str) -> list[int]:
+    values = [positive_int(m) for m in csv(text)]
+    if not values:
+        raise argparse.ArgumentTypeError("no M value given")
+    return values
+
+
+def _dims(text: str) -> list[str]:
+    dims = csv(text)
+    bad = [d for d in dims if d not in ("M", "N", "K")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"dynamic dims must be among M, N, K, not {', '.join(bad)}")
+    return dims
+
+
 def gather_problems(args: argparse.Namespace):
     """NamedProblems from a shapes file or a ``module:callable`` model spec."""
     from pathlib import Path
@@ -43,8 +58,8 @@ def gather_problems(args: argparse.Namespace):
     data = load_shapes(args.shapes)
     return problems_from_shapes(
         data, models=csv(args.models) if args.models else None,
-        phases=csv(args.phases), m_values=[int(m) for m in csv(args.m)] if args.m else None,
-        dtype=args.dtype, dynamic=csv(args.dynamic) if args.dynamic else ())
+        phases=csv(args.phases), m_values=args.m, dtype=args.dtype, dynamic=args.dynamic or (),
+        bias=args.bias)
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
@@ -95,10 +110,13 @@ def add_parser(sub) -> None:
     w.add_argument("--target", default="cpu", help="target to tune for (must be this machine's)")
     w.add_argument("--models", help="comma-separated models of the shapes file (default all)")
     w.add_argument("--phases", default="decode,prefill", help="decode and/or prefill M lists")
-    w.add_argument("--m", help="comma-separated M values instead of the file's lists")
+    w.add_argument("--m", type=_m_values, help="comma-separated M values instead of the file's lists")
     w.add_argument("--dtype", default="bf16", help="fp32, fp16 or bf16 (shapes files)")
-    w.add_argument("--dynamic", help="dims to mark dynamic, e.g. M: keys then match a model "
+    w.add_argument("--dynamic", type=_dims, help="dims to mark dynamic, e.g. M: keys then match a model "
                                      "compiled with dynamic shapes")
+    w.add_argument("--bias", action="store_true",
+                   help="shapes files: the layers have a bias (nn.Linear's default), which "
+                        "compiles to a different problem (addmm + add) than a bias-free mm")
     w.add_argument("--max-m", type=int, help="tune dynamic M buckets up to this size")
     w.add_argument("--train", action="store_true", help="models: also collect backward GEMMs")
     w.add_argument("--cache", help="tuning cache file (default <cache_dir>/autotune/tuning.json)")

@@ -69,7 +69,12 @@ def _compile_or_fallback(gm: fx.GraphModule, example_inputs: list[Any], *, kind:
 
 
 def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
-    """Dynamo backend entry point (``backend="tilewright"``)."""
+    """Dynamo backend entry point (``backend="tilewright"``).
+
+    Raises:
+        ConfigError: a ``TILEWRIGHT_*`` environment variable has a bad value.
+    """
+    config.raise_env_error()
     backend = aot_autograd(
         fw_compiler=functools.partial(_compile_or_fallback, kind="forward"),
         bw_compiler=functools.partial(_compile_or_fallback, kind="backward"),

@@ -45,6 +45,8 @@ class ModelSpec:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     name: str = ""
+    # positional input -> its dims that are dynamic (from an exported program's symbolic shapes)
+    dynamic: dict[int, list[int]] = field(default_factory=dict)
 
 
 def load_model(spec: str) -> ModelSpec:
@@ -60,9 +62,12 @@ def load_model(spec: str) -> ModelSpec:
         path = Path(spec)
         if not path.is_file():
             raise InvalidInputError(f"no exported program at {spec}")
-        ep = torch.export.load(str(path))
+        try:
+            ep = torch.export.load(str(path))
+        except Exception as e:  # noqa: BLE001 - torch raises zip, pickle and runtime errors here
+            raise InvalidInputError(f"{spec} is not a loadable torch.export program ({type(e).__name__}: {e})") from e
         args, kwargs = ep.example_inputs if ep.example_inputs is not None else ((), {})
-        return ModelSpec(ep.module(), tuple(args), dict(kwargs), path.stem)
+        return ModelSpec(ep.module(), tuple(args), dict(kwargs), path.stem, _exported_dynamic_dims(ep))
     if ":" not in spec:
         raise InvalidInputError(
             f"model {spec!r}: give 'package.module:callable' (returning (model, example_inputs)) "
@@ -72,13 +77,32 @@ def load_model(spec: str) -> ModelSpec:
         fn = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as e:
         raise InvalidInputError(f"model {spec!r}: cannot import {attr!r} from {mod_name!r} ({e})") from e
-    got = fn()
+    if not callable(fn):
+        raise InvalidInputError(f"model {spec!r}: {attr} is a {type(fn).__name__}, not a callable")
+    try:
+        got = fn()
+    except Exception as e:  # noqa: BLE001 - the user's factory failed: say so, with its error
+        raise InvalidInputError(f"model {spec!r}: calling {attr}() failed: {type(e).__name__}: {e}") from e
     if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
         return ModelSpec(got[0], (), got[1], spec)
     if isinstance(got, tuple) and len(got) in (2, 3):
         args = got[1] if isinstance(got[1], tuple) else (got[1],)
         return ModelSpec(got[0], args, got[2] if len(got) == 3 else {}, spec)
     raise InvalidInputError(f"model {spec!r} returned {type(got).__name__}; expected (model, example_inputs)")
+
+
+def _exported_dynamic_dims(ep: Any) -> dict[int, list[int]]:
+    """Which dims of each positional user input the exported program keeps symbolic."""
+    user_inputs = [n for n in ep.graph.nodes if n.op == "placeholder"
+                   and n.name in set(ep.graph_signature.user_inputs)]
+    out: dict[int, list[int]] = {}
+    for i, node in enumerate(user_inputs):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            dims = [d for d, size in enumerate(val.shape) if isinstance(size, torch.SymInt)]
+            if dims:
+                out[i] = dims
+    return out
 
 
 def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphModule]:
@@ -94,6 +118,8 @@ def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphMo
     backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
                            inference_compiler=keep("inference"), decompositions=decomposition_table())
     torch._dynamo.reset()
+    for i, dims in spec.dynamic.items():  # keep an export's symbolic sizes symbolic
+        torch._dynamo.mark_dynamic(spec.args[i], dims)
     compiled = torch.compile(spec.model, backend=backend)
     if train:
         out = compiled(*spec.args, **spec.kwargs)

@@ -11,6 +11,7 @@ graph, kernel IR, rendered kernels and wrapper into a folder of its own.
 from __future__ import annotations
 
 import contextlib
+import os
 import itertools
 import json
 import logging
@@ -104,7 +105,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
                     for name, c in calls.items()}
         codegen = WrapperCodegen(kg, gm, describe)
         source = codegen.generate()
-        debug = _dump(report, gm, kg, calls, source) if config.debug_dir else None
+        debug = _dump_or_warn(report, gm, kg, calls, source) if config.debug_dir else None
         fn = load_wrapper(source, calls, codegen.consts, filename=debug)
     report.gemm_nodes = len(kg.gemms)
     report.extern_nodes = len(kg.nodes) - len(kg.gemms)
@@ -113,9 +114,23 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
     return fn
 
 
+_RUN = f"run_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}"
+
+
+def _dump_or_warn(report: GraphReport, gm: fx.GraphModule, kg: KernelGraph,
+                  calls: dict[str, GemmCall], source: str) -> str | None:
+    """Dump for humans; a dump that cannot be written costs a warning, never the graph."""
+    try:
+        return _dump(report, gm, kg, calls, source)
+    except OSError as e:
+        log.warning("cannot write the debug dump to %s (%s); compiling without it", config.debug_dir, e)
+        return None
+
+
 def _dump(report: GraphReport, gm: fx.GraphModule, kg: KernelGraph, calls: dict[str, GemmCall],
           source: str) -> str:
-    folder = Path(config.debug_dir) / f"graph_{report.graph_id:03d}_{report.kind}"
+    # one folder per process run, so a second run never overwrites the first one's graphs
+    folder = Path(config.debug_dir) / _RUN / f"graph_{report.graph_id:03d}_{report.kind}"
     (folder / "kernels").mkdir(parents=True, exist_ok=True)
     report.debug_dir = str(folder)
     (folder / "fx_graph.py").write_text(gm.print_readable(print_output=False))

@@ -54,23 +54,36 @@ class CaseResult:
     dtype: str
     tolerance: float
     errors: dict[str, float] = field(default_factory=dict)
+    bounds: dict[str, float] = field(default_factory=dict)  # per error; else ``tolerance``
     compile_s: float = 0.0
     run_ms: float = 0.0
     graphs: list[GraphReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def bound(self, name: str) -> float:
+        return self.bounds.get(name, self.tolerance)
+
+    @property
+    def worst(self) -> tuple[str, float, float]:
+        """(name, error, bound) of the error closest to (or furthest past) its bound."""
+        name = max(self.errors, key=lambda k: self.errors[k] / self.bound(k))
+        return name, self.errors[name], self.bound(name)
+
     @property
     def max_error(self) -> float:
-        return max(self.errors.values(), default=float("nan"))
+        return self.worst[1] if self.errors else float("nan")
 
     @property
     def passed(self) -> bool:
-        return not self.problems and bool(self.errors) and self.max_error <= self.tolerance
+        return not self.problems and bool(self.errors) and all(
+            v <= self.bound(k) for k, v in self.errors.items())
 
     def to_json(self) -> dict:
         return {"case": self.case, "mode": self.mode, "dtype": self.dtype,
-                "tolerance": self.tolerance, "errors": self.errors, "max_error": self.max_error,
+                "tolerance": self.worst[2] if self.errors else self.tolerance,
+                "errors": self.errors, "bounds": {k: self.bound(k) for k in self.errors},
+                "max_error": self.max_error,
                 "compile_s": self.compile_s, "run_ms": self.run_ms, "passed": self.passed,
                 "problems": self.problems, "notes": self.notes,
                 "graphs": [g.to_json() for g in self.graphs]}
@@ -128,14 +141,17 @@ def _llama_bf16_decode(result: CaseResult) -> None:
 
 
 def _minilm_nvfp4(result: CaseResult) -> None:
-    """Judged against eager MiniLM on the dequantised weights. Activations are quantised too
-    (W4A4), so some error is expected: the bound is that of the same NVFP4 model run eagerly
-    (measured here), with 15% headroom for rounding-flips of quantised activations."""
+    """Judged two ways. Against eager MiniLM on the dequantised weights: activations are
+    quantised too (W4A4), so the bound is the error of the same NVFP4 model run eagerly
+    (measured here) plus 15%. Against that eager NVFP4 model directly: the same arithmetic up to
+    rounding, except that a value landing on an E2M1 rounding boundary can quantise one step
+    differently and the flip compounds over 6 layers (measured 2e-2): bound 5e-2."""
     model, reference = models.minilm_nvfp4()
     feats = models.minilm_inputs(model)
     with torch.no_grad():
         ref = reference(dict(feats))["sentence_embedding"]
-        expected = rel_err(model(dict(feats))["sentence_embedding"], ref)
+        eager = model(dict(feats))["sentence_embedding"]
+        expected = rel_err(eager, ref)
         compiled = torch.compile(model, backend="tilewright", fullgraph=True)
         t0 = time.perf_counter()
         out = compiled(dict(feats))["sentence_embedding"]
@@ -146,6 +162,8 @@ def _minilm_nvfp4(result: CaseResult) -> None:
             result.run_ms = (time.perf_counter() - t0) * 1e3
     result.tolerance = expected * 1.15
     result.errors["embedding vs dequantised-weights eager"] = rel_err(out, ref)
+    result.errors["embedding vs eager NVFP4"] = rel_err(out, eager)
+    result.bounds["embedding vs eager NVFP4"] = 5e-2
     result.notes.append(f"expected NVFP4 (W4A4) error, eager: {expected:.3e}; min cosine vs "
                         f"reference {torch.nn.functional.cosine_similarity(out, ref).min().item():.4f}")
 

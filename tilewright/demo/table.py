@@ -49,7 +49,8 @@ def summary_table(results: list[CaseResult]) -> Table:
         fused = sum(g.fused_nodes for g in r.graphs)
         verdict = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
         table.add_row(r.case, r.mode, r.dtype, str(gemms), str(fused), f"{r.compile_s:.1f}",
-                      f"{r.run_ms:.1f}" if r.run_ms else "-", f"{r.max_error:.2e}", f"{r.tolerance:.2g}", verdict)
+                      f"{r.run_ms:.1f}" if r.run_ms else "-", f"{r.max_error:.2e}",
+                      f"{r.worst[2]:.2g}" if r.errors else "-", verdict)
     return table
 
 
@@ -58,7 +59,7 @@ def print_results(results: list[CaseResult], console: Console | None = None) -> 
     for r in results:
         console.print(gemm_table(r))
         for k, v in r.errors.items():
-            console.print(f"  rel err {k}: {v:.3e} (bound {r.tolerance:.0e})")
+            console.print(f"  rel err {k}: {v:.3e} (bound {r.bound(k):.2g})")
         for n in r.notes:
             console.print(f"  {n}")
         for p in r.problems:

@@ -73,9 +73,11 @@ _tuned_lock = threading.Lock()
 
 def tuned_launcher(problem: GemmProblem, device: torch.device):
     """The autotuner's choice for ``problem`` on ``device``, built (once per process)."""
+    from tilewright._config import config
     from tilewright.autotune.select import select_gemm
     from tilewright.runtime.targets import detect_target
 
+    config.raise_env_error()
     target = detect_target(device)
     key = (problem, target.name)
     launch = _tuned.get(key)

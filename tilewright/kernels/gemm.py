@@ -38,7 +38,8 @@ def _pattern(t: torch.Tensor, out_shape: tuple[int, ...], what: str) -> str:
         if size != out_shape[j]:
             raise InvalidInputError(
                 f"{what} of shape {tuple(t.shape)} does not broadcast to the output "
-                f"{tuple(out_shape)}; give it shape (N,), (M, 1) or {tuple(out_shape)}")
+                f"{tuple(out_shape)}; give it shape ({out_shape[-1]},) (one per column), "
+                f"({out_shape[-2]}, 1) (one per row) or {tuple(out_shape)}")
         varies.append(dims[j])
     return "".join(varies)
 
@@ -67,7 +68,8 @@ def validate(a: torch.Tensor, b: torch.Tensor, tensors: dict[str, torch.Tensor |
             raise InvalidInputError(
                 f"gemm: a is on {a.device} but {name} is on {t.device}; move them to one device")
         if name != "b" and DTYPE_NAMES.get(t.dtype) not in GEMM_INPUT_DTYPES:
-            raise InvalidInputError(f"gemm: {name} has dtype {t.dtype}; use a float tensor")
+            raise InvalidInputError(
+                f"gemm: {name} has dtype {t.dtype}; use float32, float16 or bfloat16 (e.g. {name}.float())")
 
 
 def gemm_impl(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
@@ -146,20 +148,25 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     return torch.ops.tilewright.gemm(a, b, bias, residual, activation, float(alpha), out_dtype)
 
 
-# the kernel is differentiable through ATen formulas: d(a@b) needs no custom kernel here
+# Backward in ATen: d(a @ b) needs no kernel of ours. With an activation, the pre-activation
+# alpha * a @ b + bias is recomputed (cheaper than saving it) and autograd differentiates the
+# activation; the residual's gradient is the incoming one.
+_ACTIVATIONS = {
+    "relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+    "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh"),
+    "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+}
+
+
 def _setup_context(ctx, inputs, output):
     a, b, bias, residual, activation, alpha, out_dtype = inputs
-    if activation != "none":
-        ctx.unsupported = f"activation {activation!r}"
-    ctx.save_for_backward(a, b)
-    ctx.has_bias = bias is not None
-    ctx.bias_shape = tuple(bias.shape) if bias is not None else None
-    ctx.has_residual = residual is not None
+    ctx.save_for_backward(a, b, bias)
+    ctx.activation, ctx.alpha = activation, alpha
     ctx.residual_shape = tuple(residual.shape) if residual is not None else None
-    ctx.alpha = alpha
 
 
 def _reduce_to(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Sum ``grad`` over the dims a broadcast operand of ``shape`` was expanded along."""
     while grad.dim() > len(shape):
         grad = grad.sum(0)
     for i, s in enumerate(shape):
@@ -169,18 +176,20 @@ def _reduce_to(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _backward(ctx, grad):
-    if getattr(ctx, "unsupported", None):
-        raise NotImplementedError(
-            f"tilewright.kernels.gemm has no backward for {ctx.unsupported}; apply the activation "
-            "outside gemm when training")
-    a, b = ctx.saved_tensors
-    g = grad.to(a.dtype) * ctx.alpha
-    ga = g @ b.transpose(-1, -2)
-    gb = a.transpose(-1, -2) @ g
-    ga = _reduce_to(ga, tuple(a.shape))
-    gb = _reduce_to(gb, tuple(b.shape))
-    gbias = _reduce_to(grad, ctx.bias_shape) if ctx.has_bias else None
-    gres = _reduce_to(grad, ctx.residual_shape) if ctx.has_residual else None
+    a, b, bias = ctx.saved_tensors
+    g = grad
+    if ctx.activation != "none":
+        with torch.enable_grad():
+            z = (ctx.alpha * torch.matmul(a.detach(), b.detach())).float()
+            if bias is not None:
+                z = z + bias.detach().float()
+            z.requires_grad_(True)
+            (g,) = torch.autograd.grad(_ACTIVATIONS[ctx.activation](z), z, grad.float())
+    gbias = _reduce_to(g, tuple(bias.shape)).to(bias.dtype) if bias is not None else None
+    g = g.to(a.dtype) * ctx.alpha
+    ga = _reduce_to(g @ b.transpose(-1, -2), tuple(a.shape))
+    gb = _reduce_to(a.transpose(-1, -2) @ g, tuple(b.shape))
+    gres = _reduce_to(grad, ctx.residual_shape) if ctx.residual_shape is not None else None
     return ga, gb, gbias, gres, None, None, None
 
 

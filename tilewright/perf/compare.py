@@ -101,8 +101,15 @@ def compare(base: dict[str, Any], new: dict[str, Any], max_regression: float = 0
     """Compare two results documents (see the module docstring for the rule).
 
     Raises:
-        CompareError: the two were measured on different targets.
+        CompareError: the two were measured on different targets, or are different suites.
     """
+    for doc, which in ((base, "baseline"), (new, "new results")):
+        if not isinstance(doc.get("env"), dict) or not isinstance(doc.get("results"), list):
+            raise CompareError(f"the {which} is not a `tilewright bench run` results file "
+                               "(it needs 'env' and 'results')")
+    if base.get("suite") and new.get("suite") and base["suite"] != new["suite"]:
+        raise CompareError(f"the baseline is suite {base['suite']!r} but the new results are "
+                           f"{new['suite']!r}: compare runs of the same suite")
     bt, nt = base["env"]["target"], new["env"]["target"]
     if bt != nt:
         raise CompareError(

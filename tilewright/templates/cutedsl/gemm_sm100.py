@@ -66,8 +66,8 @@ class CuteGemmSm100(CuteDslGemm):
         # (BLOCK_M, BLOCK_N, CTA_GROUP): the 2-CTA 256x256 MMA for big problems, smaller tiles
         # when few tiles would leave SMs idle, BLOCK_M = 64 for decode-sized M
         shapes = [(128, 256, 2), (128, 256, 1), (128, 128, 2), (128, 128, 1), (128, 64, 1)]
-        if problem.M <= 64:
-            shapes = [(64, 128, 1), (64, 64, 1), (64, 256, 1)] + shapes
+        if problem.M <= 64:  # decode: 64-row MMAs only
+            shapes = [(64, 128, 1), (64, 64, 1), (64, 256, 1)]
         out = []
         for bm, bn, group in shapes:
             stages = useful_stages(problem, bk, max_stages(bm, bn // group, bk, eb))

@@ -74,8 +74,8 @@ class CuteGemmSm90(CuteDslGemm):
         # tile with a 2x1 cluster for big problems, down to one consumer group for decode
         shapes = [(128, 256, 2, 2, 1), (128, 256, 2, 1, 1), (256, 128, 2, 1, 1), (128, 128, 2, 1, 2),
                   (128, 128, 1, 1, 1), (128, 64, 1, 1, 1)]
-        if problem.M <= 64:
-            shapes = [(64, 128, 1, 1, 1), (64, 256, 1, 1, 1), (64, 64, 1, 1, 1)] + shapes
+        if problem.M <= 64:  # decode: the smallest wgmma row count, never a 128-row tile
+            shapes = [(64, 128, 1, 1, 1), (64, 256, 1, 1, 1), (64, 64, 1, 1, 1)]
         out = []
         for bm, bn, consumers, cm, cn in shapes:
             per_stage = smem_bytes(bm, bn, bk, 1, eb)
