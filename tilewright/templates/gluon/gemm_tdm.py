@@ -17,7 +17,7 @@ from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, Support,
 )
-from tilewright.templates.triton.gemm import TRITON_POINTER, TritonGemm
+from tilewright.templates.triton.gemm import TRITON_POINTER, TritonGemm, divisible_sizes
 
 
 def warp_bases(num_warps: int) -> tuple[tuple[int, int], ...]:
@@ -88,8 +88,7 @@ class GluonGemmTdm(TritonGemm):
         constexprs.update(NUM_BUFFERS=params["num_stages"], TRANSPOSE_B=problem.layout_b == "col",
                           WARP_BASES=warp_bases(params["num_warps"]), stride_cn=1)
         constexprs["stride_bk" if problem.layout_b == "col" else "stride_bn"] = 1
-        divisible = list(pointers) + [n for n, v in (("M", problem.M), ("N", problem.N), ("K", problem.K))
-                                      if n not in problem.dynamic and v % 16 == 0]
+        divisible = list(pointers) + divisible_sizes(problem)
         return AotSpec(self.kernel_name, "gluon", pointers, constexprs, tuple(divisible),
                        {"num_warps": params["num_warps"]})
 

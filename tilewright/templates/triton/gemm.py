@@ -52,6 +52,18 @@ def needs_int64(problem: GemmProblem) -> bool:
 PTX_DTYPE = {"bf16": "bf16", "fp16": "f16", "fp32": "tf32", "fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
 
 
+def epilogue_unit_strides(problem: GemmProblem) -> dict[str, int]:
+    """Epilogue inputs that vary along N are contiguous there: their N stride is a constexpr 1."""
+    return {f"stride_e{i}n": 1 for i, inp in enumerate(problem.epilogue_inputs)
+            if inp.broadcast.endswith("N")}
+
+
+def divisible_sizes(problem: GemmProblem) -> list[str]:
+    """M, N and K when static and a multiple of 16, the hint Triton specializes loads on."""
+    return [n for n, v in (("M", problem.M), ("N", problem.N), ("K", problem.K))
+            if n not in problem.dynamic and v % 16 == 0]
+
+
 def mma_checks(problem: GemmProblem, params: Params, target: Target) -> list[InstructionCheck]:
     """The matrix instructions a Triton dot of this shape and dtype lowers to on ``target``.
 
@@ -197,16 +209,12 @@ class TritonGemm(TemplateSpec):
             units.pop("stride_am")
         if problem.layout_b == "strided":
             units.pop("stride_bk")
-        for i, inp in enumerate(problem.epilogue_inputs):
-            if inp.broadcast.endswith("N"):
-                units[f"stride_e{i}n"] = 1
-        return units
+        return units | epilogue_unit_strides(problem)
 
     def divisible(self, problem: GemmProblem) -> list[str]:
         """Size and stride arguments that are multiples of 16 at the problem's sizes."""
         dyn = problem.dynamic
-        values = {"M": problem.M, "N": problem.N, "K": problem.K}
-        names = [n for n, v in values.items() if n not in dyn and v % 16 == 0]
+        names = divisible_sizes(problem)
         outer = {"stride_am": problem.K if problem.layout_a == "row" else None,
                  "stride_ak": problem.M if problem.layout_a == "col" else None,
                  "stride_bk": problem.N if problem.layout_b == "row" else None,

@@ -12,7 +12,9 @@ from tilewright.runtime.targets import Target, triton_can_target, triton_version
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, Support, powers_of_two,
 )
-from tilewright.templates.triton.gemm import TRITON_POINTER, TritonGemm, mma_checks
+from tilewright.templates.triton.gemm import (
+    TRITON_POINTER, TritonGemm, divisible_sizes, epilogue_unit_strides, mma_checks,
+)
 
 
 class TritonGemmNvfp4(TritonGemm):
@@ -67,13 +69,9 @@ class TritonGemmNvfp4(TritonGemm):
         for i, inp in enumerate(problem.epilogue_inputs):
             pointers[f"E{i}"] = TRITON_POINTER[inp.dtype]
         constexprs: dict[str, Any] = {k: params[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
-        constexprs["stride_cn"] = 1
-        for i, inp in enumerate(problem.epilogue_inputs):
-            if inp.broadcast.endswith("N"):
-                constexprs[f"stride_e{i}n"] = 1
+        constexprs.update(stride_cn=1, **epilogue_unit_strides(problem))
         dyn = problem.dynamic
-        divisible = [n for n, v in (("M", problem.M), ("N", problem.N), ("K", problem.K))
-                     if n not in dyn and v % 16 == 0]
+        divisible = divisible_sizes(problem)
         if "K" not in dyn and problem.K % 32 == 0:
             divisible += ["stride_am", "stride_bn"]
         if "N" not in dyn and problem.N % 16 == 0:

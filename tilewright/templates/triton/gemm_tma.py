@@ -16,7 +16,9 @@ from typing import Any
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import InstructionCheck, ParamSpace, Params, Support
-from tilewright.templates.triton.gemm import CORE_KNOBS, TritonGemm, mma_checks
+from tilewright.templates.triton.gemm import (
+    CORE_KNOBS, TritonGemm, divisible_sizes, epilogue_unit_strides, mma_checks,
+)
 
 
 class TritonGemmTma(TritonGemm):
@@ -63,16 +65,11 @@ class TritonGemmTma(TritonGemm):
         return ctx
 
     def unit_strides(self, problem: GemmProblem, params: Params | None = None) -> dict[str, int]:
-        units = {"stride_cn": 1}
-        for i, inp in enumerate(problem.epilogue_inputs):
-            if inp.broadcast.endswith("N"):
-                units[f"stride_e{i}n"] = 1
-        return units
+        return {"stride_cn": 1} | epilogue_unit_strides(problem)
 
     def divisible(self, problem: GemmProblem) -> list[str]:
         dyn = problem.dynamic
-        names = [n for n, v in (("M", problem.M), ("N", problem.N), ("K", problem.K))
-                 if n not in dyn and v % 16 == 0]
+        names = divisible_sizes(problem)
         outer_a = ("K", problem.K) if problem.layout_a == "row" else ("M", problem.M)
         outer_b = ("N", problem.N) if problem.layout_b == "row" else ("K", problem.K)
         for arg, (dim, v) in (("stride_a", outer_a), ("stride_b", outer_b), ("stride_cm", ("N", problem.N))):
