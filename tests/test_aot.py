@@ -18,7 +18,7 @@ from tilewright.compiler.capture import CapturedGemm, ModelSpec
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 from tilewright.runtime.aot import CompileJob, compile_jobs
-from tilewright.runtime.targets import TARGETS, get_target
+from tilewright.runtime.targets import TARGETS, get_target, triton_can_target
 from tilewright.runtime.verify import InstructionCheck, verify
 from tilewright.templates import all_templates, get_template
 
@@ -56,7 +56,9 @@ def big_tile(template, target, problem=BF16) -> dict:
 @pytest.mark.slow
 def test_every_template_compiles_for_every_target_it_claims(tmp_path):
     cases = list(pairs())
-    assert {c.values[1].name for c in cases} >= {"cuda:sm_90a", "cuda:sm_100a", "hip:gfx950", "hip:gfx1250"}
+    claimed = {"cuda:sm_90a", "cuda:sm_100a", "hip:gfx950", "hip:gfx1250"}
+    claimed = {t for t in claimed if triton_can_target(get_target(t)) is None}  # gfx1250 needs triton 3.9
+    assert {c.values[1].name for c in cases} >= claimed
     jobs, meta = [], {}
     for case in cases:
         template, target, problem = case.values
@@ -179,7 +181,8 @@ def test_build_writes_a_complete_manifest_and_rebuilds_nothing(tmp_path):
             import hashlib
 
             assert hashlib.sha256(data).hexdigest() == k["hashes"][stage]
-    assert any(k["template"] == "gluon.gemm_tdm" for k in manifest["kernels"])
+    if triton_can_target(get_target("gfx1250")) is None:  # triton < 3.9 refuses gfx1250 kernels
+        assert any(k["template"] == "gluon.gemm_tdm" for k in manifest["kernels"])
     assert any(k["template"] == "triton.gemm_tma" for k in manifest["kernels"])
     again = aot.build(spec, targets, tmp_path, workers=2)
     assert {k.result.status for k in again.kernels} == {"cached"}

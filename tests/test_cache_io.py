@@ -111,3 +111,14 @@ def test_cli_cache_commands(filled, tmp_path, capsys):
     assert main(["cache", "prune", "--all", "--cache", str(fresh)]) == 0
     assert "removed 3 records" in capsys.readouterr().out
     assert main(["cache", "import", str(tmp_path / "nope.json"), "--cache", str(fresh)]) == 2
+
+
+def test_cli_prints_brackets_in_paths_and_errors_as_written(filled, tmp_path, capsys):
+    # rich markup would eat "[plot]" and "[bold]"; the CLI must print data verbatim
+    odd = tmp_path / "run[bold] tilewright[plot]"
+    odd.mkdir()
+    assert main(["cache", "import", str(odd / "nope.json"), "--cache", str(filled.path)]) == 2
+    out = capsys.readouterr().out.replace("\n", "")
+    assert out.startswith("error:") and "run[bold] tilewright[plot]" in out
+    assert main(["cache", "export", str(odd / "ship.json"), "--cache", str(filled.path)]) == 0
+    assert "run[bold] tilewright[plot]/ship.json" in capsys.readouterr().out.replace("\n", "")

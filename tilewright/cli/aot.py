@@ -6,6 +6,7 @@ import argparse
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from tilewright.cli.common import console, positive_float, positive_int, target_list
 
@@ -16,7 +17,7 @@ def cmd_aot(args: argparse.Namespace) -> int:
     from tilewright.compiler import aot
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console)
+                        TimeElapsedColumn(), TextColumn("{task.fields[last]}", markup=False), console=console)
     with progress:
         task = progress.add_task("lowering", total=None, last="")
 
@@ -43,25 +44,26 @@ def cmd_aot(args: argparse.Namespace) -> int:
         if k.verified is None:
             check = "-"
         elif k.verified:
-            check = "[green]ok[/green] " + " ".join(f"{pat.split(chr(92))[0]}×{n}" for pat, n in k.verify_counts.items())
+            check = Text.assemble(("ok ", "green"), " ".join(f"{pat.split(chr(92))[0]}×{n}"
+                                                             for pat, n in k.verify_counts.items()))
         else:
-            check = "[red]" + "; ".join(k.verify_failures) + "[/red]"
+            check = Text("; ".join(k.verify_failures), style="red")
         table.add_row(k.target.name, f"{p.op} {p.M}x{p.N}x{p.K} {p.describe_epilogue()}", k.template.id,
-                      tile, f"{k.predicted_ms:.4f}", k.bound, f"[{color}]{status}[/{color}]",
+                      tile, f"{k.predicted_ms:.4f}", k.bound, Text(status, style=color),
                       f"{k.result.seconds:.1f}" if k.result else "-", check)
     console.print(table)
     for k in report.failed:
-        console.print(f"[red]{k.name}: {k.result.status if k.result else 'not built'}[/red] "
-                      f"{(k.result.error if k.result else '').strip()[-600:]}")
+        console.print(Text.assemble((f"{k.name}: {k.result.status if k.result else 'not built'} ", "red"),
+                                    (k.result.error if k.result else "").strip()[-600:]))
     if report.refused:
         console.print(f"{len(report.refused)} (template, target, problem) pairs refused before "
                       "compiling; reasons in manifest.json")
     if not report.ok:
-        console.print(f"[red]{len(report.failed)} kernels failed to build, "
-                      f"{len(report.verify_failed)} failed their instruction checks[/red]")
+        console.print(f"{len(report.failed)} kernels failed to build, "
+                      f"{len(report.verify_failed)} failed their instruction checks", style="red")
         return 1
-    console.print(f"[green]all {len(report.kernels)} kernels built"
-                  f"{' and passed their instruction checks' if args.verify else ''}[/green]")
+    console.print(f"all {len(report.kernels)} kernels built"
+                  f"{' and passed their instruction checks' if args.verify else ''}", style="green")
     return 0
 
 

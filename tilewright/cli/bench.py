@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         out=Path(args.out), on_progress=lambda name, row: status.update(f"done {name}"))
     console.print(results_table(doc))
     if doc["skipped"]:
-        console.print(f"[yellow]{len(doc['skipped'])} problems skipped: time budget spent[/yellow]")
+        console.print(f"{len(doc['skipped'])} problems skipped: time budget spent", style="yellow")
     console.print(f"wrote {args.out}")
     return 0
 

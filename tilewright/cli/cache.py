@@ -59,8 +59,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
                  other_versions=args.other_versions or args.all,
                  older_than_days=args.older_than_days)
     if not any(flags.values()) and args.older_than_days is None:
-        console.print("[red]say what to prune: --stale-templates, --failures, --other-versions, "
-                      "--older-than-days N, or --all[/red]")
+        console.print("say what to prune: --stale-templates, --failures, --other-versions, "
+                      "--older-than-days N, or --all", style="red")
         return 2
     report = prune(open_cache(args), **flags)
     console.print(f"removed {report.total} records: {report.stale_templates} of changed templates, "

@@ -7,8 +7,10 @@ import sys
 
 from rich.console import Console
 
-# wide enough for tables when output goes to a file or CI log (rich assumes 80 columns)
-console = Console(width=None if sys.stdout.isatty() else 160)
+# Wide enough for tables when output goes to a file or CI log (rich assumes 80 columns).
+# Markup is off: paths, error text, regexes and extras like 'tilewright[plot]' are data, and
+# rich would eat their brackets (or raise on a stray "[/"). Colour goes through style= or Text.
+console = Console(width=None if sys.stdout.isatty() else 160, markup=False)
 
 
 def csv(text: str) -> list[str]:

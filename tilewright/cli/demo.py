@@ -15,11 +15,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cases, modes = _csv(args.cases), _csv(args.modes)
     for c in cases:
         if c not in CASES:
-            console.print(f"[red]unknown case {c!r}; choose from {', '.join(CASES)}[/red]")
+            console.print(f"unknown case {c!r}; choose from {', '.join(CASES)}", style="red")
             return 2
     for m in modes:
         if m not in MODES:
-            console.print(f"[red]unknown mode {m!r}; choose from {', '.join(MODES)}[/red]")
+            console.print(f"unknown mode {m!r}; choose from {', '.join(MODES)}", style="red")
             return 2
     results = []
     for case in cases:
@@ -33,9 +33,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         console.print(f"wrote {args.json}")
     failed = [r for r in results if not r.passed]
     if failed:
-        console.print(f"[red]{len(failed)} of {len(results)} cases failed[/red]")
+        console.print(f"{len(failed)} of {len(results)} cases failed", style="red")
         return 1
-    console.print(f"[green]all {len(results)} cases match eager[/green]")
+    console.print(f"all {len(results)} cases match eager", style="green")
     return 0
 
 

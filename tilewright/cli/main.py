@@ -34,15 +34,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.raise_env_error()
         return args.fn(args)
     except KeyboardInterrupt:
-        common.console.print("[yellow]interrupted[/yellow]")
+        common.console.print("interrupted", style="yellow")
         return 130
     except TilewrightError as e:
-        common.console.print(f"[red]error:[/red] {e}")
+        common.console.print(f"error: {e}", style="red")
         return 2
     except Exception as e:  # noqa: BLE001 - a command line shows a message, -v the traceback
         if args.verbose:
             raise
-        common.console.print(f"[red]error:[/red] {type(e).__name__}: {e}  (-v shows the traceback)")
+        common.console.print(f"error: {type(e).__name__}: {e}  (-v shows the traceback)", style="red")
         return 2
 
 

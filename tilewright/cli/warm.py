@@ -81,7 +81,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
             raise WarmError(f"target {target.name} is not on this machine, so nothing can be "
                             f"measured here; run the warmer where it is, or on a fleet with --ray")
     console.print(f"warming {len(problems)} problems for {target.name} into {cache.path}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         bar = progress.add_task("tuning", total=len(problems))
 
@@ -97,7 +97,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
                   f"{len(report.failed)} failed; {report.measured} candidates benchmarked "
                   f"in {report.seconds:.1f} s")
     for name, why in report.failed.items():
-        console.print(f"[red]failed[/red] {name}: {why}")
+        console.print(f"failed {name}: {why}", style="red")
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
     return 1 if report.failed else 0

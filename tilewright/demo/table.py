@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tilewright.demo.run import CASES, CaseResult
 
@@ -47,7 +48,7 @@ def summary_table(results: list[CaseResult]) -> Table:
     for r in results:
         gemms = sum(g.gemm_nodes for g in r.graphs)
         fused = sum(g.fused_nodes for g in r.graphs)
-        verdict = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
+        verdict = Text("PASS", style="green") if r.passed else Text("FAIL", style="red")
         table.add_row(r.case, r.mode, r.dtype, str(gemms), str(fused), f"{r.compile_s:.1f}",
                       f"{r.run_ms:.1f}" if r.run_ms else "-", f"{r.max_error:.2e}",
                       f"{r.worst[2]:.2g}" if r.errors else "-", verdict)
@@ -55,7 +56,7 @@ def summary_table(results: list[CaseResult]) -> Table:
 
 
 def print_results(results: list[CaseResult], console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or Console(markup=False)  # case notes and errors are data, not markup
     for r in results:
         console.print(gemm_table(r))
         for k, v in r.errors.items():
@@ -63,6 +64,6 @@ def print_results(results: list[CaseResult], console: Console | None = None) -> 
         for n in r.notes:
             console.print(f"  {n}")
         for p in r.problems:
-            console.print(f"  [red]problem:[/red] {p}")
+            console.print(Text.assemble("  ", ("problem:", "red"), f" {p}"))
         console.print()
     console.print(summary_table(results))
