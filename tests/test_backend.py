@@ -199,7 +199,7 @@ def test_run_time_failure_falls_back_to_aten(monkeypatch):
     with torch.no_grad(), tilewright.config.patch(strict=False):
         f = torch.compile(m, backend="tilewright")
         f(x)
-        monkeypatch.setattr(dispatch.GemmCall, "__call__", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel bug")))
+        monkeypatch.setattr(dispatch.KernelCall, "__call__", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel bug")))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = f(x)

@@ -13,7 +13,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.fuse import fuse_epilogues
-from tilewright.compiler.ir import ExternNode, GemmNode
+from tilewright.compiler.graph import ExternNode, GemmNode
 from tilewright.compiler.lower import lower
 
 

@@ -45,8 +45,9 @@ class Config:
 
     force_backend: str = _setting(
         "auto", "TILEWRIGHT_FORCE_BACKEND",
-        "Restrict GEMM candidates to one backend: 'auto' (autotuner picks among all), 'triton' "
-        "(generated Triton kernels only), 'aten' (ATen only), 'cutedsl' (CuTeDSL kernels).",
+        "Restrict candidates to one backend: 'auto' (autotuner picks among all), 'triton' "
+        "(generated Triton kernels only, GEMMs and loop kernels), 'aten' (ATen only; loop "
+        "kernels as PyTorch operators), 'cutedsl' (CuTeDSL GEMMs).",
         FORCE_BACKENDS)
     autotune: bool = _setting(
         True, "TILEWRIGHT_AUTOTUNE",
@@ -62,6 +63,10 @@ class Config:
     fuse_epilogues: bool = _setting(
         True, "TILEWRIGHT_FUSE_EPILOGUES",
         "Fuse bias/activation/residual/scale/cast epilogues into the GEMM that produces them.")
+    loop_kernels: bool = _setting(
+        True, "TILEWRIGHT_LOOP_KERNELS",
+        "Generate pointwise and reduction kernels (fused by the scheduler) for the ops between "
+        "GEMMs; when off, those ops run as ATen calls.")
     max_candidates: int = _setting(
         6, "TILEWRIGHT_MAX_CANDIDATES",
         "Most generated-kernel candidates the policy keeps per GEMM problem (ATen comes extra).")

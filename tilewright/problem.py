@@ -16,6 +16,10 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tilewright.ir.kernel import LoopKernel
 
 import torch
 
@@ -225,3 +229,86 @@ class GemmProblem:
         cast = f"→{self.out_dtype}" if self.out_dtype != self.dtype else ""
         return (f"{self.op} {b}{self.M}x{self.N}x{self.K} {self.dtype}{cast} "
                 f"A:{self.layout_a} B:{self.layout_b} epilogue: {self.describe_epilogue()}")
+
+
+@dataclass(frozen=True)
+class LoopProblem:
+    """A pointwise or reduction kernel as templates and the autotuner see it.
+
+    Attributes:
+        kernel: the kernel (:class:`tilewright.ir.kernel.LoopKernel`), sizes symbolic in the
+            canonical symbols ``z0, z1, ...``.
+        sizes: the value of each size symbol this problem is tuned at, by name (the trace-time
+            hint, or a bucket for a dynamic symbol).
+        dynamic: names of the size symbols that vary at run time (kernels are rendered
+            size-generic anyway; these are bucketed).
+        op: a short description of what the kernel computes ("rms_norm", "add+mul"), for display.
+    """
+
+    kernel: "LoopKernel"
+    sizes: tuple[tuple[str, int], ...] = ()
+    dynamic: frozenset[str] = field(default_factory=frozenset)
+    op: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.kernel.kind
+
+    @property
+    def size_map(self) -> dict:
+        """Size symbol -> value."""
+        from tilewright.ir.kernel import size_symbol
+
+        return {size_symbol(int(k[1:])): v for k, v in self.sizes}
+
+    @property
+    def xnumel(self) -> int:
+        from tilewright.ir.index import static_or_hint
+
+        return static_or_hint(self.kernel.xnumel, self.size_map)
+
+    @property
+    def rnumel(self) -> int:
+        from tilewright.ir.index import static_or_hint
+
+        return static_or_hint(self.kernel.rnumel, self.size_map)
+
+    @property
+    def min_bytes(self) -> int:
+        """Bytes every input must be read and every output written at least once."""
+        from tilewright.ir.kernel import buffer_bytes
+
+        sizes = self.size_map
+        return sum(buffer_bytes(b, sizes) for b in self.kernel.inputs + self.kernel.outputs)
+
+    @property
+    def flops(self) -> int:
+        """Pointwise ops per element times elements (a rough count for the cost model)."""
+        per = sum(1 for n in self.kernel.nodes() if n.op not in ("load", "const", "index", "cast"))
+        return per * self.xnumel * max(self.rnumel, 1)
+
+    def with_sizes(self, **sizes: int) -> "LoopProblem":
+        merged = dict(self.sizes) | sizes
+        return dataclasses.replace(self, sizes=tuple(sorted(merged.items())))
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "kernel": self.kernel.to_json(), "sizes": dict(self.sizes),
+                "dynamic": sorted(self.dynamic), "op": self.op}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LoopProblem":
+        from tilewright.ir.kernel import LoopKernel
+
+        return cls(LoopKernel.from_json(d["kernel"]), tuple(sorted(d["sizes"].items())),
+                   frozenset(d.get("dynamic", ())), d.get("op", ""))
+
+    def stable_hash(self) -> str:
+        d = self.to_json()
+        d.pop("op")  # display only
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        sizes = " ".join(f"{k}={v}" for k, v in self.sizes)
+        red = f" x reduce {self.rnumel}" if self.kind == "reduction" else ""
+        return f"{self.op or self.kind} [{self.xnumel}{red}] {sizes}".rstrip()

@@ -22,10 +22,7 @@ from tilewright._config import config
 from tilewright.autotune.bench import time_callable
 from tilewright.autotune.cache import Record
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.inputs import (
-    GemmInputs, make_inputs, poisoned_output, rel_error, tolerance,
-)
-from tilewright.problem import GemmProblem
+from tilewright.autotune.kinds import kind_of
 from tilewright.runtime.targets import get_target
 
 # errors after which a process's device state cannot be trusted (a worker is replaced)
@@ -43,7 +40,7 @@ class EvalTask:
     device string ("cpu", "cuda:1").
     """
 
-    problem: GemmProblem
+    problem: Any  # GemmProblem | LoopProblem
     candidate: Candidate
     target: str
     device: str
@@ -67,7 +64,7 @@ def is_fatal(e: BaseException) -> bool:
     return type(e).__name__ in _FATAL_TYPES or any(t in text for t in _FATAL_TEXT)
 
 
-def input_set_count(problem: GemmProblem, target_name: str) -> int:
+def input_set_count(problem: Any, target_name: str) -> int:
     """How many input sets to rotate through: ``config.bench_input_sets``, or 1 when the
     operands are over twice the target's L2 (no cache could flatter the kernel then) or the
     target is interpreted (the interpreter's overhead dwarfs any cache effect, and each extra
@@ -83,12 +80,13 @@ def input_set_count(problem: GemmProblem, target_name: str) -> int:
 _last: dict[str, Any] = {}
 
 
-def _inputs_and_reference(task: EvalTask, factory: Any) -> tuple[list[GemmInputs], Callable]:
+def _inputs_and_reference(task: EvalTask, factory: Any) -> tuple[list[Any], Callable]:
     key = (task.problem, task.device, task.seed, input_set_count(task.problem, task.target))
     if _last.get("key") != key:
         _last.clear()
         device = torch.device(task.device)
-        _last["inputs"] = [make_inputs(task.problem, device, task.seed + i) for i in range(key[3])]
+        make = kind_of(task.problem).make_inputs
+        _last["inputs"] = [make(task.problem, device, task.seed + i) for i in range(key[3])]
         _last["key"] = key
 
     def ref() -> torch.Tensor:
@@ -129,11 +127,9 @@ def evaluate(task: EvalTask, factory: Any,
                                   reason=f"build: {type(e).__name__}: {e}"[:500]), fatal=is_fatal(e))
     try:
         inputs, ref = _inputs_and_reference(task, factory)
-        outs = [poisoned_output(problem, device) for _ in inputs]
-        runs = [
-            (lambda x=x, o=o: launch(x.a, x.b, *x.epilogue_inputs, out=o, **x.scale_kwargs))
-            for x, o in zip(inputs, outs)
-        ]
+        kind = kind_of(problem)
+        outs = [kind.poisoned(problem, device) for _ in inputs]
+        runs = [(lambda x=x, o=o: kind.run(launch, x, o)) for x, o in zip(inputs, outs)]
         results: list[torch.Tensor] = []
         # the first run compiles (Triton JITs on first launch) and is the correctness check; on
         # the CPU it is also a fair first sample of the candidate's time
@@ -147,8 +143,8 @@ def evaluate(task: EvalTask, factory: Any,
     compile_s = time.perf_counter() - t0
     if on_compiled is not None:
         on_compiled(compile_s)
-    err = rel_error(result, ref()) if config.check_candidates else None
-    tol = tolerance(problem, config.allow_tf32)
+    err, tol = kind_of(problem).error(problem, result, ref(), config.allow_tf32) if config.check_candidates \
+        else (None, 0.0)
     if err is not None and not err <= tol:
         return EvalOutcome(Record(**base, status="wrong", rel_err=err,
                                   reason=f"relative error {err:.3g} > tolerance {tol:.0e}"), compile_s)

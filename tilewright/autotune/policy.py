@@ -181,7 +181,12 @@ POLICIES: dict[tuple[str, str], Callable[[], GemmPolicy]] = {
 }
 
 
-def policy_for(op: str, target: Target) -> GemmPolicy:
-    """The candidate policy for an op on a target (targets without one get ATen only)."""
+def policy_for(op: str, target: Target):
+    """The candidate policy for a problem kind ("gemm", "pointwise", "reduction") on a target
+    (targets without one get ATen only)."""
+    if op in ("pointwise", "reduction"):
+        from tilewright.autotune.loop_policy import LoopPolicy
+
+        return LoopPolicy(op)
     factory = POLICIES.get((op, target.backend))
     return factory() if factory else GemmPolicy(())

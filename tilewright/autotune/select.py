@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -33,11 +33,10 @@ from tilewright._config import config
 from tilewright.autotune.cache import ProblemKey, Record, TuningCache, default_cache
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.evaluate import EvalTask, evaluate, forget_inputs
-from tilewright.autotune.inputs import GemmInputs
+from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.policy import policy_for
 from tilewright.autotune.pool import WorkerPool, acquire_pool
 from tilewright.errors import NoValidCandidateError
-from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 
 log = logging.getLogger("tilewright.autotune")
@@ -48,11 +47,12 @@ Launcher = Callable[..., torch.Tensor]
 class KernelFactory(Protocol):
     """Builds runnable kernels for candidates; the autotuner never renders source itself."""
 
-    def build(self, problem: GemmProblem, candidate: Candidate, target: Target) -> Launcher:
-        """``launch(a, b, *epilogue_inputs, out=None) -> out`` for the candidate."""
+    def build(self, problem: Any, candidate: Candidate, target: Target) -> Launcher:
+        """The candidate's launcher: ``launch(a, b, *epilogue_inputs, out=None) -> out`` for a
+        GEMM, ``launch(*inputs, *sizes, outs=None) -> outs`` for a loop kernel."""
 
-    def reference(self, problem: GemmProblem, inputs: GemmInputs) -> torch.Tensor:
-        """The float64 result for ``inputs``."""
+    def reference(self, problem: Any, inputs: Any) -> Any:
+        """The float64 result(s) for ``inputs``."""
 
     # A simulated device may also carry its own clock: ``timer(fns, device, **kw) -> Timing``
     # with the signature of :func:`tilewright.autotune.bench.time_callable`.
@@ -69,7 +69,7 @@ class CandidateResult:
 class Selection:
     """The chosen candidate and what was learned about every candidate considered."""
 
-    problem: GemmProblem
+    problem: Any  # GemmProblem | LoopProblem
     target: Target
     winner: Candidate
     results: list[CandidateResult] = field(default_factory=list)
@@ -192,10 +192,11 @@ def isolated(device: torch.device) -> bool:
     return config.isolate == "on" or (config.isolate == "auto" and device.type != "cpu")
 
 
-def select_gemm(problem: GemmProblem, target: Target, factory: KernelFactory, *,
-                cache: TuningCache | None = None, seed: int = 0,
-                pool: WorkerPool | None = None) -> Selection:
-    """Choose a kernel for ``problem`` on ``target`` (see the module docstring).
+def select(problem: Any, target: Target, factory: KernelFactory, *,
+           cache: TuningCache | None = None, seed: int = 0,
+           pool: WorkerPool | None = None) -> Selection:
+    """Choose a kernel for ``problem`` (a GEMM or a loop kernel) on ``target`` (see the module
+    docstring).
 
     Measures on this machine when it has the target (always for ``cpu``); otherwise (ahead of
     time for another chip) picks the generated candidate the cost model ranks first. Safe to
@@ -203,7 +204,9 @@ def select_gemm(problem: GemmProblem, target: Target, factory: KernelFactory, *,
     candidates run on real tensors.
 
     Args:
-        problem: the GEMM, at concrete sizes (a dynamic problem at its bucket).
+        problem: a :class:`~tilewright.problem.GemmProblem` or
+            :class:`~tilewright.problem.LoopProblem`, at concrete sizes (a dynamic problem at
+            its bucket).
         target: the chip to choose for.
         factory: builds launchers (must be picklable when candidates run isolated).
         cache: the tuning cache (default: the one under ``config.cache_dir``).
@@ -219,15 +222,23 @@ def select_gemm(problem: GemmProblem, target: Target, factory: KernelFactory, *,
 
     with _disable_current_modes(), torch.no_grad():
         try:
-            return _select_gemm(problem, target, factory, cache=cache, seed=seed, pool=pool)
+            return _select(problem, target, factory, cache=cache, seed=seed, pool=pool)
         finally:
             forget_inputs()
 
 
-def _select_gemm(problem: GemmProblem, target: Target, factory: KernelFactory, *,
-                 cache: TuningCache | None, seed: int, pool: WorkerPool | None) -> Selection:
+select_gemm = select  # the name GEMM callers knew
+
+
+def _select(problem: Any, target: Target, factory: KernelFactory, *,
+            cache: TuningCache | None, seed: int, pool: WorkerPool | None) -> Selection:
     t_start = time.perf_counter()
-    candidates, reason = filter_forced(policy_for("gemm", target).candidates(problem, target))
+    candidates, reason = filter_forced(policy_for(kind_name(problem), target).candidates(problem, target))
+    if len(candidates) == 1 and candidates[0].backend == "aten" and kind_name(problem) != "gemm":
+        # a loop kernel with only its torch form (a CPU not forcing Triton) has nothing to choose
+        # between: no measurement. GEMMs still time ATen, whose record `warm` ships.
+        return Selection(problem, target, candidates[0], [], reason or "only candidate", measured=False,
+                         seconds=time.perf_counter() - t_start)
     device = _measurable(target)
     if device is None:
         generated = [c for c in candidates if c.backend != "aten"] or candidates

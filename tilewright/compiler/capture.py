@@ -21,7 +21,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.fuse import fuse_epilogues
-from tilewright.compiler.ir import GemmNode
+from tilewright.compiler.graph import GemmNode
 from tilewright.compiler.lower import lower
 from tilewright.errors import InvalidInputError
 from tilewright.problem import DTYPE_NAMES, GemmProblem

@@ -1,11 +1,14 @@
 """The decomposition table aot_autograd applies before lowering.
 
-Deliberately small. tilewright generates GEMM kernels and fuses elementwise epilogues into them;
-everything else runs on ATen, where a whole op (``native_layer_norm``, ``_softmax``, SDPA) is
-faster than the dozen primitive ops a full decomposition would leave behind. So only ops that
-turn *into* GEMMs are decomposed:
+Deliberately chosen, not the full core-ATen set. Ops are decomposed when what they decompose to
+is something tilewright generates: ops that turn *into* GEMMs,
 
 * ``addmv``, ``mv``, ``dot``, ``addbmm``, ``addr``, ``outer``: become mm/bmm + elementwise ops;
+
+and, while loop kernels are on (``config.loop_kernels``), composite ops whose parts are pointwise
+ops and reductions (softmax, log-softmax, layer/group/RMS norm, the losses, and their backward
+formulas): the scheduler fuses the parts back into one kernel each. Everything else stays whole
+and runs on ATen;
 
 and, on purpose, nothing of scaled dot-product attention: the decomposition of
 ``_scaled_dot_product_flash_attention_for_cpu`` hands its backward the attention probabilities
@@ -35,8 +38,28 @@ KEEP_WHOLE = [
 ]
 
 
+# composite ops whose decomposition is pointwise ops and reductions the loop lowering handles:
+# the scheduler fuses them back into one kernel each (softmax, layer norm, ...), and their
+# backward formulas come out the same way
+LOOP_EXPOSING = [
+    aten._softmax, aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
+    aten.native_layer_norm, aten.native_layer_norm_backward, aten.nll_loss_forward,
+    aten.nll_loss_backward, aten.logsumexp, aten.native_group_norm, aten.native_group_norm_backward,
+    aten.rms_norm, aten._fused_rms_norm, aten._fused_rms_norm_backward, aten.silu_backward,
+    aten.gelu_backward, aten.mse_loss, aten.mse_loss_backward, aten.binary_cross_entropy,
+    aten.binary_cross_entropy_backward, aten.huber_loss, aten.smooth_l1_loss, aten.glu,
+    aten.glu_backward, aten.hardswish_backward,
+    aten.hardsigmoid_backward, aten.leaky_relu_backward, aten.softplus_backward,
+    aten.elu_backward, aten.nll_loss2d_forward,
+]
+
+
 def decomposition_table() -> dict[Any, Callable]:
-    """The OpOverload → decomposition mapping handed to aot_autograd."""
-    table = get_decompositions(GEMM_EXPOSING)
+    """The OpOverload → decomposition mapping handed to aot_autograd (the loop-exposing ones
+    only while ``config.loop_kernels`` is on)."""
+    from tilewright._config import config
+
+    ops = GEMM_EXPOSING + (LOOP_EXPOSING if config.loop_kernels else [])
+    table = get_decompositions(ops)
     kept = {getattr(p, name) for p in KEEP_WHOLE for name in p.overloads()}
     return {op: fn for op, fn in table.items() if op not in kept}

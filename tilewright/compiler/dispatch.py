@@ -1,30 +1,35 @@
-"""Run-time side of a fused GEMM in the generated wrapper.
+"""The run-time side of every generated kernel in the wrapper: one :class:`KernelCall` type.
 
-A :class:`GemmCall` is what the wrapper calls for one GEMM node. Static problems get their kernel
-chosen at compile time. For a problem with a symbolic size the kernel is chosen per *bucket* of
-that size (see :mod:`tilewright.autotune.buckets` for the policy: powers of two up to
-``config.bucket_max``), and every call dispatches on the runtime size to its bucket's kernel.
-A bucket is tuned the first time a size in it is seen, or at compile time for every bucket up to
-the trace-time size with ``config.pretune_buckets``; the kernel itself is size-generic, so any
-size in the bucket runs correctly.
+A kernel's problem (a GEMM or a loop kernel) has its kernel chosen at compile time for static
+sizes. For a problem with a symbolic size the kernel is chosen per *bucket* of that size (see
+:mod:`tilewright.autotune.buckets`: powers of two up to ``config.bucket_max``), and each call
+dispatches on the run-time size to its bucket's kernel. A bucket is tuned the first time a size in
+it is seen, or at compile time for every bucket up to the trace-time size with
+``config.pretune_buckets``; kernels are size-generic, so any size in the bucket runs correctly.
+
+The call path is short on purpose (its cost is measured by ``tilewright bench``'s launch-overhead
+row): a static kernel binds its launcher once and every call goes straight to it.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from tilewright._config import config
 from tilewright.autotune.buckets import all_buckets, bucket, bucket_problem
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.select import KernelFactory, Launcher, Selection, select_gemm
+from tilewright.autotune.kinds import kind_name
+from tilewright.autotune.select import KernelFactory, Launcher, Selection, select
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 
-__all__ = ["GemmCall", "bucket"]
+__all__ = ["GemmCall", "KernelCall", "bucket"]
+
+GEMM_DIMS = ("M", "N", "K", "batch")
 
 
 def _resolve_view(shape: Sequence[int], numel: int) -> list[int]:
@@ -35,62 +40,95 @@ def _resolve_view(shape: Sequence[int], numel: int) -> list[int]:
     return shape
 
 
-class GemmCall:
-    """Callable ``(a, b, *epilogue_inputs, view=None) -> Tensor`` for one fused GEMM.
+class KernelCall:
+    """The wrapper's callable for one kernel.
+
+    GEMM: ``call(a, b, *epilogue_inputs, view=None, **scales) -> Tensor``.
+    Loop kernel: ``call(*inputs, *sizes) -> Tensor`` (one output) or a tuple of outputs.
 
     Args:
-        name: the kernel's name in the wrapper ("gemm_3").
+        name: the kernel's name in the wrapper ("gemm_3", "kernel_7").
         problem: the problem at its trace-time sizes (``dynamic`` names the symbolic dims).
-        spaces: per epilogue input, "gemm" or "view": the shape it broadcasts against.
         target: where it runs.
         factory: builds launchers for candidates.
+        spaces: GEMMs only: per epilogue input, "gemm" or "view", the shape it broadcasts
+            against.
         fixed: a candidate to use without tuning (unknown targets fall back to ATen this way).
     """
 
-    def __init__(self, name: str, problem: GemmProblem, spaces: Sequence[str], target: Target,
-                 factory: KernelFactory, fixed: Candidate | None = None):
+    def __init__(self, name: str, problem: Any, target: Target, factory: KernelFactory, *,
+                 spaces: Sequence[str] = (), fixed: Candidate | None = None):
         self.name = name
         self.problem = problem
-        self.spaces = tuple(spaces)
+        self.kind = kind_name(problem)
         self.target = target
         self.factory = factory
+        self.spaces = tuple(spaces)
         self.fixed = fixed
         self.selections: dict[tuple[int, ...], Selection] = {}
         self._launchers: dict[tuple[int, ...], Launcher] = {}
         self._lock = threading.Lock()
+        self._fast: Launcher | None = None
+        self.dims = GEMM_DIMS if self.kind == "gemm" else tuple(k for k, _ in problem.sizes)
+        if self.kind != "gemm":
+            self._n_inputs = len(problem.kernel.inputs)
+            self._single = len(problem.kernel.outputs) == 1
+
+    def _sizes_of(self, problem: Any) -> dict[str, int]:
+        if self.kind == "gemm":
+            return {d: getattr(problem, d) for d in GEMM_DIMS}
+        return dict(problem.sizes)
 
     # -- choosing ---------------------------------------------------------------------------------
-    def prepare(self, sizes: dict[str, int] | None = None) -> Selection | None:
-        """Choose (tune) the kernel for these sizes (the trace-time ones by default); with
-        ``config.pretune_buckets``, first every bucket up to the trace-time sizes."""
-        if sizes is None:
-            trace = {d: getattr(self.problem, d) for d in ("M", "N", "K", "batch")}
-            selection = self.prepare(trace)  # first, so it is the one reports show
-            if config.pretune_buckets and self.problem.dynamic:
-                for p in all_buckets(self.problem):
-                    self.prepare({d: getattr(p, d) for d in ("M", "N", "K", "batch")})
-            return selection
-        problem = bucket_problem(self.problem, sizes)
-        key = tuple(getattr(problem, d) for d in ("M", "N", "K", "batch"))
+    def choose(self, sizes: dict[str, int] | None = None) -> tuple[Any, Selection]:
+        """The problem at the bucket of ``sizes`` and the selection for it (tuned if new), without
+        building anything."""
+        problem = bucket_problem(self.problem, sizes or self._sizes_of(self.problem))
+        key = tuple(self._sizes_of(problem)[d] for d in self.dims)
         with self._lock:
-            if key in self._launchers:
-                return self.selections.get(key)
+            if key in self.selections:
+                return problem, self.selections[key]
         if self.fixed is not None:
             selection = Selection(problem, self.target, self.fixed, reason="fixed", measured=False)
         else:
-            selection = select_gemm(problem, self.target, self.factory)
-        launch = self.factory.build(problem, selection.winner, self.target)
+            selection = select(problem, self.target, self.factory)
         with self._lock:
             self.selections[key] = selection
+        return problem, selection
+
+    def prepare(self, sizes: dict[str, int] | None = None) -> Selection:
+        """Choose and build the kernel for these sizes (the trace-time ones by default); with
+        ``config.pretune_buckets``, first every bucket up to the trace-time sizes."""
+        if sizes is None:
+            selection = self.prepare(self._sizes_of(self.problem))  # first: the one reports show
+            if config.pretune_buckets and self.problem.dynamic:
+                for p in all_buckets(self.problem):
+                    self.prepare(self._sizes_of(p))
+            if not self.problem.dynamic and len(self._launchers) == 1:
+                self._fast = next(iter(self._launchers.values()))
+            return selection
+        problem, selection = self.choose(sizes)
+        key = tuple(self._sizes_of(problem)[d] for d in self.dims)
+        with self._lock:
+            if key in self._launchers:
+                return selection
+        launch = self.factory.build(problem, selection.winner, self.target)
+        with self._lock:
             self._launchers[key] = launch
         return selection
 
-    def _launcher(self, M: int, N: int, K: int, batch: int) -> Launcher:
+    def bind(self, problem: Any, launch: Launcher) -> None:
+        """Use ``launch`` for ``problem``'s bucket (the pipeline renders and compiles the chosen
+        kernels as stages of their own, then binds them here)."""
+        key = tuple(self._sizes_of(problem)[d] for d in self.dims)
+        with self._lock:
+            self._launchers[key] = launch
         if not self.problem.dynamic and len(self._launchers) == 1:
-            return next(iter(self._launchers.values()))
-        sizes = {"M": M, "N": N, "K": K, "batch": batch}
-        key = tuple(bucket(sizes[d]) if d in self.problem.dynamic else getattr(self.problem, d)
-                    for d in ("M", "N", "K", "batch"))
+            self._fast = launch
+
+    def _launcher(self, sizes: dict[str, int]) -> Launcher:
+        key = tuple(bucket(sizes[d]) if d in self.problem.dynamic else self._sizes_of(self.problem)[d]
+                    for d in self.dims)
         launch = self._launchers.get(key)
         if launch is None:
             self.prepare(sizes)
@@ -98,18 +136,29 @@ class GemmCall:
         return launch
 
     # -- running ----------------------------------------------------------------------------------
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
-                 view: Sequence[int] | None = None, **scales: torch.Tensor) -> torch.Tensor:
-        if self.problem.block_scaled:  # packed (M, K/2) and (N, K/2)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.kind == "gemm":
+            return self._call_gemm(*args, **kwargs)
+        launch = self._fast
+        if launch is None:
+            values = args[self._n_inputs:]
+            launch = self._launcher({d: int(v) for d, v in zip(self.dims, values)})
+        outs = launch(*args)
+        return outs[0] if self._single else outs
+
+    def _call_gemm(self, a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
+                   view: Sequence[int] | None = None, **scales: torch.Tensor) -> torch.Tensor:
+        problem: GemmProblem = self.problem
+        if problem.block_scaled:  # packed (M, K/2) and (N, K/2)
             M, K, N = a.shape[0], a.shape[1] * 2, b.shape[0]
         else:
             M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
-        if self.problem.batched:
+        if problem.batched:
             batch = max(a.shape[0], b.shape[0])
             gemm_shape: tuple[int, ...] = (batch, M, N)
         else:
             batch, gemm_shape = 1, (M, N)
-        launch = self._launcher(M, N, K, batch)
+        launch = self._fast or self._launcher({"M": M, "N": N, "K": K, "batch": batch})
         view_shape = _resolve_view(view, math.prod(gemm_shape)) if view is not None else None
         prepared = [
             e.expand(view_shape).reshape(gemm_shape) if space == "view" else e.expand(gemm_shape)
@@ -119,4 +168,11 @@ class GemmCall:
         return out.view(view_shape) if view_shape is not None else out
 
     def __repr__(self) -> str:
-        return f"<GemmCall {self.name}: {self.problem.describe()}>"
+        return f"<KernelCall {self.name}: {self.problem.describe()}>"
+
+
+def GemmCall(name: str, problem: GemmProblem, spaces: Sequence[str], target: Target,
+             factory: KernelFactory, fixed: Candidate | None = None) -> KernelCall:
+    """A :class:`KernelCall` for a GEMM (the signature GEMM callers knew)."""
+    return KernelCall(name, problem, target, factory, spaces=spaces, fixed=fixed)
+

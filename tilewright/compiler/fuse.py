@@ -24,7 +24,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.ir import ExternNode, FusedInput, GemmNode, KernelGraph, TensorMeta
+from tilewright.compiler.graph import ExternNode, FusedInput, GemmNode, KernelGraph, TensorMeta
 from tilewright.compiler.lower import broadcast_pattern
 from tilewright.problem import DTYPE_NAMES, EpilogueInput, EpilogueOp
 

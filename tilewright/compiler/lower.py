@@ -16,7 +16,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.ir import (
+from tilewright.compiler.graph import (
     ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
 )
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
@@ -37,10 +37,14 @@ POINTWISE = {
     aten._to_copy.default, aten.clone.default, aten.neg.default, aten.exp.default,
     aten.rsqrt.default, aten.pow.Tensor_Scalar, aten.where.self, aten.add.Scalar, aten.mul.Scalar,
 }
+# ops that make a view (or alias) of their input: free, nothing is launched or moved
 VIEWS = {
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
     aten.transpose.int, aten.permute.default, aten.expand.default, aten.unsqueeze.default,
-    aten.squeeze.dim, aten.slice.Tensor, aten.select.int, aten.alias.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor, aten.select.int,
+    aten.alias.default, aten.detach.default, aten.split.Tensor, aten.split_with_sizes.default,
+    aten.unbind.int, aten.as_strided.default, aten._reshape_alias.default, aten.view.dtype,
+    aten.diagonal.default, aten.unfold.default,
 }
 REDUCTIONS = {
     aten._softmax.default, aten._log_softmax.default, aten.native_layer_norm.default,
@@ -232,3 +236,28 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
             raise NotImplementedError(f"FX node kind {node.op} ({node.format_node()})")
     assert output is not None, "FX graph without an output node"
     return KernelGraph(placeholders, nodes, output)
+
+
+def lower_loop_nodes(kg: KernelGraph, gm: fx.GraphModule) -> int:
+    """Replace the ATen calls that have an IR rule (pointwise ops, reductions, gathers) by loop
+    nodes, in place; views stay ATen calls for whoever still needs them as tensors (and are
+    removed when nobody does). Returns the number of loop nodes made."""
+    from tilewright.compiler.graph import LoopNode
+    from tilewright.compiler.loops import lower_loops
+
+    gemm_fx = {f.name for g in kg.gemms for f in g.fx_nodes}
+    loops, values = lower_loops(gm, skip=gemm_fx)
+    by_fx: dict[str, list[LoopNode]] = {}
+    for ln in loops.values():
+        by_fx.setdefault(ln.fx_nodes[0].name, []).append(ln)
+    nodes: list[Node] = []
+    for n in kg.nodes:
+        if isinstance(n, ExternNode) and n.fx_node.name in by_fx:
+            nodes.extend(by_fx[n.fx_node.name])
+        elif (isinstance(n, ExternNode) and n.fx_node.target is operator.getitem
+              and isinstance(n.fx_node.args[0], fx.Node) and n.fx_node.args[0].name in by_fx):
+            continue  # the loop node computing this output carries the getitem's name
+        else:
+            nodes.append(n)
+    kg.nodes = nodes
+    return len(loops)

@@ -1,11 +1,14 @@
 """The whole pipeline for one ATen FX graph, in named, timed stages:
 
-    lower → fuse → select → wrap
+    lower → fuse → select → render → compile → wrap
 
-``lower`` builds the kernel IR, ``fuse`` folds epilogues into GEMMs, ``select`` has the
-autotuner choose (and the factory render and load) a kernel per GEMM, ``wrap`` generates and
-loads the Python wrapper that calls them. With ``config.debug_dir`` set, each graph dumps its FX
-graph, kernel IR, rendered kernels and wrapper into a folder of its own.
+``lower`` builds the kernel graph (GEMMs, and loop nodes in the expression IR for the pointwise
+ops and reductions), ``fuse`` folds epilogues into GEMMs and groups loop nodes into kernels,
+``select`` has the autotuner choose a kernel per GEMM and loop kernel (choices only), ``render``
+turns each choice into source, ``compile`` loads it, ``wrap`` generates and loads the Python
+wrapper that calls them. Run-time buckets of dynamic sizes and ``tilewright aot`` use the same
+stage functions. With ``config.debug_dir`` set, each graph dumps its FX graph, kernel graph,
+rendered kernels and wrapper into a folder of its own.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.pool import pool_scope
 from tilewright.compiler.capture import gemm_problem
-from tilewright.compiler.dispatch import GemmCall
+from tilewright.compiler.dispatch import KernelCall
 from tilewright.compiler.fuse import fuse_epilogues
-from tilewright.compiler.ir import GemmNode, KernelGraph
-from tilewright.compiler.lower import lower
-from tilewright.compiler.report import CandidateReport, GemmReport, GraphReport, publish
+from tilewright.compiler.graph import FusedNode, GemmNode, KernelGraph
+from tilewright.compiler.lower import lower, lower_loop_nodes
+from tilewright.compiler.report import CandidateReport, GemmReport, GraphReport, KernelReport, publish
+from tilewright.compiler.schedule import schedule
+from tilewright.compiler.traffic import compiled_cost, eager_cost
 from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
 from tilewright.errors import UnknownTargetError
 from tilewright.kernels.build import default_factory
@@ -40,24 +45,23 @@ log = logging.getLogger("tilewright.compiler")
 _graph_ids = itertools.count()
 
 
-def make_call(g: GemmNode) -> GemmCall:
-    """A GemmCall for the node, with its kernel chosen for the trace-time sizes."""
-    problem = gemm_problem(g)
+def make_call(n: GemmNode | FusedNode) -> KernelCall:
+    """The wrapper's call for a GEMM or loop kernel, its kernel not yet chosen."""
+    problem = gemm_problem(n) if isinstance(n, GemmNode) else n.problem
+    kind = "gemm" if isinstance(n, GemmNode) else problem.kind
     fixed = None
     try:
-        target = detect_target(g.device)
+        target = detect_target(n.device)
     except UnknownTargetError as e:
-        log.warning("%s; %s runs on ATen", e, g.name)
-        target = get_target("cpu") if g.device.type == "cpu" else get_target("cuda:sm_90a")
-        aten = get_template("aten.gemm")
+        log.warning("%s; %s runs on ATen", e, n.name)
+        target = get_target("cpu") if n.device.type == "cpu" else get_target("cuda:sm_90a")
+        aten = get_template(f"aten.{kind}")
         fixed = Candidate.of(aten.id, aten.source_hash)
-    call = GemmCall(g.name, problem, [e.space for e in g.epilogue_inputs], target,
-                    default_factory, fixed=fixed)
-    call.prepare()
-    return call
+    spaces = [e.space for e in n.epilogue_inputs] if isinstance(n, GemmNode) else []
+    return KernelCall(n.name, problem, target, default_factory, spaces=spaces, fixed=fixed)
 
 
-def _gemm_report(g: GemmNode, call: GemmCall) -> GemmReport:
+def _gemm_report(g: GemmNode, call: KernelCall) -> GemmReport:
     sel = next(iter(call.selections.values()))
     rec = sel.winner_record
     p = call.problem
@@ -70,6 +74,13 @@ def _gemm_report(g: GemmNode, call: GemmCall) -> GemmReport:
                                     r.record.rel_err, r.record.reason, r.from_cache)
                     for r in sel.results],
         tune_seconds=sel.seconds)
+
+
+def _kernel_report(f: FusedNode, call: KernelCall) -> KernelReport:
+    sel = next(iter(call.selections.values()))
+    return KernelReport(node=f.name, kind=f.problem.kind, op=f.problem.op, members=len(f.members),
+                        winner=sel.winner.name, reason=sel.reason, bytes=f.problem.min_bytes,
+                        tune_seconds=sel.seconds)
 
 
 class _Stages:
@@ -94,22 +105,36 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
     report = GraphReport(next(_graph_ids), kind)
     stage = _Stages(report)
     report.fx_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    report.eager_launches, report.eager_bytes = eager_cost(gm)
     with stage("lower"):
         kg = lower(gm)
     with stage("fuse"):
         report.fused_nodes = fuse_epilogues(kg, gm) if config.fuse_epilogues else 0
+        if config.loop_kernels:
+            report.loop_ops = lower_loop_nodes(kg, gm)
+            report.loop_kernels = schedule(kg, gm)
+    kernels: list[GemmNode | FusedNode] = [n for n in kg.nodes if isinstance(n, (GemmNode, FusedNode))]
+    calls = {n.name: make_call(n) for n in kernels}
     with stage("select"), pool_scope():  # isolated tuning shares one worker pool per graph
-        calls = {g.name: make_call(g) for g in kg.gemms}
+        choices = {name: call.choose() for name, call in calls.items()}
+    with stage("render"):
+        rendered = {name: default_factory.render(problem, sel.winner, calls[name].target)
+                    for name, (problem, sel) in choices.items()}
+    with stage("compile"):
+        for name, (problem, _) in choices.items():
+            calls[name].bind(problem, default_factory.compile(rendered[name]))
     with stage("wrap"):
-        describe = {name: f"{c.problem.describe()} | {next(iter(c.selections.values())).winner.name}"
-                    for name, c in calls.items()}
+        describe = {name: f"{c.problem.describe()} | {choices[name][1].winner.name}" for name, c in calls.items()}
         codegen = WrapperCodegen(kg, gm, describe)
         source = codegen.generate()
-        debug = _dump_or_warn(report, gm, kg, calls, source) if config.debug_dir else None
+        debug = _dump_or_warn(report, gm, kg, calls, rendered, source) if config.debug_dir else None
         fn = load_wrapper(source, calls, codegen.consts, filename=debug)
     report.gemm_nodes = len(kg.gemms)
-    report.extern_nodes = len(kg.nodes) - len(kg.gemms)
+    report.extern_nodes = len(kg.nodes) - len(kg.gemms) - len(kg.fused)
     report.gemms = [_gemm_report(g, calls[g.name]) for g in kg.gemms]
+    report.kernels = [_kernel_report(f, calls[f.name]) for f in kg.fused]
+    report.extern_ops, report.bytes_moved = compiled_cost(
+        kg, {g.name: calls[g.name].problem.min_bytes for g in kg.gemms})
     publish(report)
     return fn
 
@@ -118,17 +143,17 @@ _RUN = f"run_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}"
 
 
 def _dump_or_warn(report: GraphReport, gm: fx.GraphModule, kg: KernelGraph,
-                  calls: dict[str, GemmCall], source: str) -> str | None:
+                  calls: dict[str, KernelCall], rendered: dict, source: str) -> str | None:
     """Dump for humans; a dump that cannot be written costs a warning, never the graph."""
     try:
-        return _dump(report, gm, kg, calls, source)
+        return _dump(report, gm, kg, calls, rendered, source)
     except OSError as e:
         log.warning("cannot write the debug dump to %s (%s); compiling without it", config.debug_dir, e)
         return None
 
 
-def _dump(report: GraphReport, gm: fx.GraphModule, kg: KernelGraph, calls: dict[str, GemmCall],
-          source: str) -> str:
+def _dump(report: GraphReport, gm: fx.GraphModule, kg: KernelGraph, calls: dict[str, KernelCall],
+          rendered: dict, source: str) -> str:
     # one folder per process run, so a second run never overwrites the first one's graphs
     folder = Path(config.debug_dir) / _RUN / f"graph_{report.graph_id:03d}_{report.kind}"
     (folder / "kernels").mkdir(parents=True, exist_ok=True)
@@ -136,10 +161,8 @@ def _dump(report: GraphReport, gm: fx.GraphModule, kg: KernelGraph, calls: dict[
     (folder / "fx_graph.py").write_text(gm.print_readable(print_output=False))
     (folder / "kernel_ir.txt").write_text(kg.describe() + "\n")
     for name, call in calls.items():
-        for launch in call._launchers.values():
-            rendered = getattr(launch, "rendered", None)
-            if rendered is not None:
-                (folder / "kernels" / f"{name}_{rendered.name}.py").write_text(rendered.source)
+        r = rendered[name]
+        (folder / "kernels" / f"{name}_{r.name}.py").write_text(r.source)
         sel = next(iter(call.selections.values()))
         (folder / "kernels" / f"{name}_selection.json").write_text(json.dumps({
             "problem": call.problem.to_json(), "winner": sel.winner.name, "reason": sel.reason,

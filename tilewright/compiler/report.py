@@ -50,8 +50,30 @@ class GemmReport:
 
 
 @dataclass
+class KernelReport:
+    """One generated loop kernel (pointwise or reduction): what it computes, the kernel chosen,
+    and the bytes it moves per call at the trace-time sizes (modelled: each input read and each
+    output written once)."""
+
+    node: str
+    kind: str
+    op: str
+    members: int
+    winner: str
+    reason: str
+    bytes: int
+    tune_seconds: float = 0.0
+
+
+@dataclass
 class GraphReport:
-    """One compiled FX graph (a forward, backward or inference graph)."""
+    """One compiled FX graph (a forward, backward or inference graph).
+
+    Launch counts are per call of the graph: ``gemm_nodes`` GEMM kernels, ``loop_kernels``
+    generated pointwise/reduction kernels, ``extern_ops`` ATen calls that launch work (views and
+    tuple accesses are free and not counted). ``bytes_moved`` models the memory traffic of the
+    compiled graph, ``eager_bytes`` that of running the same graph op by op in eager mode.
+    """
 
     graph_id: int
     kind: str
@@ -59,13 +81,25 @@ class GraphReport:
     gemm_nodes: int = 0
     fused_nodes: int = 0
     extern_nodes: int = 0
+    loop_kernels: int = 0
+    loop_ops: int = 0
+    extern_ops: int = 0
+    bytes_moved: int = 0
+    eager_bytes: int = 0
+    eager_launches: int = 0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     gemms: list[GemmReport] = field(default_factory=list)
+    kernels: list[KernelReport] = field(default_factory=list)
     fallback: str | None = None
     debug_dir: str | None = None
 
+    @property
+    def launches(self) -> int:
+        """Kernel launches per call: GEMMs + generated kernels + ATen calls."""
+        return self.gemm_nodes + self.loop_kernels + self.extern_ops
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"launches": self.launches}
 
 
 _lock = threading.Lock()

@@ -1,9 +1,11 @@
 """Wrapper codegen: the kernel graph becomes a Python module whose ``call(args)`` Dynamo runs.
 
 The module calls ATen for extern nodes and the chosen kernel (through its
-:class:`~tilewright.compiler.dispatch.GemmCall`) for each GEMM, in order, and drops every value
-after its last use so memory is freed as early as eager would. It takes its inputs as one list
-and clears it (aot_autograd's boxed calling convention), so inputs can be freed early too.
+:class:`~tilewright.compiler.dispatch.KernelCall`) for each GEMM and loop kernel, in order, and
+drops every value after its last use so memory is freed as early as eager would. It takes its
+inputs as one list and clears it (aot_autograd's boxed calling convention), so inputs can be
+freed early too. Symbolic sizes a loop kernel needs are read off the graph's inputs once, at the
+top (a SymInt input, or a tensor input's size or stride).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.ir import ExternNode, GemmNode, KernelGraph
+import sympy
+
+from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph, produced, to_sympy
 
 RESERVED = {"torch", "aten", "prims", "operator", "math", "kernels", "consts", "args", "call",
             "device", "inf", "nan"}
@@ -39,6 +43,7 @@ class WrapperCodegen:
         self.describe = describe or {}
         self.consts: list[Any] = []
         self._names: dict[str, str] = {}
+        self.symbols: dict[sympy.Symbol, str] = {}
 
     # -- names and literals ----------------------------------------------------------------------
     def name(self, value: str) -> str:
@@ -108,6 +113,42 @@ class WrapperCodegen:
         lines.append(f"{self.name(g.value)} = {g.name}({', '.join(args)})")
         return lines
 
+    def _fused(self, f: FusedNode) -> list[str]:
+        args = [self.name(v) for v in f.args] + [self.symbol(s) for s in f.symbols]
+        outs = ", ".join(self.name(v) for v in f.outputs)
+        lines = [f"# {f.name}: {self.describe[f.name]}"] if f.name in self.describe else []
+        return lines + [f"{outs} = {f.name}({', '.join(args)})"]
+
+    def symbol(self, s: sympy.Symbol) -> str:
+        if s not in self.symbols:
+            raise ValueError(f"size {s} is not readable from the graph's inputs")
+        return self.symbols[s]
+
+    def _symbol_sources(self) -> list[str]:
+        """Lines binding each size symbol the kernels need to a value read off the inputs."""
+        needed = {s for f in self.kg.fused for s in f.symbols}
+        lines = []
+        for p in self.kg.placeholders:
+            val = p.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                e = to_sympy(val)
+                if e in needed and e not in self.symbols:
+                    self.symbols[e] = self.name(p.name)
+            elif isinstance(val, torch.Tensor):
+                for d, size in enumerate(val.shape):
+                    e = to_sympy(size)
+                    if e.is_Symbol and e in needed and e not in self.symbols:
+                        var = f"_{e.name}"
+                        lines.append(f"{var} = {self.name(p.name)}.size({d})")
+                        self.symbols[e] = var
+                for d, st in enumerate(val.stride()):
+                    e = to_sympy(st)
+                    if e.is_Symbol and e in needed and e not in self.symbols:
+                        var = f"_{e.name}"
+                        lines.append(f"{var} = {self.name(p.name)}.stride({d})")
+                        self.symbols[e] = var
+        return lines
+
     def generate(self) -> str:
         kg = self.kg
         outputs = {n.name for n in self.kg.output.all_input_nodes}
@@ -117,15 +158,19 @@ class WrapperCodegen:
                 last_use[v] = i
         body = [f"({''.join(self.name(p.name) + ', ' for p in kg.placeholders)}) = args",
                 "args.clear()"]
+        body += self._symbol_sources()
         dead_inputs = [p.name for p in kg.placeholders if p.name not in last_use and p.name not in outputs]
         if dead_inputs:
             body.append("del " + ", ".join(self.name(v) for v in dead_inputs))
         for i, n in enumerate(kg.nodes):
-            body.extend(self._gemm(n) if isinstance(n, GemmNode) else [self._extern(n)])  # type: ignore[arg-type]
-            produced = n.value if isinstance(n, GemmNode) else n.name
+            if isinstance(n, GemmNode):
+                body.extend(self._gemm(n))
+            elif isinstance(n, FusedNode):
+                body.extend(self._fused(n))
+            else:
+                body.append(self._extern(n))  # type: ignore[arg-type]
             dead = sorted({v for v in n.inputs if last_use.get(v) == i and v not in outputs})
-            if produced not in last_use and produced not in outputs:
-                dead.append(produced)
+            dead += [v for v in produced(n) if v not in last_use and v not in outputs]
             if dead:
                 body.append("del " + ", ".join(self.name(v) for v in dead))
         body.append(f"return {self.literal(tuple(kg.output.args[0]) if isinstance(kg.output.args[0], (list, tuple)) else kg.output.args[0])}")
@@ -138,7 +183,7 @@ class WrapperCodegen:
             "prims = torch.ops.prims",
             "",
         ]
-        header += [f"{g.name} = kernels[{g.name!r}]" for g in kg.gemms]
+        header += [f"{g.name} = kernels[{g.name!r}]" for g in kg.gemms + kg.fused]
         return "\n".join(header + ["", "", "def call(args):"] + ["    " + line for line in body]) + "\n"
 
 

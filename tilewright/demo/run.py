@@ -141,11 +141,13 @@ def _llama_bf16_decode(result: CaseResult) -> None:
 
 
 def _minilm_nvfp4(result: CaseResult) -> None:
-    """Judged two ways. Against eager MiniLM on the dequantised weights: activations are
-    quantised too (W4A4), so the bound is the error of the same NVFP4 model run eagerly
-    (measured here) plus 15%. Against that eager NVFP4 model directly: the same arithmetic up to
-    rounding, except that a value landing on an E2M1 rounding boundary can quantise one step
-    differently and the flip compounds over 6 layers (measured 2e-2): bound 5e-2."""
+    """Judged against eager MiniLM on the dequantised weights: activations are quantised too
+    (W4A4), so the bound is the error of the same NVFP4 model run eagerly (measured here) plus
+    15%. The distance to that eager NVFP4 model itself is reported, not judged: a one-ulp change
+    before a quantiser moves a value across an E2M1 rounding boundary and the flip compounds
+    over 6 layers. Measured: eager NVFP4 MiniLM with its LayerNorms written out as
+    var_mean/rsqrt (the same math, other rounding) is 0.18 away from eager NVFP4 with
+    ``nn.LayerNorm``, while both are 0.16 from the unquantised model."""
     model, reference = models.minilm_nvfp4()
     feats = models.minilm_inputs(model)
     with torch.no_grad():
@@ -162,8 +164,8 @@ def _minilm_nvfp4(result: CaseResult) -> None:
             result.run_ms = (time.perf_counter() - t0) * 1e3
     result.tolerance = expected * 1.15
     result.errors["embedding vs dequantised-weights eager"] = rel_err(out, ref)
-    result.errors["embedding vs eager NVFP4"] = rel_err(out, eager)
-    result.bounds["embedding vs eager NVFP4"] = 5e-2
+    result.notes.append(f"distance to eager NVFP4 (not judged, see the case's docstring): "
+                        f"{rel_err(out, eager):.3e}")
     result.notes.append(f"expected NVFP4 (W4A4) error, eager: {expected:.3e}; min cosine vs "
                         f"reference {torch.nn.functional.cosine_similarity(out, ref).min().item():.4f}")
 

@@ -4,13 +4,15 @@ the runtime loader and the autotuner (which must not render source itself)."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.inputs import GemmInputs, output_shape
 from tilewright.errors import KernelCompileError
-from tilewright.problem import GemmProblem
+from tilewright.autotune.kinds import LoopInputs
+from tilewright.problem import GemmProblem, LoopProblem
 from tilewright.runtime.loader import load_module
 from tilewright.runtime.targets import Target, get_target
 from tilewright.templates import RenderedKernel, get_template
@@ -43,20 +45,33 @@ class TemplateKernelFactory:
     def __setstate__(self, state: dict) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def build(self, problem: GemmProblem, candidate: Candidate, target: Target):
+    def render(self, problem: GemmProblem | LoopProblem, candidate: Candidate, target: Target) -> RenderedKernel:
+        """The candidate's source (see :func:`render`)."""
+        return render(problem, candidate, target)
+
+    def compile(self, rendered: RenderedKernel):
+        """The launcher of rendered source (imported once per distinct source)."""
+        module = load_module(rendered.source, name=rendered.name, interpret=rendered.interpret)
+        launch = getattr(module, rendered.entry)
+        launch.rendered = rendered  # for debug dumps and `explain`
+        return launch
+
+    def build(self, problem: GemmProblem | LoopProblem, candidate: Candidate, target: Target):
         key = (problem, candidate.key, target.name)
         with self._lock:
             if key in self._launchers:
                 return self._launchers[key]
-        rendered = render(problem, candidate, target)
-        module = load_module(rendered.source, name=rendered.name, interpret=rendered.interpret)
-        launch = getattr(module, rendered.entry)
-        launch.rendered = rendered  # for debug dumps and `explain`
+        launch = self.compile(self.render(problem, candidate, target))
         with self._lock:
             self._launchers[key] = launch
         return launch
 
-    def reference(self, problem: GemmProblem, inputs: GemmInputs) -> torch.Tensor:
+    def reference(self, problem: GemmProblem | LoopProblem, inputs: GemmInputs | LoopInputs) -> Any:
+        """The float64 result (a loop kernel: the tuple of its outputs, floats in float64)."""
+        if isinstance(problem, LoopProblem):
+            aten = get_template(f"aten.{problem.kind}")
+            launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
+            return launch(*inputs.tensors, *inputs.sizes, reference=True)
         aten = get_template("aten.gemm")
         launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
         x = inputs.as_dtype(torch.float64)

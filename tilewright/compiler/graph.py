@@ -1,13 +1,16 @@
-"""The kernel IR: what an ATen FX graph becomes before kernels are chosen.
+"""The kernel graph: what an ATen FX graph becomes before kernels are chosen.
 
 A :class:`KernelGraph` is an ordered list of nodes over named values (FX node names):
 
 * :class:`GemmNode`: one GEMM-family op (mm, addmm, bmm, baddbmm, and what linear decomposes
   to) with its fused epilogue; sizes are sympy expressions so symbolic dims flow through;
+* :class:`LoopNode`: one pointwise or reduction op lowered to the expression IR
+  (:mod:`tilewright.ir`), before fusion;
+* :class:`FusedNode`: after fusion, a group of loop nodes as one loop kernel;
 * :class:`ExternNode`: any other FX node, run as the ATen call it already is. ``kind`` says
   what it is ("pointwise", "view", "reduction", "attention", "extern") for reports.
 
-Every node keeps the FX nodes it stands for, so the IR can always fall back to ATen.
+Every node keeps the FX nodes it stands for, so the graph can always fall back to ATen.
 """
 
 from __future__ import annotations
@@ -103,6 +106,57 @@ class ExternNode(Node):
 
 
 @dataclass
+class LoopNode(Node):
+    """One op lowered to the expression IR: value ``name`` at output index ``(i0, i1, ...)``
+    (:func:`tilewright.ir.index.variables` ``("i", n)``), reducing over ``(j0, ...)`` when
+    ``reduction_ranges`` is not empty (the body is then independent of the ``j``: it holds a
+    ``reduce``). ``meta`` gives the layout eager would give the value, which is the layout it
+    gets when stored."""
+
+    ranges: tuple[sympy.Expr, ...] = ()
+    reduction_ranges: tuple[sympy.Expr, ...] = ()
+    body: Any = None  # tilewright.ir.expr.Node
+    dtype: str = "fp32"
+    meta: TensorMeta | None = None
+
+    @property
+    def inputs(self) -> list[str]:
+        from tilewright.ir.expr import loads
+
+        seen: dict[str, None] = {}
+        for ld in loads([self.body]):
+            seen.setdefault(ld.arg[0], None)
+        return list(seen)
+
+    @property
+    def value(self) -> str:
+        return self.name
+
+    @property
+    def is_reduction(self) -> bool:
+        return bool(self.reduction_ranges)
+
+
+@dataclass
+class FusedNode(Node):
+    """A group of loop nodes compiled as one loop kernel. ``kernel`` uses canonical names:
+    buffer ``in{k}`` is graph value ``args[k]``, ``out{k}`` is ``outputs[k]``, size symbol
+    ``z{k}`` is graph symbol ``symbols[k]``; ``problem`` is the kernel at the trace-time sizes."""
+
+    kernel: Any = None  # tilewright.ir.kernel.LoopKernel
+    problem: Any = None  # tilewright.problem.LoopProblem
+    args: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    symbols: list[sympy.Symbol] = field(default_factory=list)
+    members: list[str] = field(default_factory=list)  # the loop nodes it computes
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def inputs(self) -> list[str]:
+        return list(self.args)
+
+
+@dataclass
 class FusedInput:
     """A tensor the epilogue reads: the value's name, its broadcast pattern, and in which shape
     space it broadcasts ("gemm": the GEMM's (batch?, M, N); "view": the absorbed view's)."""
@@ -165,10 +219,16 @@ class KernelGraph:
     def gemms(self) -> list[GemmNode]:
         return [n for n in self.nodes if isinstance(n, GemmNode)]
 
+    @property
+    def fused(self) -> list[FusedNode]:
+        return [n for n in self.nodes if isinstance(n, FusedNode)]
+
     def producers(self) -> dict[str, Node]:
+        """Value name -> the node that computes it."""
         out: dict[str, Node] = {}
         for n in self.nodes:
-            out[n.value if isinstance(n, GemmNode) else n.name] = n
+            for v in produced(n):
+                out[v] = n
         return out
 
     def dependency_graph(self) -> nx.DiGraph:
@@ -197,8 +257,26 @@ class KernelGraph:
                     + (f"scales={list(n.scales)} " if n.scales else "") +
                     f"epilogue: {eps} inputs: {[e.value for e in n.epilogue_inputs]} "
                     f"absorbs: {[f.name for f in n.fx_nodes]}")
+            elif isinstance(n, LoopNode):
+                from tilewright.ir.expr import render
+
+                red = f" reduce {list(n.reduction_ranges)}" if n.reduction_ranges else ""
+                lines.append(f"{n.name} = loop {list(n.ranges)}{red}: {render(n.body, 8)}")
+            elif isinstance(n, FusedNode):
+                lines.append(f"{', '.join(n.outputs)} = {n.name}({', '.join(n.args)}) "
+                             f"[{', '.join(map(str, n.symbols))}] computes {n.members}")
+                lines.extend("    " + line for line in n.kernel.describe().splitlines())
             else:
                 assert isinstance(n, ExternNode)
                 lines.append(f"{n.name} = {n.kind}: {n.fx_node.target}({', '.join(n.inputs)})")
         lines.append(f"outputs: {self.output.args}")
         return "\n".join(lines)
+
+
+def produced(n: Node) -> list[str]:
+    """The graph values a node computes."""
+    if isinstance(n, GemmNode):
+        return [n.value]
+    if isinstance(n, FusedNode):
+        return list(n.outputs)
+    return [n.name]

@@ -1,0 +1,103 @@
+"""Candidate policy for loop kernels (pointwise, reduction): a few block shapes per problem,
+chosen from its sizes, never a grid.
+
+* pointwise: XBLOCK from 256 to 2048 elements with enough warps to give each thread 4-8
+  elements (128-bit accesses), fewer when the tensor is small;
+* reduction: a persistent row (RBLOCK = the row rounded up to a power of two) whenever it fits
+  the register budget (``TritonReduction.check``), with several rows per program for short rows;
+  a looped row (RBLOCK 1024-4096) for long ones, and one looped candidate beside the persistent
+  ones for rows long enough that the choice is close;
+* the interpreter (the CPU, when Triton is forced): the fewest programs, since each costs
+  Python time.
+
+ATen (the torch emitter) is always rank 0. The cost model
+(:func:`~tilewright.autotune.cost_model.estimate_loop`) ranks the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from tilewright._config import config
+from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.cost_model import LAUNCH_US, estimate_loop
+from tilewright.problem import LoopProblem
+from tilewright.runtime.targets import Target
+from tilewright.templates import TemplateSpec, get_template, templates_for
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _warps(elements: int) -> int:
+    """Warps for a block of ``elements``: about 8 elements per thread, 1..16 warps."""
+    w = max(1, min(16, elements // 256))
+    return 1 << (w.bit_length() - 1)
+
+
+def pointwise_params(problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
+    n = max(problem.xnumel, 1)
+    if target.interpreted:
+        return [{"XBLOCK": min(_pow2(n), 65536), "num_warps": 4}]
+    out = []
+    for xblock in (256, 512, 1024, 2048):
+        xb = min(xblock, max(_pow2(n), 16))
+        out.append({"XBLOCK": xb, "num_warps": _warps(xb)})
+    return out
+
+
+def reduction_params(problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
+    x, r = max(problem.xnumel, 1), max(problem.rnumel, 1)
+    rp = _pow2(r)
+    if target.interpreted:
+        xblock = min(_pow2(x), max(1, 65536 // rp), 4096)
+        out = [{"XBLOCK": xblock, "RBLOCK": 1024, "PERSISTENT": True, "num_warps": 4}]
+        if rp > 4096:
+            out.append({"XBLOCK": min(_pow2(x), 16), "RBLOCK": 4096, "PERSISTENT": False, "num_warps": 4})
+        return out
+    out = []
+    for xblock in (1, 2, 4, 8, 16, 32, 64):
+        if xblock > _pow2(x) or xblock * rp > 16384:
+            continue
+        out.append({"XBLOCK": xblock, "RBLOCK": 1024, "PERSISTENT": True, "num_warps": _warps(xblock * rp)})
+    if rp >= 2048:
+        for rblock in (1024, 2048, 4096):
+            if rblock < rp:
+                out.append({"XBLOCK": 1, "RBLOCK": rblock, "PERSISTENT": False, "num_warps": _warps(rblock)})
+    return out
+
+
+class LoopPolicy:
+    """Candidates for a pointwise or reduction problem (see the module docstring)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def candidates(self, problem: LoopProblem, target: Target,
+                   templates: Iterable[TemplateSpec] | None = None) -> list[Candidate]:
+        aten = get_template(f"aten.{self.kind}")
+        launch_ms = 0.0 if target.interpreted else LAUNCH_US * 1e-3
+        bw = max(target.hbm_gbps, 1.0) * 1e9
+        out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0,
+                            predicted_ms=problem.min_bytes / (bw * 0.7) * 1e3 + launch_ms)]
+        if target.interpreted and config.force_backend == "auto":
+            return out  # interpreted kernels only lose to ATen on a CPU (see policy.py)
+        scored = []
+        for t in templates if templates is not None else templates_for(self.kind, target.backend):
+            if t.backend == "aten" or not t.supports(problem, target):
+                continue
+            seen = set()
+            proposals = reduction_params(problem, target) if self.kind == "reduction" else \
+                pointwise_params(problem, target)
+            for p in proposals:
+                params = t.space.complete({k: v for k, v in p.items() if k in t.space.names()})
+                key = tuple(sorted(params.items()))
+                if key in seen or t.check(params, problem, target):
+                    continue
+                seen.add(key)
+                scored.append((estimate_loop(problem, params, target).ms, t, params))
+        scored.sort(key=lambda item: (item[0], item[1].id))
+        for i, (ms, t, params) in enumerate(scored[:config.max_candidates]):
+            out.append(Candidate.of(t.id, t.source_hash, params, rank=i + 1, predicted_ms=ms))
+        return out

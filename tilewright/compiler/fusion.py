@@ -1,0 +1,258 @@
+"""A group of loop nodes -> one loop kernel (:class:`~tilewright.ir.kernel.LoopKernel`).
+
+The kernel's iteration space comes from the group: a reduction group iterates over its
+reductions' outer dims (``x``) and reduced dims (``r``); a pointwise group over the shape of the
+values it stores. Where two members see the same space split differently (``(B*S, H)`` and
+``(B, S, H)``), the kernel takes the finer split and each member's indices become sums of its
+variables (:func:`~tilewright.ir.index.refine`).
+
+Members whose value is needed outside the group (or is a graph output) are stored; every other
+member is inlined: a load of it becomes its own expression at the loaded index, its variables
+substituted (views in between are already index maps). A reduction is never recomputed: a
+member may read it only at its own row, in registers. Whatever breaks these rules raises
+:class:`FusionError`, and the scheduler keeps those nodes apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from tilewright.compiler.graph import LoopNode, TensorMeta
+from tilewright.ir import dtypes
+from tilewright.ir import expr as E
+from tilewright.ir.index import (
+    group_index, is_iter_var, product, refine, same, simplify, variables,
+)
+from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol
+
+
+class FusionError(Exception):
+    """These loop nodes cannot be one kernel (the message says why)."""
+
+
+@dataclass
+class BuiltKernel:
+    """A group's kernel and how its canonical names bind to the graph."""
+
+    kernel: LoopKernel
+    args: list[str]
+    outputs: list[str]
+    symbols: list[sympy.Symbol]
+
+
+def _nonunit(shape) -> tuple[sympy.Expr, ...]:
+    return tuple(s for s in shape if s != 1)
+
+
+def _refine_all(shapes: list[tuple[sympy.Expr, ...]]) -> tuple[sympy.Expr, ...]:
+    space = _nonunit(shapes[0])
+    for s in shapes[1:]:
+        r = refine(space, s)
+        if r is None:
+            raise FusionError(f"iteration spaces {space} and {tuple(s)} do not line up")
+        space = r
+    return space
+
+
+class _Builder:
+    def __init__(self, members: list[LoopNode], stored: set[str], metas: dict[str, TensorMeta]):
+        self.members = {m.name: m for m in members}
+        self.order = members
+        self.stored = [m for m in members if m.name in stored]
+        if not self.stored:
+            raise FusionError("a group that stores nothing")
+        self.metas = metas
+        reductions = [m for m in members if m.is_reduction]
+        if reductions:
+            self.x = _refine_all([r.ranges for r in reductions]) if any(_nonunit(r.ranges) for r in reductions) else ()
+            if any(_nonunit(r.ranges) for r in reductions):
+                for r in reductions:
+                    if not same(product(r.ranges), product(self.x)):
+                        raise FusionError("reductions over different outer spaces")
+            self.r = _refine_all([r.reduction_ranges for r in reductions]) or (sympy.Integer(1),)
+            for r in reductions:
+                if not same(product(r.reduction_ranges), product(self.r)):
+                    raise FusionError("reductions over different reduced spaces")
+        else:
+            numels = {sympy.expand(product(m.ranges)) for m in self.stored}
+            if len(numels) > 1 and not all(same(a, b) for a in numels for b in numels):
+                raise FusionError("stored values of different sizes")
+            self.x = _refine_all([m.ranges for m in self.stored])
+            self.r = ()
+        self.xv, self.rv = variables("x", len(self.x)), variables("r", len(self.r))
+        self.var_ranges = dict(zip(self.xv, self.x)) | dict(zip(self.rv, self.r))
+        self.own: dict[str, tuple[sympy.Expr, ...]] = {}
+        self.red_vars: dict[str, dict[sympy.Symbol, sympy.Expr]] = {}
+        for m in members:
+            self._map(m)
+        self.memo: dict[tuple, E.Node] = {}
+
+    # -- where each member sits in the kernel's space ----------------------------------------
+    def _map(self, m: LoopNode) -> None:
+        try:
+            if m.is_reduction:
+                self.own[m.name] = group_index(m.ranges, self.x, self.xv)
+                self.red_vars[m.name] = dict(zip(variables("j", len(m.reduction_ranges)),
+                                                 group_index(m.reduction_ranges, self.r, self.rv)))
+            elif same(product(m.ranges), product(self.x)):
+                self.own[m.name] = group_index(m.ranges, self.x, self.xv)
+            elif self.r and same(product(m.ranges), product(self.x) * product(self.r)):
+                self.own[m.name] = group_index(m.ranges, self.x + self.r, self.xv + self.rv)
+            elif m.name in {s.name for s in self.stored}:
+                raise FusionError(f"{m.name} {m.ranges} fits neither the outer nor the whole space")
+        except ValueError as e:
+            raise FusionError(f"{m.name}: {e}") from e
+
+    def _simplify(self, e: sympy.Expr) -> sympy.Expr:
+        return simplify(e, self.var_ranges)
+
+    # -- values ---------------------------------------------------------------------------------
+    def value(self, name: str, index: tuple[sympy.Expr, ...]) -> E.Node:
+        """Member ``name``'s value at ``index`` (kernel variables)."""
+        index = tuple(self._simplify(sympy.sympify(i)) for i in index)
+        key = (name, index)
+        if key in self.memo:
+            return self.memo[key]
+        m = self.members[name]
+        ivars = variables("i", len(m.ranges))
+        if m.is_reduction:
+            own = self.own[name]
+            if any(not same(a, b) for a, b, s in zip(index, own, m.ranges) if s != 1):
+                raise FusionError(f"a member reads reduction {name} outside its own row")
+            subs = dict(zip(ivars, own)) | self.red_vars[name]
+        else:
+            subs = dict(zip(ivars, index))
+        body = E.substitute_vars([m.body], subs, self._simplify)[0]
+        out = self.resolve(body)
+        self.memo[key] = out
+        return out
+
+    def resolve(self, node: E.Node) -> E.Node:
+        """Replace loads of members by their values."""
+        def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+            if n.op != "load" or n.arg[0] not in self.members:
+                return None
+            if E.load_indirect(n):
+                raise FusionError(f"a gather reads {n.arg[0]} through data: it must be in memory")
+            v = self.value(n.arg[0], n.arg[1])
+            mask = src[0] if n.arg[2] else None
+            return v if mask is None else E.where(mask, _masked(v, mask), E.const(0, v.dtype))
+        return E.rewrite([node], fn)[0]
+
+    # -- the kernel -----------------------------------------------------------------------------
+    def build(self) -> BuiltKernel:
+        stores: list[tuple[str, tuple, E.Node]] = []
+        for m in self.stored:
+            own = self.own.get(m.name)
+            if own is None:
+                raise FusionError(f"{m.name} cannot be stored from this kernel")
+            stores.append((m.name, own, E.cast(self.value(m.name, own), m.dtype)))
+        return _canonical(self.x, self.r, stores, self.members, self.metas)
+
+
+def _masked(v: E.Node, mask: E.Node) -> E.Node:
+    """``v`` with every load inside it masked by ``mask`` too (no read where it is false)."""
+    def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+        if n.op != "load":
+            return None
+        own = src[0] if n.arg[2] else None
+        both = mask if own is None else E.op("logical_and", own, mask)
+        return E.load(n.arg[0], n.arg[1], n.dtype, both, E.load_indirect(E.Node(n.op, n.dtype, src, n.arg)))
+    return E.rewrite([v], fn)[0]
+
+
+def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKernel:
+    """Rename buffers to in{k}/out{k} and size symbols to z{k}, in order of appearance."""
+    values = [v for _, _, v in stores]
+    ext: list[str] = []
+    for ld in E.toposort(values):
+        if ld.op == "load" and ld.arg[0] not in ext:
+            ext.append(ld.arg[0])
+    sym_order: list[sympy.Symbol] = []
+
+    def note(e: Any) -> None:
+        for s in sorted(sympy.sympify(e).free_symbols, key=lambda s: s.name):
+            if is_iter_var(s):
+                continue
+            if s not in sym_order:
+                sym_order.append(s)
+
+    for e in tuple(x) + tuple(r):
+        note(e)
+    for name in ext:
+        for e in metas[name].shape + metas[name].stride:
+            note(e)
+    for name, idx, _ in stores:
+        for e in metas[name].shape + metas[name].stride:
+            note(e)
+    for e in E.free_index_symbols(values):
+        note(e)
+    for _, idx, _ in stores:
+        for e in idx:
+            note(e)
+    zmap = {s: size_symbol(k) for k, s in enumerate(sym_order)}
+    rename = {name: f"in{k}" for k, name in enumerate(ext)}
+    rename.update({name: f"out{k}" for k, (name, _, _) in enumerate(stores)})
+
+    def z(e: Any) -> sympy.Expr:
+        return sympy.sympify(e).xreplace(zmap)
+
+    def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+        if n.op == "load":
+            return E.Node("load", n.dtype, src, (rename[n.arg[0]], tuple(z(i) for i in n.arg[1]), n.arg[2]))
+        if n.op == "index":
+            return E.Node("index", n.dtype, src, z(n.arg))
+        return None
+
+    new_values = E.rewrite(values, fn)
+    bounds = _index_bounds(values, metas)
+
+    def buffer(name: str) -> Buffer:
+        meta = metas[name]
+        b = bounds.get(name)
+        return Buffer(rename[name], dtypes.name_of(meta.dtype), tuple(z(s) for s in meta.shape),
+                      tuple(z(s) for s in meta.stride), (0, b) if b is not None else None)
+
+    kernel = LoopKernel(tuple(z(s) for s in x), tuple(z(s) for s in r),
+                        tuple(buffer(n) for n in ext), tuple(buffer(n) for n, _, _ in stores),
+                        tuple(Store(rename[n], tuple(z(i) for i in idx), v)
+                              for (n, idx, _), v in zip(stores, new_values)))
+    return BuiltKernel(kernel, ext, [n for n, _, _ in stores], sym_order)
+
+
+def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta]) -> dict[str, int]:
+    """Integer buffers whose values index a gather: the size of the dim they index (tuning draws
+    their random values below it)."""
+    out: dict[str, sympy.Expr] = {}
+    for n in E.toposort(values):
+        if n.op != "load" or not E.load_indirect(n):
+            continue
+        target = metas[n.arg[0]]
+        for k, v in enumerate(E.load_indirect(n)):
+            sym = E.indirect_symbol(k)
+            dims = [d for d, e in enumerate(n.arg[1]) if sym in e.free_symbols]
+            for ld in E.toposort([v]):
+                if ld.op == "load" and dims:
+                    hint = target.hint_shape[dims[0]]
+                    out[ld.arg[0]] = min(out.get(ld.arg[0], hint), hint)
+    return out
+
+
+def build_kernel(members: list[LoopNode], stored: set[str], metas: dict[str, TensorMeta]) -> BuiltKernel:
+    """The loop kernel computing ``members`` and storing those named in ``stored``.
+
+    Args:
+        members: loop nodes, in graph order.
+        stored: members whose values leave the kernel.
+        metas: shape/stride/dtype of every value involved (members and what they read).
+
+    Raises:
+        FusionError: the members cannot share one kernel.
+    """
+    return _Builder(members, stored, metas).build()
+
+
+__all__ = ["BuiltKernel", "FusionError", "build_kernel"]

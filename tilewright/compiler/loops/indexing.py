@@ -1,0 +1,250 @@
+"""Lowering rules for ops that move data by index: concatenation, padding, the backward of
+slicing and selecting, gathers (embedding, advanced indexing, ``gather``, ``index_select``) and
+the one-hot scatter of ``nll_loss``'s backward. Out-of-range parts are masked loads: nothing is
+read where the mask is false."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+import torch.fx as fx
+
+from tilewright.compiler.graph import TensorMeta
+from tilewright.compiler.loops import Scalar, Unsupported, lowering
+from tilewright.compiler.loops.views import _normalise_start, _sym
+from tilewright.ir import dtypes
+from tilewright.ir import expr as E
+
+aten = torch.ops.aten
+
+
+def _idx(i: sympy.Expr) -> E.Node:
+    return E.index(i)
+
+
+def _in_range(i: sympy.Expr, lo: sympy.Expr, hi: sympy.Expr) -> E.Node:
+    """lo <= i < hi, as a boolean node."""
+    v = _idx(i)
+    return E.op("logical_and", E.op("ge", v, E.index(lo)), E.op("lt", v, E.index(hi)))
+
+
+def _all(conds: list[E.Node]) -> E.Node | None:
+    out = None
+    for c in conds:
+        out = c if out is None else E.op("logical_and", out, c)
+    return out
+
+
+def _tensor(ctx, x):
+    v = ctx.value(x)
+    if isinstance(v, Scalar):
+        raise Unsupported("scalar operand")
+    return v
+
+
+@lowering(aten.cat.default)
+def _cat(ctx, node, a):
+    out_meta = TensorMeta.of(node)
+    out = dtypes.name_of(out_meta.dtype)
+    cdt = dtypes.compute_type(out)
+    parts = [_tensor(ctx, t) for t in a["tensors"]]
+    dim = a["dim"] % out_meta.ndim
+    # legacy empty 1-D inputs take no part; others are placed one after the other along dim
+    parts = [p for p in parts if not (p.ndim == 1 and p.shape[0] == 0 and out_meta.ndim > 1)]
+    spans, start = [], sympy.Integer(0)
+    for p in parts:
+        spans.append((p, start, start + p.shape[dim]))
+        start = start + p.shape[dim]
+
+    def body(idx):
+        value = None
+        for p, lo, hi in reversed(spans):
+            inside = _in_range(idx[dim], lo, hi)
+            src = idx[:dim] + (idx[dim] - lo,) + idx[dim + 1:]
+            v = E.cast(p.load(src, mask=inside), cdt)
+            value = v if value is None else E.where(inside, v, value)
+        return value if value is not None else E.const(0, cdt)
+    return ctx.loop(node, body)
+
+
+@lowering(aten.stack.default)
+def _stack(ctx, node, a):
+    out_meta = TensorMeta.of(node)
+    dim = a["dim"] % out_meta.ndim
+    parts = [_tensor(ctx, t) for t in a["tensors"]]
+    cdt = dtypes.compute_type(dtypes.name_of(out_meta.dtype))
+
+    def body(idx):
+        value = None
+        for k, p in reversed(list(enumerate(parts))):
+            here = E.op("eq", _idx(idx[dim]), E.index(k))
+            v = E.cast(p.load(idx[:dim] + idx[dim + 1:], mask=here), cdt)
+            value = v if value is None else E.where(here, v, value)
+        return value
+    return ctx.loop(node, body)
+
+
+@lowering(aten.constant_pad_nd.default)
+def _pad(ctx, node, a):
+    x = _tensor(ctx, a["self"])
+    pad = [_sym(p) for p in a["pad"]]
+    value = a["value"]
+    out = dtypes.name_of(TensorMeta.of(node).dtype)
+    cdt = dtypes.compute_type(out)
+
+    def body(idx):
+        src, conds = list(idx), []
+        for k in range(len(pad) // 2):
+            d = x.ndim - 1 - k
+            before = pad[2 * k]
+            src[d] = idx[d] - before
+            conds.append(_in_range(src[d], 0, x.shape[d]))
+        inside = _all(conds)
+        v = E.cast(x.load(tuple(src), mask=inside), cdt)
+        return v if inside is None else E.where(inside, v, E.const(value, cdt))
+    return ctx.loop(node, body)
+
+
+@lowering(aten.slice_backward.default)
+def _slice_backward(ctx, node, a):
+    g = _tensor(ctx, a["grad_output"])
+    sizes = [_sym(s) for s in a["input_sizes"]]
+    dim = a["dim"] % len(sizes)
+    step = a["step"]
+    if isinstance(step, fx.Node) or step < 1:
+        raise Unsupported("slice step")
+    start = _normalise_start(a["start"], sizes[dim])
+    cdt = dtypes.compute_type(g.dtype)
+
+    def body(idx):
+        rel = idx[dim] - start
+        inside = _in_range(rel, 0, g.shape[dim] * step)
+        if step > 1:
+            inside = E.op("logical_and", inside, E.op("eq", E.index(sympy.Mod(idx[dim] + step * g.shape[dim] - start, step)),
+                                                      E.index(0)))
+        src = idx[:dim] + (sympy.floor(rel / step) if step > 1 else rel,) + idx[dim + 1:]
+        return E.where(inside, E.cast(g.load(src, mask=inside), cdt), E.const(0, cdt))
+    return ctx.loop(node, body)
+
+
+@lowering(aten.select_backward.default)
+def _select_backward(ctx, node, a):
+    g = _tensor(ctx, a["grad_output"])
+    sizes = [_sym(s) for s in a["input_sizes"]]
+    dim = a["dim"] % len(sizes)
+    index = _sym(a["index"])
+    if index.is_number and index < 0:
+        index = index + sizes[dim]
+    cdt = dtypes.compute_type(g.dtype)
+
+    def body(idx):
+        here = E.op("eq", _idx(idx[dim]), E.index(index))
+        return E.where(here, E.cast(g.load(idx[:dim] + idx[dim + 1:], mask=here), cdt), E.const(0, cdt))
+    return ctx.loop(node, body)
+
+
+def _wrapped(ind: E.Node, size: sympy.Expr) -> E.Node:
+    """A gathered index with negative values counted from the end (as torch indexing)."""
+    ind = E.cast(ind, "i64")
+    return E.where(E.op("lt", ind, E.const(0, "i64")), ind + E.cast(E.index(size), "i64"), ind)
+
+
+def _gathered(ctx, x):
+    """Gathers read through an index that is data: only a buffer in memory can be read that way."""
+    from tilewright.compiler.loops import Buffer
+
+    if not isinstance(x, Buffer):
+        raise Unsupported("gather from a view (materialise it first)")
+    return x
+
+
+@lowering(aten.embedding.default)
+def _embedding(ctx, node, a):
+    w = _gathered(ctx, _tensor(ctx, a["weight"]))
+    ids = _tensor(ctx, a["indices"])
+    if w.ndim != 2:
+        raise Unsupported("embedding weight of rank != 2")
+
+    def body(idx):
+        ind = _wrapped(ids.load(idx[:-1]), w.shape[0])
+        return E.load(w.name, (E.indirect_symbol(0), idx[-1]), w.dtype, indirect=(ind,))
+    return ctx.loop(node, body)
+
+
+@lowering(aten.index_select.default)
+def _index_select(ctx, node, a):
+    x = _gathered(ctx, _tensor(ctx, a["self"]))
+    index = _tensor(ctx, a["index"])
+    dim = a["dim"] % max(x.ndim, 1)
+
+    def body(idx):
+        ind = _wrapped(index.load((idx[dim],) if index.ndim else ()), x.shape[dim])
+        src = idx[:dim] + (E.indirect_symbol(0),) + idx[dim + 1:]
+        return E.load(x.name, src, x.dtype, indirect=(ind,))
+    return ctx.loop(node, body)
+
+
+@lowering(aten.gather.default)
+def _gather_rule(ctx, node, a):
+    x = _gathered(ctx, _tensor(ctx, a["self"]))
+    index = _tensor(ctx, a["index"])
+    dim = a["dim"] % max(x.ndim, 1)
+
+    def body(idx):
+        ind = _wrapped(index.load(idx), x.shape[dim])
+        src = idx[:dim] + (E.indirect_symbol(0),) + idx[dim + 1:]
+        return E.load(x.name, src, x.dtype, indirect=(ind,))
+    return ctx.loop(node, body)
+
+
+@lowering(aten.index.Tensor)
+def _index(ctx, node, a):
+    x = _gathered(ctx, _tensor(ctx, a["self"]))
+    indices = list(a["indices"])
+    used = [k for k, t in enumerate(indices) if t is not None]
+    if not used or used != list(range(used[0], used[-1] + 1)):
+        raise Unsupported("index tensors that are not adjacent")
+    idx_vals = []
+    for k in used:
+        v = _tensor(ctx, indices[k])
+        if v.dtype not in ("i64", "i32"):
+            raise Unsupported("boolean mask indexing (data-dependent shape)")
+        idx_vals.append(v)
+    out_meta = TensorMeta.of(node)
+    nb = out_meta.ndim - (x.ndim - len(used))  # dims of the broadcast index shape
+    first = used[0]
+
+    def body(idx):
+        bidx = idx[first:first + nb]
+        ind = []
+        for k, v in zip(used, idx_vals):
+            lead = nb - v.ndim
+            vi = tuple(sympy.Integer(0) if s == 1 else bidx[lead + d] for d, s in enumerate(v.shape))
+            ind.append(_wrapped(v.load(vi), x.shape[k]))
+        src = list(idx[:first]) + [E.indirect_symbol(j) for j in range(len(used))] + list(idx[first + nb:])
+        return E.load(x.name, tuple(src), x.dtype, indirect=tuple(ind))
+    return ctx.loop(node, body)
+
+
+@lowering(aten.scatter.value, aten.scatter.src)
+def _scatter(ctx, node, a):
+    """Only the collision-free case: an index of size 1 along ``dim`` and the self's size
+    elsewhere (one-hot writes, as nll_loss's backward makes)."""
+    x = _tensor(ctx, a["self"])
+    index = _tensor(ctx, a["index"])
+    dim = a["dim"] % max(x.ndim, 1)
+    if a.get("reduce") is not None or index.ndim != x.ndim or index.shape[dim] != 1 or any(
+            index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
+        raise Unsupported("general scatter (collisions)")
+    src = a.get("src")
+    value = a.get("value")
+    cdt = dtypes.compute_type(x.dtype)
+    srcv = _tensor(ctx, src) if src is not None else None
+
+    def body(idx):
+        at = idx[:dim] + (sympy.Integer(0),) + idx[dim + 1:]
+        hit = E.op("eq", E.cast(index.load(at), "i64"), E.cast(E.index(idx[dim]), "i64"))
+        new = E.cast(srcv.load(at), cdt) if srcv is not None else E.const(value, cdt)
+        return E.where(hit, new, E.cast(x.load(idx), cdt))
+    return ctx.loop(node, body)
+

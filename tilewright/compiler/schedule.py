@@ -1,0 +1,318 @@
+"""The fusion scheduler: which loop nodes share a kernel.
+
+Every loop node starts as a group of its own. Candidate merges are pairs of groups where one
+produces what the other reads (vertical: a pointwise chain, a reduction with its producers or
+its consumers) or both read the same tensor over the same space (horizontal). Each candidate is
+scored by the bytes of memory traffic it saves: a value that no longer leaves the kernel saves
+its write and every read; one that still must be stored saves the reads by the merged consumer;
+a shared input saves one read. The best-scoring legal merge is made, then the next, until none
+is left (Inductor's greedy scheme). A merge is legal when
+
+* it creates no cycle (no path from one group to the other through a third node, checked on a
+  networkx graph of groups, GEMMs and ATen calls),
+* the result stays within :data:`MAX_MEMBERS` ops and :data:`MAX_BUFFERS` buffers, and
+* :func:`~tilewright.compiler.fusion.build_kernel` can build it (one iteration space, reductions
+  read only at their own row).
+
+Afterwards the groups become :class:`~tilewright.compiler.graph.FusedNode`\\ s in a topological
+order that keeps the original order where it can.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch.fx as fx
+
+from tilewright.compiler.fusion import BuiltKernel, FusionError, build_kernel
+from tilewright.compiler.graph import ExternNode, FusedNode, KernelGraph, LoopNode, Node, TensorMeta, produced
+from tilewright.ir import dtypes
+from tilewright.ir.index import static_or_hint
+
+log = logging.getLogger("tilewright.compiler")
+
+MAX_MEMBERS = 64
+MAX_BUFFERS = 24
+
+
+@dataclass
+class _Group:
+    gid: int
+    members: list[LoopNode] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"group{self.gid}"
+
+
+def dead_code(kg: KernelGraph) -> int:
+    """Remove ATen calls and loop nodes whose values nothing uses (views left behind by
+    lowering, mostly). Returns how many were removed."""
+    outputs = {n.name for n in kg.output.all_input_nodes}
+    removed = 0
+    while True:
+        used: set[str] = set(outputs)
+        for n in kg.nodes:
+            used.update(n.inputs)
+        keep = []
+        for n in kg.nodes:
+            pure = isinstance(n, LoopNode) or (isinstance(n, ExternNode) and n.fx_node.op == "call_function"
+                                               and not n.fx_node.is_impure())
+            if pure and not (set(produced(n)) & used):
+                removed += 1
+                continue
+            keep.append(n)
+        if len(keep) == len(kg.nodes):
+            return removed
+        kg.nodes = keep
+
+
+def _bytes(meta: TensorMeta | None) -> int:
+    if meta is None or meta.dtype not in dtypes.NAMES:
+        return 0
+    n = 1
+    for s in meta.hint_shape:
+        n *= s
+    return n * dtypes.ITEMSIZE[dtypes.name_of(meta.dtype)]
+
+
+class Scheduler:
+    """Groups the loop nodes of one kernel graph (see the module docstring)."""
+
+    def __init__(self, kg: KernelGraph, metas: dict[str, TensorMeta]):
+        self.kg = kg
+        self.metas = metas
+        self.loops = [n for n in kg.nodes if isinstance(n, LoopNode)]
+        self.groups: dict[int, _Group] = {i: _Group(i, [n]) for i, n in enumerate(self.loops)}
+        self.group_of: dict[str, int] = {n.name: i for i, n in enumerate(self.loops)}
+        self.position = {n.name: i for i, n in enumerate(kg.nodes)}
+        self.outputs = {n.name for n in kg.output.all_input_nodes}
+        self.producer = kg.producers()
+        self.users: dict[str, set[str]] = {}
+        for n in kg.nodes:
+            for v in n.inputs:
+                self.users.setdefault(v, set()).add(self.unit(n))
+        self.failed: set[frozenset[int]] = set()
+        self.built: dict[int, BuiltKernel] = {}
+
+    # -- the graph of units (loop groups, GEMMs, ATen calls) ------------------------------------
+    def unit(self, n: Node) -> str:
+        gid = self.group_of.get(n.name) if isinstance(n, LoopNode) else None
+        return self.groups[gid].key if gid is not None else n.name
+
+    def unit_graph(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        for n in self.kg.nodes:
+            u = self.unit(n)
+            g.add_node(u)
+            for v in n.inputs:
+                p = self.producer.get(v)
+                if p is not None and self.unit(p) != u:
+                    g.add_edge(self.unit(p), u)
+        return g
+
+    # -- scoring --------------------------------------------------------------------------------
+    def stored(self, members: list[LoopNode]) -> set[str]:
+        names = {m.name for m in members}
+        keys = {self.groups[self.group_of[m.name]].key for m in members}
+        out = set()
+        for m in members:
+            if m.name in self.outputs or any(u not in keys for u in self.users.get(m.name, ())):
+                out.add(m.name)
+        return out & names
+
+    def candidates(self, g: nx.DiGraph) -> list[tuple[int, int, int]]:
+        """(bytes saved, group a, group b), best first."""
+        out: dict[tuple[int, int], int] = {}
+        for a in self.groups.values():
+            for m in a.members:
+                for user in self.users.get(m.name, ()):
+                    if not user.startswith("group"):
+                        continue
+                    b = int(user[5:])
+                    if b == a.gid:
+                        continue
+                    consumers = self.users.get(m.name, set())
+                    internal = m.name not in self.outputs and consumers <= {a.key, self.groups[b].key}
+                    size = _bytes(self.metas.get(m.name))
+                    key = (min(a.gid, b), max(a.gid, b))
+                    out[key] = out.get(key, 0) + (2 * size if internal else size)
+        # horizontal: groups reading the same buffer (the read happens once)
+        readers: dict[str, set[int]] = {}
+        for grp in self.groups.values():
+            for m in grp.members:
+                for v in m.inputs:
+                    if v not in self.group_of:
+                        readers.setdefault(v, set()).add(grp.gid)
+        for v, gids in readers.items():
+            if len(gids) < 2 or len(gids) > 8:
+                continue
+            for a, b in itertools.combinations(sorted(gids), 2):
+                out[(a, b)] = out.get((a, b), 0) + _bytes(self.metas.get(v))
+        ranked = sorted(((s, a, b) for (a, b), s in out.items() if s > 0), key=lambda t: (-t[0], t[1], t[2]))
+        return ranked
+
+    def legal(self, g: nx.DiGraph, a: _Group, b: _Group) -> BuiltKernel | None:
+        if frozenset((a.gid, b.gid)) in self.failed:
+            return None
+        members = sorted(a.members + b.members, key=lambda m: self.position[m.name])
+        if len(members) > MAX_MEMBERS:
+            return None
+        # a path a -> x -> b (or back) through another unit would make the merged kernel both
+        # feed and wait for x
+        for src, dst in ((a.key, b.key), (b.key, a.key)):
+            for s in g.successors(src):
+                if s != dst and nx.has_path(g, s, dst):
+                    self.failed.add(frozenset((a.gid, b.gid)))
+                    return None
+        try:
+            built = build_kernel(members, self._stored_after_merge(a, b, members), self.metas)
+        except FusionError as e:
+            log.debug("not fusing %s and %s: %s", a.key, b.key, e)
+            self.failed.add(frozenset((a.gid, b.gid)))
+            return None
+        if len(built.args) + len(built.outputs) > MAX_BUFFERS:
+            self.failed.add(frozenset((a.gid, b.gid)))
+            return None
+        return built
+
+    def _stored_after_merge(self, a: _Group, b: _Group, members: list[LoopNode]) -> set[str]:
+        keys = {a.key, b.key}
+        out = set()
+        for m in members:
+            if m.name in self.outputs or any(u not in keys for u in self.users.get(m.name, ())):
+                out.add(m.name)
+        return out
+
+    # -- the loop -------------------------------------------------------------------------------
+    def merge(self, a: _Group, b: _Group, built: BuiltKernel) -> None:
+        new = _Group(min(a.gid, b.gid), sorted(a.members + b.members, key=lambda m: self.position[m.name]))
+        old_keys = {a.key, b.key}
+        del self.groups[a.gid], self.groups[b.gid]
+        self.groups[new.gid] = new
+        for m in new.members:
+            self.group_of[m.name] = new.gid
+        for v, users in self.users.items():
+            if users & old_keys:
+                self.users[v] = (users - old_keys) | {new.key}
+        self.built[new.gid] = built
+        self.failed = {f for f in self.failed if a.gid not in f and b.gid not in f}
+
+    def run(self) -> None:
+        while True:
+            g = self.unit_graph()
+            for _, ga, gb in self.candidates(g):
+                a, b = self.groups[ga], self.groups[gb]
+                built = self.legal(g, a, b)
+                if built is not None:
+                    self.merge(a, b, built)
+                    break
+            else:
+                return
+
+    def kernels(self) -> list[FusedNode]:
+        out = []
+        for gid, grp in sorted(self.groups.items()):
+            built = self.built.get(gid)
+            if built is None:
+                built = build_kernel(grp.members, self.stored(grp.members), self.metas)
+            out.append(_fused(grp, built, self.metas))
+        return out
+
+
+def _fused(grp: _Group, built: BuiltKernel, metas: dict[str, TensorMeta]) -> FusedNode:
+    from tilewright.problem import LoopProblem
+
+    hints = {}
+    for name in built.args + built.outputs:
+        meta = metas[name]
+        for expr, hint in zip(meta.shape, meta.hint_shape):
+            if expr.is_Symbol:
+                hints[expr] = hint
+    sizes = []
+    for k, s in enumerate(built.symbols):
+        if s not in hints:
+            hints[s] = _hint_of(s, metas)
+        sizes.append((f"z{k}", hints[s]))
+    dynamic = frozenset(f"z{k}" for k, _ in enumerate(built.symbols))
+    first = grp.members[0]
+    device = (first.meta.device if first.meta is not None else None)
+    ops = _describe_ops(grp.members)
+    problem = LoopProblem(built.kernel, tuple(sizes), dynamic, ops)
+    return FusedNode(f"kernel_{grp.gid}", [f for m in grp.members for f in m.fx_nodes],
+                     kernel=built.kernel, problem=problem, args=built.args, outputs=built.outputs,
+                     symbols=built.symbols, members=[m.name for m in grp.members], device=device)
+
+
+def _hint_of(sym, metas: dict[str, TensorMeta]) -> int:
+    """The trace-time value of a size symbol (from any tensor whose dim is exactly it, or by
+    solving a dim expression that contains it alone)."""
+    for meta in metas.values():
+        for expr, hint in zip(meta.shape, meta.hint_shape):
+            if expr == sym:
+                return hint
+    for meta in metas.values():
+        for expr, hint in zip(meta.shape, meta.hint_shape):
+            if sym in expr.free_symbols and len(expr.free_symbols) == 1:
+                import sympy
+
+                sol = sympy.solve(sympy.Eq(expr, hint), sym)
+                if sol:
+                    return int(sol[0])
+    raise ValueError(f"no trace-time value for size {sym}")
+
+
+def _describe_ops(members: list[LoopNode]) -> str:
+    """A short name for what a kernel computes: its ATen ops, e.g. "pow+mean+add+rsqrt+mul"."""
+    names: list[str] = []
+    for m in members:
+        for f in m.fx_nodes:
+            t = str(f.target).split(".")[-2] if isinstance(f.target, object) and "." in str(f.target) else str(f.target)
+            if t not in names:
+                names.append(t)
+    text = "+".join(names)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def schedule(kg: KernelGraph, gm: fx.GraphModule) -> int:
+    """Fuse the graph's loop nodes into kernels in place; returns the number of kernels."""
+    dead_code(kg)
+    metas: dict[str, TensorMeta] = {}
+    for node in gm.graph.nodes:
+        m = TensorMeta.of(node)
+        if m is not None:
+            metas[node.name] = m
+    for n in kg.nodes:
+        if isinstance(n, LoopNode) and n.meta is not None:
+            metas[n.name] = n.meta
+    sched = Scheduler(kg, metas)
+    if not sched.loops:
+        return 0
+    sched.run()
+    fused = sched.kernels()
+    member_of = {m: f for f in fused for m in f.members}
+    rest = [n for n in kg.nodes if not isinstance(n, LoopNode)]
+    units: dict[str, Node] = {n.name: n for n in rest} | {f.name: f for f in fused}
+    first_pos = {n.name: i for i, n in enumerate(kg.nodes)}
+    for f in fused:
+        first_pos[f.name] = min(first_pos[m] for m in f.members)
+    g = nx.DiGraph()
+    produced_by: dict[str, str] = {}
+    for u in units.values():
+        g.add_node(u.name)
+        for v in produced(u):
+            produced_by[v] = u.name
+    for u in units.values():
+        for v in u.inputs:
+            p = produced_by.get(v) or (member_of[v].name if v in member_of else None)
+            if p is not None and p != u.name:
+                g.add_edge(p, u.name)
+    order = list(nx.lexicographical_topological_sort(g, key=lambda name: first_pos[name]))
+    kg.nodes = [units[name] for name in order]
+    return len(fused)
+
+
+__all__ = ["MAX_BUFFERS", "MAX_MEMBERS", "Scheduler", "dead_code", "schedule", "static_or_hint"]

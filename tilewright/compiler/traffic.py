@@ -1,0 +1,81 @@
+"""Modelled memory traffic and launch counts of a graph, compiled or run op by op in eager.
+
+The model is the one every fusion decision is scored by: a kernel reads each of its inputs and
+writes each of its outputs once (distinct elements: an expanded tensor counts once). Eager runs
+each FX op as its own kernel, so its traffic is every op's inputs and outputs; views are free in
+both (they move nothing and launch nothing).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph, TensorMeta
+from tilewright.ir import dtypes
+
+FREE_KINDS = ("view", "getitem", "constant")
+
+
+def tensor_bytes(meta: TensorMeta | None) -> int:
+    """Bytes of a tensor's distinct elements (dims of stride 0 count once) at its traced sizes."""
+    if meta is None or meta.dtype not in dtypes.NAMES:
+        return 0
+    n = 1
+    for size, stride in zip(meta.hint_shape, meta.stride):
+        if stride != 0:
+            n *= size
+    return n * dtypes.ITEMSIZE[dtypes.name_of(meta.dtype)]
+
+
+def _node_bytes(node: fx.Node) -> int:
+    metas = [TensorMeta.of(x) for x in node.all_input_nodes]
+    val = node.meta.get("val")
+    outs = val if isinstance(val, (tuple, list)) else [val]
+    total = sum(tensor_bytes(m) for m in metas)
+    for v in outs:
+        if isinstance(v, torch.Tensor) and v.dtype in dtypes.NAMES:
+            total += tensor_bytes(_meta_of(v))
+    return total
+
+
+def _meta_of(v: torch.Tensor) -> TensorMeta:
+    from tilewright.compiler.graph import size_hint, to_sympy
+
+    return TensorMeta(tuple(to_sympy(s) for s in v.shape), tuple(to_sympy(s) for s in v.stride()),
+                      tuple(size_hint(s) for s in v.shape), v.dtype, v.device)
+
+
+def is_free(node: fx.Node) -> bool:
+    """Views, tuple accesses and constants: no launch, no traffic."""
+    from tilewright.compiler.lower import VIEWS
+
+    return node.op != "call_function" or node.target in VIEWS or node.target is operator.getitem
+
+
+def eager_cost(gm: fx.GraphModule) -> tuple[int, int]:
+    """(launches, bytes) of running ``gm`` op by op."""
+    launches = traffic = 0
+    for node in gm.graph.nodes:
+        if is_free(node):
+            continue
+        launches += 1
+        traffic += _node_bytes(node)
+    return launches, traffic
+
+
+def compiled_cost(kg: KernelGraph, gemm_bytes: dict[str, int]) -> tuple[int, int]:
+    """(ATen calls that launch work, bytes) of the compiled graph; ``gemm_bytes`` gives each
+    GEMM node's modelled traffic (its problem's ``min_bytes``)."""
+    externs = traffic = 0
+    for n in kg.nodes:
+        if isinstance(n, GemmNode):
+            traffic += gemm_bytes.get(n.name, 0)
+        elif isinstance(n, FusedNode):
+            traffic += n.problem.min_bytes
+        elif isinstance(n, ExternNode) and not is_free(n.fx_node) and n.kind not in FREE_KINDS:
+            externs += 1
+            traffic += _node_bytes(n.fx_node)
+    return externs, traffic

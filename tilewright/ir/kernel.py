@@ -1,0 +1,199 @@
+"""A loop kernel: one iteration space, the tensors it reads, and the values it stores.
+
+``ranges`` are the outer (parallel) dims, with variables ``x0, x1, ...``; ``reduction_ranges``
+the dims reduced inside the kernel, with variables ``r0, r1, ...`` (empty for a pointwise
+kernel). Every store writes one value per point of the outer space (a value that no longer
+depends on the ``r`` variables: a reduction's result, or something computed from one) or per
+point of the whole space (a value that still varies along ``r``).
+
+Buffers have canonical names (``in0``, ``in1``, ..., ``out0``, ...) and sizes use canonical
+symbols (``z0``, ``z1``, ...), so the same computation in two places of a model (the RMSNorm of
+every layer) is one kernel, tuned once. Loads carry logical indices; a buffer's strides are the
+kernel's run-time arguments, so a kernel reads any layout it is handed correctly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import sympy
+
+from tilewright.ir import dtypes
+from tilewright.ir.expr import Node, free_index_symbols, from_json, to_json, toposort
+from tilewright.ir.index import product, static_or_hint, var, variables
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor a kernel reads or writes.
+
+    ``shape`` and ``stride`` are sympy expressions of size symbols; for inputs ``stride`` is the
+    layout traced (a hint: the kernel takes real strides at run time); for outputs it is the
+    layout the kernel allocates. ``bounds`` = (lo, hi) for integer inputs used as indices:
+    their values lie in [lo, hi) (what tuning draws random inputs from).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[sympy.Expr, ...]
+    stride: tuple[sympy.Expr, ...]
+    bounds: tuple[int, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": [str(s) for s in self.shape],
+                "stride": [str(s) for s in self.stride],
+                "bounds": list(self.bounds) if self.bounds else None}
+
+    @staticmethod
+    def from_json(d: dict[str, Any], symbols: dict[str, sympy.Symbol]) -> "Buffer":
+        return Buffer(d["name"], d["dtype"], tuple(sympy.sympify(s, locals=symbols) for s in d["shape"]),
+                      tuple(sympy.sympify(s, locals=symbols) for s in d["stride"]),
+                      tuple(d["bounds"]) if d.get("bounds") else None)
+
+
+@dataclass(frozen=True)
+class Store:
+    """``buffer[index] = value``; ``index`` is a logical index (one expression per dim) in the
+    kernel's variables."""
+
+    buffer: str
+    index: tuple[sympy.Expr, ...]
+    value: Node
+
+
+def size_symbol(i: int) -> sympy.Symbol:
+    """Canonical size symbol ``z{i}`` (positive integer)."""
+    return sympy.Symbol(f"z{i}", integer=True, positive=True)
+
+
+@dataclass(frozen=True)
+class LoopKernel:
+    """A pointwise or reduction kernel (see the module docstring)."""
+
+    ranges: tuple[sympy.Expr, ...]
+    reduction_ranges: tuple[sympy.Expr, ...]
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
+    stores: tuple[Store, ...]
+
+    @property
+    def kind(self) -> str:
+        return "reduction" if self.reduction_ranges else "pointwise"
+
+    @property
+    def x_vars(self) -> tuple[sympy.Symbol, ...]:
+        return variables("x", len(self.ranges))
+
+    @property
+    def r_vars(self) -> tuple[sympy.Symbol, ...]:
+        return variables("r", len(self.reduction_ranges))
+
+    @property
+    def xnumel(self) -> sympy.Expr:
+        return product(self.ranges)
+
+    @property
+    def rnumel(self) -> sympy.Expr:
+        return product(self.reduction_ranges)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.inputs + self.outputs:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def values(self) -> list[Node]:
+        return [s.value for s in self.stores]
+
+    def nodes(self) -> list[Node]:
+        return toposort(self.values())
+
+    def size_symbols(self) -> list[sympy.Symbol]:
+        """Size symbols the kernel needs as arguments, in canonical order."""
+        syms: set[sympy.Symbol] = set()
+        for e in self.ranges + self.reduction_ranges:
+            syms |= e.free_symbols
+        for b in self.inputs + self.outputs:
+            for e in b.shape + b.stride:
+                syms |= e.free_symbols
+        for s in self.stores:
+            for e in s.index:
+                syms |= e.free_symbols
+        syms |= free_index_symbols(self.values())
+        return sorted((s for s in syms if s.name.startswith("z") and s.name[1:].isdigit()),
+                      key=lambda s: int(s.name[1:]))
+
+    def reductions(self) -> list[Node]:
+        return [n for n in self.nodes() if n.is_reduce]
+
+    def depends_on_r(self, node: Node) -> bool:
+        """Whether ``node`` varies along the reduction variables (below its reductions)."""
+        rv = set(self.r_vars)
+        memo: dict[int, bool] = {}
+        for n in toposort([node]):
+            if n.op == "reduce":
+                memo[id(n)] = False
+            elif n.op == "load":
+                memo[id(n)] = any(i.free_symbols & rv for i in n.arg[1]) or any(memo[id(s)] for s in n.src)
+            elif n.op == "index":
+                memo[id(n)] = bool(n.arg.free_symbols & rv)
+            else:
+                memo[id(n)] = any(memo[id(s)] for s in n.src)
+        return memo[id(node)]
+
+    # -- identity -----------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {"ranges": [str(s) for s in self.ranges],
+                "reduction_ranges": [str(s) for s in self.reduction_ranges],
+                "inputs": [b.to_json() for b in self.inputs],
+                "outputs": [b.to_json() for b in self.outputs],
+                "stores": [[s.buffer, [str(i) for i in s.index]] for s in self.stores],
+                "values": to_json(self.values())}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "LoopKernel":
+        symbols = _symbol_table(d)
+        parse = lambda t: sympy.sympify(t, locals=symbols)  # noqa: E731
+        values = from_json(d["values"], symbols)
+        stores = tuple(Store(b, tuple(parse(i) for i in idx), v)
+                       for (b, idx), v in zip(d["stores"], values))
+        return LoopKernel(tuple(parse(s) for s in d["ranges"]),
+                          tuple(parse(s) for s in d["reduction_ranges"]),
+                          tuple(Buffer.from_json(b, symbols) for b in d["inputs"]),
+                          tuple(Buffer.from_json(b, symbols) for b in d["outputs"]), stores)
+
+    def describe(self) -> str:
+        from tilewright.ir.expr import render
+
+        head = f"{self.kind} over ({', '.join(map(str, self.ranges))})"
+        if self.reduction_ranges:
+            head += f" x reduce ({', '.join(map(str, self.reduction_ranges))})"
+        lines = [head]
+        lines += [f"  {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]" for b in self.inputs]
+        lines += [f"  {s.buffer}[{', '.join(map(str, s.index))}] = {render(s.value, 8)}" for s in self.stores]
+        return "\n".join(lines)
+
+
+def _symbol_table(d: dict[str, Any]) -> dict[str, sympy.Symbol]:
+    table: dict[str, sympy.Symbol] = {}
+    for i in range(64):
+        table[f"z{i}"] = size_symbol(i)
+    for p in ("x", "r", "i", "j"):
+        for i in range(16):
+            table[f"{p}{i}"] = var(p, i)
+    for name in ("b", "m", "n"):
+        table[name] = var(name)
+    for i in range(16):
+        table[f"ind{i}"] = sympy.Symbol(f"ind{i}", integer=True)
+    return table
+
+
+def numel(shape: Iterable[sympy.Expr], sizes: dict[sympy.Symbol, int]) -> int:
+    return static_or_hint(product(tuple(shape)), sizes)
+
+
+def buffer_bytes(b: Buffer, sizes: dict[sympy.Symbol, int]) -> int:
+    """Bytes of the distinct elements of ``b`` (dims of stride 0 count once)."""
+    dims = [s for s, st in zip(b.shape, b.stride) if st != 0]
+    return numel(dims, sizes) * dtypes.ITEMSIZE[b.dtype]

@@ -1,0 +1,187 @@
+"""The torch emitter of the expression IR: a loop kernel as a few PyTorch operations.
+
+One emitter serves twice. With ``reference=True`` the rendered function computes every float in
+float64 (rounding only where the program itself casts or stores): the reference the autotuner
+checks other kernels against. Without it, floats narrower than fp32 are computed in fp32, as
+eager's own kernels do: the ATen fallback of a fused group, which is what runs on a CPU unless
+Triton is forced.
+
+The iteration space is a tensor shape, outer dims then reduction dims. A load whose index is
+affine in the variables is an ``as_strided`` view of its buffer (no copy); any other load
+(floor/remainder indices, masked loads of a ``cat``) gathers through computed offsets. The
+meaning of each op is its entry in :data:`tilewright.ir.ops.OPS`.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from tilewright.ir import dtypes
+from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
+from tilewright.ir.index import affine, code
+from tilewright.ir.kernel import LoopKernel, Store
+
+
+def _tuple(items: list[str]) -> str:
+    """A Python tuple literal (a 0-d kernel's is ``()``)."""
+    return f"({', '.join(items)},)" if items else "()"
+
+
+class TorchExpr:
+    """Renders a loop kernel's stores as Python statements on torch tensors.
+
+    The statements expect, in scope: each buffer by name, ``device``, ``C`` (dtype name -> the
+    torch dtype values of that dtype are computed in), ``T`` (op name -> torch function), and
+    the size symbols by name.
+    """
+
+    def __init__(self, kernel: LoopKernel):
+        self.k = kernel
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+        self.count = 0
+        self.nx, self.nr = len(kernel.ranges), len(kernel.reduction_ranges)
+        self.vars = list(kernel.x_vars) + list(kernel.r_vars)
+        self.sizes = {s: s.name for s in kernel.size_symbols()}
+        self.full = [code(s, self.sizes) for s in list(kernel.ranges) + list(kernel.reduction_ranges)]
+        self.iota_used: set[int] = set()
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"t{self.count}"
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+
+    # -- index expressions ------------------------------------------------------------------------
+    def iota(self, pos: int) -> str:
+        """An int64 tensor holding variable ``pos`` along its dim (size 1 elsewhere)."""
+        name = f"v{pos}"
+        if pos not in self.iota_used:
+            shape = ", ".join("-1" if d == pos else "1" for d in range(len(self.full)))
+            self.line(f"{name} = torch.arange({self.full[pos]}, device=device).view({shape}{',' if len(self.full) == 1 else ''})")
+            self.iota_used.add(pos)
+        return name
+
+    def index_tensor(self, e: sympy.Expr, extra: dict | None = None) -> str:
+        """Code for an integer tensor (or int) of ``e``'s value over the iteration space."""
+        names = dict(self.sizes) | (extra or {})
+        for pos, v in enumerate(self.vars):
+            if v in e.free_symbols:
+                names[v] = self.iota(pos)
+        return code(e, names)
+
+    def view_of(self, buf: str, idx: tuple[sympy.Expr, ...]) -> tuple[str, str, str] | None:
+        """(size, stride, offset) code for an ``as_strided`` view reading ``buf`` at ``idx``;
+        None when ``idx`` is not affine in the variables."""
+        sizes, strides = ["1"] * len(self.full), ["0"] * len(self.full)
+        off = []
+        for d, e in enumerate(idx):
+            aff = affine(e, self.vars)
+            if aff is None:
+                return None
+            coeffs, const = aff
+            st = f"{buf}.stride({d})"
+            if const != 0:
+                off.append(f"({code(const, self.sizes)}) * {st}")
+            for pos, v in enumerate(self.vars):
+                c = coeffs[v]
+                if c != 0:
+                    sizes[pos] = self.full[pos]
+                    term = f"({code(c, self.sizes)}) * {st}"
+                    strides[pos] = term if strides[pos] == "0" else f"{strides[pos]} + {term}"
+        offset = " + ".join([f"{buf}.storage_offset()"] + off)
+        return _tuple(sizes), _tuple(strides), offset
+
+    def flat_offsets(self, buf: str, idx: tuple[sympy.Expr, ...], extra: dict | None = None) -> str:
+        terms = [f"({self.index_tensor(e, extra)}) * {buf}.stride({d})" for d, e in enumerate(idx)]
+        return " + ".join(terms) if terms else "0"
+
+    # -- values -----------------------------------------------------------------------------------
+    def emit(self, root: Node) -> str:
+        for n in toposort([root], stop=lambda n: id(n) in self.names):
+            if id(n) not in self.names:
+                name = self.fresh()
+                self.line(f"{name} = {self._code(n)}")
+                self.names[id(n)] = name
+        return self.names[id(root)]
+
+    def _code(self, n: Node) -> str:
+        a = [self.names[id(s)] for s in n.src]
+        if n.op == "const":
+            value = n.arg if not isinstance(n.arg, float) or n.arg == n.arg and abs(n.arg) != float("inf") \
+                else f"float('{n.arg}')"
+            return f"torch.tensor({value}, dtype=C[{n.dtype!r}], device=device)"
+        if n.op == "load":
+            return self._load(n)
+        if n.op == "index":
+            return f"torch.as_tensor({self.index_tensor(n.arg)}, device=device).to(C[{n.dtype!r}])"
+        if n.op == "cast":
+            return self._cast(a[0], n.src[0].dtype, n.dtype)
+        if n.op == "reduce":
+            return self._reduce(n.arg, a[0])
+        if n.op == "acc":
+            raise ValueError("a loop kernel has no accumulator")
+        return f"T[{n.op!r}]({', '.join(a)})"
+
+    def _load(self, n: Node) -> str:
+        name, idx, _ = n.arg
+        conv = f".to(C[{n.dtype!r}])"
+        mask_node, indirect = load_mask(n), load_indirect(n)
+        mask = self.names[id(mask_node)] if mask_node is not None else None
+        view = None if mask is not None or indirect else self.view_of(name, idx)
+        if view is not None:
+            size, stride, off = view
+            return f"{name}.as_strided({size}, {stride}, {off}){conv}"
+        extra = {indirect_symbol(k): self.names[id(v)] for k, v in enumerate(indirect)}
+        offs = self.fresh()
+        self.line(f"{offs} = torch.as_tensor({self.flat_offsets(name, idx, extra)}, device=device)")
+        flat = f"_flat({name})"
+        if mask is None:
+            return f"{flat}[{offs}]{conv}"
+        self.line(f"{offs} = torch.where({mask}, {offs}, 0)")
+        return f"torch.where({mask}, {flat}[{offs}]{conv}, 0)"
+
+    def _cast(self, x: str, src: str, dst: str) -> str:
+        if dst == "bool":
+            return f"({x} != 0)"
+        if dtypes.is_float(dst) and dtypes.is_float(src) and dst != "fp64":
+            # round to the target's precision, then hold in its compute type
+            return f"{x}.to({dtypes.TORCH[dst]}).to(C[{dst!r}])"
+        return f"{x}.to(C[{dst!r}])"
+
+    def _reduce(self, kind: str, x: str) -> str:
+        rd = tuple(range(self.nx, self.nx + self.nr))
+        full = f"torch.broadcast_to({x}, torch.broadcast_shapes({x}.shape, ({', '.join(['1'] * self.nx + self.full[self.nx:])},)))"
+        keep = f"{', '.join(['-1'] * self.nx + ['1'] * self.nr)}"
+        if kind == "sum":
+            return f"{full}.sum(dim={rd}, keepdim=True)"
+        if kind == "max":
+            return f"{full}.amax(dim={rd}, keepdim=True)"
+        if kind == "min":
+            return f"{full}.amin(dim={rd}, keepdim=True)"
+        if kind == "welford_mean":
+            return f"{full}.mean(dim={rd}, keepdim=True)"
+        if kind == "welford_m2":
+            return f"{full}.var(dim={rd}, correction=0, keepdim=True) * ({' * '.join(self.full[self.nx:])})"
+        if kind not in ("prod", "argmax", "argmin", "any", "all"):
+            raise ValueError(f"unknown reduction {kind}")
+        # these reduce one dim: flatten the reduction dims into one first
+        return f"{full}.flatten({self.nx}).{kind}(-1, keepdim=True).view({keep},)"
+
+    def store(self, s: Store) -> None:
+        value = self.emit(s.value)
+        view = self.view_of(s.buffer, s.index)
+        if view is not None:
+            size, stride, off = view
+            self.line(f"_dst = {s.buffer}.as_strided({size}, {stride}, {off})")
+            self.line(f"_dst.copy_(torch.broadcast_to({value}, _dst.shape))")
+            return
+        offs = self.fresh()
+        self.line(f"{offs} = torch.as_tensor({self.flat_offsets(s.buffer, s.index)}, device=device)")
+        self.line(f"_flat({s.buffer})[{offs}] = torch.broadcast_to({value}, {offs}.shape).to({s.buffer}.dtype)")
+
+    def render(self) -> list[str]:
+        for s in self.k.stores:
+            self.store(s)
+        return self.lines

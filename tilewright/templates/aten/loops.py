@@ -1,0 +1,57 @@
+"""The ATen candidates of loop kernels (``aten.pointwise``, ``aten.reduction``): the kernel as
+PyTorch operators (:mod:`tilewright.templates.aten.emit`). Rank 0 of every loop policy, the
+fallback of a fused group, and, with ``reference=True``, the float64 reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tilewright.ir import dtypes
+from tilewright.ir.index import code
+from tilewright.problem import LoopProblem
+from tilewright.runtime.targets import Target
+from tilewright.templates.aten.emit import TorchExpr
+from tilewright.templates.base import (
+    SUPPORTED, TEMPLATES_ROOT, Params, RenderedKernel, Support, TemplateSpec, jinja_env,
+)
+
+
+def render_torch(problem: LoopProblem) -> str:
+    """The torch module for a loop problem (``launch(*inputs, *sizes, outs=None, device=None,
+    reference=False)``)."""
+    k = problem.kernel
+    names = {s: s.name for s in k.size_symbols()}
+    body = TorchExpr(k).render()
+    return jinja_env(TEMPLATES_ROOT / "aten").get_template("loops.py.jinja").render(
+        problem_text=problem.describe(), inputs=[b.name for b in k.inputs],
+        sizes=[s.name for s in k.size_symbols()],
+        outputs=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]), "float": dtypes.is_float(b.dtype),
+                  "shape": [code(s, names) for s in b.shape], "stride": [code(s, names) for s in b.stride]}
+                 for b in k.outputs],
+        numel=code(k.xnumel, names), body=body)
+
+
+class _AtenLoops(TemplateSpec):
+    backend = "aten"
+    jinja = "loops.py.jinja"
+    includes = ()
+
+    def supports(self, problem: Any, target: Target) -> Support:
+        if not isinstance(problem, LoopProblem) or problem.kind != self.op:
+            return Support(False, f"{self.id} runs {self.op} loop kernels")
+        return SUPPORTED
+
+    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
+        return RenderedKernel(template_id=self.id, params={}, target=target.name,
+                              source=render_torch(problem), name=f"aten_{problem.kind}",
+                              meta={"kind": problem.kind})
+
+
+class AtenPointwise(_AtenLoops):
+    id = "aten.pointwise"
+    op = "pointwise"
+
+
+class AtenReduction(_AtenLoops):
+    id = "aten.reduction"
+    op = "reduction"

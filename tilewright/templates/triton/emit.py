@@ -1,0 +1,371 @@
+"""The Triton emitter of the expression IR: turns a DAG of :mod:`tilewright.ir.expr` nodes into
+Triton statements.
+
+:class:`TritonExpr` renders values in topological order, each once (nodes are hash-consed, so
+identity is equality and this is CSE), into a list of lines a template places in its kernel.
+What a ``load``, an ``index``, the ``acc`` and a ``reduce`` mean depends on the kernel (a loop
+kernel's buffers, a GEMM's epilogue inputs), so the template supplies them as hooks; everything
+else (arithmetic, math, casts, comparisons) is rendered here, from one table.
+
+Math the interpreter has as builtins (exp, log, sqrt, sin, erf ...) is rendered as such; the rest
+uses libdevice on GPU targets and small ``@triton.jit`` helpers written with builtins under the
+interpreter (where libdevice returns nothing), whose sources :meth:`TritonExpr.helpers` returns.
+Narrow floats are computed in fp32; converting to bf16/fp16 rounds to nearest even, also in the
+interpreter (whose own conversion truncates).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tilewright.ir import dtypes
+from tilewright.ir.expr import Node, toposort
+
+TL_DTYPE = {"fp64": "tl.float64", "fp32": "tl.float32", "fp16": "tl.float16", "bf16": "tl.bfloat16",
+            "fp8e4m3": "tl.float8e4nv", "fp8e5m2": "tl.float8e5", "i64": "tl.int64",
+            "i32": "tl.int32", "i16": "tl.int16", "i8": "tl.int8", "u8": "tl.uint8", "bool": "tl.int1"}
+POINTER = {"fp64": "*fp64", "fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16", "fp8e4m3": "*fp8e4nv",
+           "fp8e5m2": "*fp8e5", "i64": "*i64", "i32": "*i32", "i16": "*i16", "i8": "*i8", "u8": "*u8",
+           "bool": "*i1"}
+
+# helper name -> source, for the interpreter (and for ops libdevice lacks)
+HELPERS: dict[str, str] = {
+    "_tanh": '''
+@triton.jit
+def _tanh(x):
+    # 1 - 2/(e^2x + 1) loses small values to cancellation: Taylor series near 0
+    ax = tl.abs(x)
+    small = x - x * x * x / 3.0 + 2.0 * x * x * x * x * x / 15.0
+    t = tl.exp(-2.0 * ax)
+    big = (1.0 - t) / (1.0 + t)
+    big = tl.where(x < 0, -big, big)
+    return tl.where(ax < 0.0625, small, big)
+''',
+    "_expm1": '''
+@triton.jit
+def _expm1(x):
+    # exp(x) - 1 cancels near 0: a Taylor series there
+    small = x + x * x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0))))
+    return tl.where(tl.abs(x) < 0.03125, small, tl.exp(x) - 1.0)
+''',
+    "_log1p": '''
+@triton.jit
+def _log1p(x):
+    # log(1 + x) loses x when |x| << 1: log(u) * x / (u - 1) with u = 1 + x is exact to rounding
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+''',
+    "_atan": '''
+@triton.jit
+def _atan(x):
+    # range reduction to |t| <= tan(pi/12), then an odd polynomial (Cephes atanf coefficients)
+    ax = tl.abs(x)
+    inv = ax > 1.0
+    t = tl.where(inv, 1.0 / ax, ax)
+    hi = t > 0.2679491924311227
+    t = tl.where(hi, (t - 0.5773502691896258) / (1.0 + 0.5773502691896258 * t), t)
+    z = t * t
+    p = (((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * t + t
+    p = tl.where(hi, p + 0.5235987755982988, p)
+    p = tl.where(inv, 1.5707963267948966 - p, p)
+    return tl.where(x < 0, -p, p)
+''',
+    "_round": '''
+@triton.jit
+def _round(x):
+    # half to even, as torch.round
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where(tie & odd, r - 1.0, r)
+''',
+    "_trunc": '''
+@triton.jit
+def _trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+''',
+    "_erfinv": '''
+@triton.jit
+def _erfinv(x):
+    # Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision
+    w = -tl.log((1.0 - x) * (1.0 + x))
+    a = w - 2.5
+    p = 2.81022636e-08
+    p = 3.43273939e-07 + p * a
+    p = -3.5233877e-06 + p * a
+    p = -4.39150654e-06 + p * a
+    p = 0.00021858087 + p * a
+    p = -0.00125372503 + p * a
+    p = -0.00417768164 + p * a
+    p = 0.246640727 + p * a
+    p = 1.50140941 + p * a
+    b = tl.sqrt(tl.maximum(w, 5.0)) - 3.0
+    q = -0.000200214257
+    q = 0.000100950558 + q * b
+    q = 0.00134934322 + q * b
+    q = -0.00367342844 + q * b
+    q = 0.00573950773 + q * b
+    q = -0.0076224613 + q * b
+    q = 0.00943887047 + q * b
+    q = 1.00167406 + q * b
+    q = 2.83297682 + q * b
+    r = tl.where(w < 5.0, p, q) * x
+    return tl.where(tl.abs(x) == 1.0, x * float("inf"), r)
+''',
+    "_pow": '''
+@triton.jit
+def _pow(a, b):
+    # torch.pow: a negative base is fine with an integer exponent (sign from its parity)
+    mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    is_int = tl.floor(b) == b
+    odd = is_int & ((b - 2.0 * tl.floor(b * 0.5)) != 0.0)
+    mag = tl.where((a < 0) & odd, -mag, mag)
+    mag = tl.where((a < 0) & ~is_int, float("nan"), mag)
+    mag = tl.where(b == 0.0, 1.0, mag)
+    return tl.where((a == 0.0) & (b > 0.0), 0.0, mag)
+''',
+    "_bf16_rne": '''
+@triton.jit
+def _bf16_rne(x):
+    # fp32 -> bf16 rounding to nearest even, returned in fp32 (the interpreter's own
+    # conversion truncates); NaN stays NaN
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
+    return tl.where(x != x, x, u.to(tl.float32, bitcast=True))
+''',
+    "_fp16_rne": '''
+@triton.jit
+def _fp16_rne(x):
+    # fp32 -> fp16 rounding to nearest even via the fp64 path numpy rounds correctly
+    return x.to(tl.float64).to(tl.float16).to(tl.float32)
+''',
+}
+
+
+def _floordiv(a: str, b: str, dt: str) -> str:
+    if dtypes.is_float(dt):
+        return f"tl.floor({a} / {b})"
+    return f"(({a}) // ({b}) - ((({a}) % ({b}) != 0) & ((({a}) < 0) != (({b}) < 0))).to({TL_DTYPE[dt]}))"
+
+
+def _mod(a: str, b: str, dt: str) -> str:
+    r = f"(({a}) % ({b}))"
+    return f"tl.where(({r} != 0) & (({r} < 0) != (({b}) < 0)), {r} + ({b}), {r})"
+
+
+def _truncdiv(a: str, b: str, dt: str) -> str:
+    return f"_trunc({a} / {b})" if dtypes.is_float(dt) else f"(({a}) // ({b}))"
+
+
+def _maxmin(fn: str) -> Callable[[str, str, str], str]:
+    def render(a: str, b: str, dt: str) -> str:
+        if dtypes.is_float(dt):
+            return f"tl.{fn}({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+        return f"tl.{fn}({a}, {b})"
+    return render
+
+
+# op -> (render(args..., dtype) -> code, the helpers it calls)
+Render = Callable[..., str]
+_BIN = lambda sym: (lambda a, b, dt: f"({a} {sym} {b})")  # noqa: E731
+MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
+    "add": (_BIN("+"), ()),
+    "sub": (_BIN("-"), ()),
+    "mul": (_BIN("*"), ()),
+    "truediv": (_BIN("/"), ()),
+    "floordiv": (_floordiv, ()),
+    "truncdiv": (_truncdiv, ("_trunc",)),
+    "mod": (_mod, ()),
+    "fmod": (_BIN("%"), ()),
+    "pow": (lambda a, b, dt: f"_pow({a}, {b})", ("_pow",)),
+    "maximum": (_maxmin("maximum"), ()),
+    "minimum": (_maxmin("minimum"), ()),
+    "atan2": (lambda a, b, dt: f"tl.where({b} > 0, _atan({a} / {b}), tl.where({b} < 0, "
+              f"tl.where({a} < 0, _atan({a} / {b}) - 3.141592653589793, _atan({a} / {b}) + 3.141592653589793), "
+              f"tl.where({a} > 0, 1.5707963267948966, tl.where({a} < 0, -1.5707963267948966, 0.0 * {a}))))",
+              ("_atan",)),
+    "copysign": (lambda a, b, dt: f"tl.where(({b} < 0) | (({b} == 0) & (1.0 / {b} < 0)), -tl.abs({a}), tl.abs({a}))", ()),
+    "neg": (lambda a, dt: f"(-{a})", ()),
+    "abs": (lambda a, dt: f"tl.abs({a})", ()),
+    "reciprocal": (lambda a, dt: f"(1.0 / {a})", ()),
+    "sign": (lambda a, dt: f"(({a} > 0).to({TL_DTYPE[dt]}) - ({a} < 0).to({TL_DTYPE[dt]}))"
+             if not dtypes.is_float(dt) else f"tl.where({a} != {a}, {a}, ({a} > 0).to({TL_DTYPE[dt]}) - ({a} < 0).to({TL_DTYPE[dt]}))",
+             ()),
+    "exp": (lambda a, dt: f"tl.exp({a})", ()),
+    "exp2": (lambda a, dt: f"tl.exp2({a})", ()),
+    "expm1": (lambda a, dt: f"_expm1({a})", ("_expm1",)),
+    "log": (lambda a, dt: f"tl.log({a})", ()),
+    "log2": (lambda a, dt: f"tl.log2({a})", ()),
+    "log10": (lambda a, dt: f"(tl.log2({a}) * 0.30102999566398120)", ()),
+    "log1p": (lambda a, dt: f"_log1p({a})", ("_log1p",)),
+    "sqrt": (lambda a, dt: f"tl.sqrt({a})", ()),
+    "rsqrt": (lambda a, dt: f"tl.rsqrt({a})", ()),
+    "sin": (lambda a, dt: f"tl.sin({a})", ()),
+    "cos": (lambda a, dt: f"tl.cos({a})", ()),
+    "tan": (lambda a, dt: f"(tl.sin({a}) / tl.cos({a}))", ()),
+    "asin": (lambda a, dt: f"_atan({a} / tl.sqrt((1.0 - {a}) * (1.0 + {a})))", ("_atan",)),
+    "acos": (lambda a, dt: f"(1.5707963267948966 - _atan({a} / tl.sqrt((1.0 - {a}) * (1.0 + {a}))))",
+             ("_atan",)),
+    "atan": (lambda a, dt: f"_atan({a})", ("_atan",)),
+    "sinh": (lambda a, dt: f"(0.5 * (_expm1({a}) - _expm1(-{a})))", ("_expm1",)),
+    "cosh": (lambda a, dt: f"(0.5 * (tl.exp({a}) + tl.exp(-{a})))", ()),
+    "tanh": (lambda a, dt: f"_tanh({a})", ("_tanh",)),
+    "sigmoid": (lambda a, dt: f"(1.0 / (1.0 + tl.exp(-{a})))", ()),
+    "erf": (lambda a, dt: f"tl.erf({a})", ()),
+    "erfinv": (lambda a, dt: f"_erfinv({a})", ("_erfinv",)),
+    "floor": (lambda a, dt: f"tl.floor({a})", ()),
+    "ceil": (lambda a, dt: f"tl.ceil({a})", ()),
+    "trunc": (lambda a, dt: f"_trunc({a})", ("_trunc",)),
+    "round": (lambda a, dt: f"_round({a})", ("_round",)),
+    "isnan": (lambda a, dt: f"({a} != {a})", ()),
+    "isinf": (lambda a, dt: f"(tl.abs({a}) == float('inf'))", ()),
+    "eq": (_BIN("=="), ()),
+    "ne": (_BIN("!="), ()),
+    "lt": (_BIN("<"), ()),
+    "le": (_BIN("<="), ()),
+    "gt": (_BIN(">"), ()),
+    "ge": (_BIN(">="), ()),
+    "logical_not": (lambda a, dt: f"({a} == 0)", ()),
+    "logical_and": (_BIN("&"), ()),
+    "logical_or": (_BIN("|"), ()),
+    "logical_xor": (_BIN("^"), ()),
+    "bitwise_not": (lambda a, dt: f"(~{a})" if dt != "bool" else f"({a} == 0)", ()),
+    "bitwise_and": (_BIN("&"), ()),
+    "bitwise_or": (_BIN("|"), ()),
+    "bitwise_xor": (_BIN("^"), ()),
+    "where": (lambda c, a, b, dt: f"tl.where({c}, {a}, {b})", ()),
+}
+
+
+# compiled targets: libdevice's versions (correctly rounded or within an ulp or two)
+LIBDEVICE = {
+    "tanh": "libdevice.tanh({0})", "expm1": "libdevice.expm1({0})", "log1p": "libdevice.log1p({0})",
+    "atan": "libdevice.atan({0})", "asin": "libdevice.asin({0})", "acos": "libdevice.acos({0})",
+    "sinh": "libdevice.sinh({0})", "cosh": "libdevice.cosh({0})", "tan": "libdevice.tan({0})",
+    "erfinv": "libdevice.erfinv({0})", "pow": "libdevice.pow({0}, {1})", "round": "libdevice.rint({0})",
+    "trunc": "libdevice.trunc({0})", "atan2": "libdevice.atan2({0}, {1})", "log10": "libdevice.log10({0})",
+}
+
+
+def literal(value: object, dtype: str) -> str:
+    """A constant as Triton source (``float('inf')`` for infinities, NaN as ``float('nan')``)."""
+    if dtype == "bool":
+        return "True" if value else "False"
+    if isinstance(value, float):
+        if value != value:
+            return "float('nan')"
+        if value in (float("inf"), float("-inf")):
+            return f"float('{'-' if value < 0 else ''}inf')"
+        return repr(value)
+    return str(int(value))  # type: ignore[call-overload]
+
+
+class TritonExpr:
+    """Renders expression DAGs into Triton statements (see the module docstring).
+
+    Args:
+        interpreted: the kernel runs in the Triton interpreter (helpers instead of libdevice,
+            RNE conversions to narrow floats).
+        load, index, acc, reduce: hooks returning the code of those nodes; ``load(node)`` and
+            ``reduce(node, operand_code)`` may emit statements through :meth:`line` first.
+    """
+
+    def __init__(self, *, interpreted: bool, load: Callable[[Node], str],
+                 index: Callable[[Node], str] | None = None, acc: Callable[[Node], str] | None = None,
+                 reduce: Callable[[Node, str], str] | None = None, prefix: str = "t"):
+        self.interpreted = interpreted
+        self.hooks = {"load": load, "index": index, "acc": acc, "reduce": reduce}
+        self.prefix = prefix
+        self.lines: list[str] = []
+        self.indent = ""
+        self.helpers_used: set[str] = set()
+        self.names: dict[int, str] = {}
+        self._count = 0
+        self._scopes: list[dict[int, str]] = []
+
+    # -- scopes (loop bodies see outer values; their own die with them) -------------------------
+    def push(self) -> None:
+        self._scopes.append(dict(self.names))
+
+    def pop(self) -> None:
+        self.names = self._scopes.pop()
+
+    def line(self, text: str) -> None:
+        self.lines.append(self.indent + text)
+
+    def fresh(self) -> str:
+        name = f"{self.prefix}{self._count}"
+        self._count += 1
+        return name
+
+    def bind(self, node: Node, code: str) -> str:
+        """Record an externally computed value for ``node`` (reductions computed in a loop)."""
+        self.names[id(node)] = code
+        return code
+
+    # -- rendering --------------------------------------------------------------------------------
+    def emit(self, root: Node) -> str:
+        """The name holding ``root``'s value (in its compute type), emitting what is missing."""
+        for n in toposort([root], stop=lambda n: id(n) in self.names):
+            if id(n) in self.names:
+                continue
+            code = self._code(n)
+            if n.op == "const":
+                self.names[id(n)] = code
+                continue
+            name = self.fresh()
+            self.line(f"{name} = {code}")
+            self.names[id(n)] = name
+        return self.names[id(root)]
+
+    def _code(self, n: Node) -> str:
+        args = [self.names[id(s)] for s in n.src]
+        if n.op == "const":
+            return literal(n.arg, n.dtype)
+        if n.op in ("load", "index", "acc"):
+            hook = self.hooks[n.op]
+            if hook is None:
+                raise ValueError(f"this kernel has no {n.op} values")
+            return hook(n)
+        if n.op == "reduce":
+            hook = self.hooks["reduce"]
+            if hook is None:
+                raise ValueError("reductions need a reduction kernel")
+            return hook(n, args[0])
+        if n.op == "cast":
+            return self.convert(args[0], n.src[0].dtype, n.dtype)
+        operand_dtype = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
+        if not self.interpreted and n.op in LIBDEVICE and operand_dtype in ("fp32", "fp64"):
+            return LIBDEVICE[n.op].format(*args)
+        render, helpers = MATH[n.op]
+        self.helpers_used.update(helpers)
+        return render(*args, operand_dtype)
+
+    def convert(self, code: str, src: str, dst: str) -> str:
+        """Code converting a value held in ``src``'s compute type to ``dst``'s compute type,
+        rounding where ``dst`` is narrower (to nearest even, also under the interpreter)."""
+        if dst == "bool":
+            return f"({code} != 0)"
+        if src == "bool" and dtypes.compute_type(dst) != "bool":
+            return f"{code}.to({TL_DTYPE[dtypes.compute_type(dst)]})"
+        if dst in ("bf16", "fp16") and dtypes.is_float(src):
+            if self.interpreted:
+                helper = "_bf16_rne" if dst == "bf16" else "_fp16_rne"
+                self.helpers_used.add(helper)
+                return f"{helper}({code}.to(tl.float32))"
+            return f"{code}.to({TL_DTYPE[dst]}).to(tl.float32)"
+        if dtypes.compute_type(src) == dtypes.compute_type(dst):
+            return code  # widening a narrow float held in fp32 already
+        return f"{code}.to({TL_DTYPE[dtypes.compute_type(dst)]})"
+
+    def store_value(self, code: str, src: str, dst: str) -> str:
+        """Code converting a computed value to the stored element type ``dst``."""
+        if dst == "bool":
+            return f"({code} != 0)" if src != "bool" else code
+        if dst in ("bf16", "fp16") and dtypes.is_float(src) and self.interpreted:
+            return f"{self.convert(code, src, dst)}.to({TL_DTYPE[dst]})"
+        return f"{code}.to({TL_DTYPE[dst]})"
+
+    def helpers(self) -> str:
+        """Source of the ``@triton.jit`` helpers the rendered statements call."""
+        return "\n".join(HELPERS[h].strip("\n") + "\n\n" for h in sorted(self.helpers_used))

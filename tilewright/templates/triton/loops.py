@@ -1,0 +1,494 @@
+"""Triton templates for loop kernels (:class:`~tilewright.problem.LoopProblem`): pointwise and
+reduction, on every Triton target and the interpreter.
+
+Pointwise: one program per ``XBLOCK`` elements of the flattened iteration space. Reduction:
+``XBLOCK`` rows per program, each row's ``rnumel`` elements either held at once
+(``PERSISTENT``: ``RBLOCK`` is the row rounded up to a power of two, one pass, everything in
+registers) or walked ``RBLOCK`` at a time (looped: one pass per level of dependent reductions,
+softmax's max then sum, and one more for the values stored per element). The body comes from
+the IR's Triton emitter (:mod:`tilewright.templates.triton.emit`); loads and stores index
+buffers through run-time strides, so any layout is read correctly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from tilewright.errors import UnsupportedProblemError
+from tilewright.ir import dtypes
+from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
+from tilewright.ir.index import code, offset
+from tilewright.ir.kernel import LoopKernel
+from tilewright.problem import LoopProblem
+from tilewright.runtime.aot import AotSpec
+from tilewright.runtime.targets import Target, triton_can_target
+from tilewright.templates.base import (
+    SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
+)
+from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr, literal
+
+INT32_MAX = 2**31 - 1
+
+# reduction kind -> (identity as a function of the compute dtype, combine of two partials)
+_IDENTITY = {
+    "sum": lambda dt: "0", "prod": lambda dt: "1",
+    "max": lambda dt: "float('-inf')" if dtypes.is_float(dt) else str(-2**63 if dt == "i64" else -2**31),
+    "min": lambda dt: "float('inf')" if dtypes.is_float(dt) else str(2**63 - 1 if dt == "i64" else 2**31 - 1),
+    "any": lambda dt: "0", "all": lambda dt: "1",
+}
+_COMBINE_HELPERS = '''
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _prod_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def _or_combine(a, b):
+    return a | b
+
+
+@triton.jit
+def _and_combine(a, b):
+    return a & b
+
+
+@triton.jit
+def _argmax_combine(a, ia, b, ib):
+    # the larger value wins, NaN counting as the largest; ties go to the lower index (torch)
+    take_a = (a > b) | ((a == b) & (ia < ib)) | ((a != a) & ((b == b) | (ia < ib)))
+    return tl.where(take_a, a, b), tl.where(take_a, ia, ib)
+
+
+@triton.jit
+def _argmin_combine(a, ia, b, ib):
+    take_a = (a < b) | ((a == b) & (ia < ib)) | ((a != a) & ((b == b) | (ia < ib)))
+    return tl.where(take_a, a, b), tl.where(take_a, ia, ib)
+
+
+@triton.jit
+def _welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
+    # Chan et al.'s pairwise update of (mean, sum of squared deviations, count)
+    w = w_a + w_b
+    ratio = tl.where(w == 0.0, 0.0, w_b / tl.where(w == 0.0, 1.0, w))
+    delta = mean_b - mean_a
+    return mean_a + delta * ratio, m2_a + m2_b + delta * delta * w_a * ratio, w
+'''
+
+
+def needs_int64(problem: LoopProblem) -> bool:
+    """64-bit index math when a buffer may span 2**31 elements (always for dynamic sizes)."""
+    if problem.dynamic:
+        return True
+    sizes = problem.size_map
+    for b in problem.kernel.inputs + problem.kernel.outputs:
+        span = sum(max(int(s.xreplace(sizes)) - 1, 0) * abs(int(st.xreplace(sizes)))
+                   for s, st in zip(b.shape, b.stride))
+        if span > INT32_MAX:
+            return True
+    return problem.xnumel * max(problem.rnumel, 1) > INT32_MAX
+
+
+class _Body:
+    """The kernel body of one loop problem: variables, loads, stores, reductions."""
+
+    def __init__(self, kernel: LoopKernel, interpreted: bool, persistent: bool):
+        self.k = kernel
+        self.reduction = kernel.kind == "reduction"
+        self.persistent = persistent
+        self.xvars, self.rvars = kernel.x_vars, kernel.r_vars
+        self.names = {s: s.name for s in kernel.size_symbols()}
+        self.e = TritonExpr(interpreted=interpreted, load=self._load, index=self._index,
+                            reduce=self._reduce)
+        self.combine_helpers = False
+        self.welford: dict[int, tuple[str, str]] = {}
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def _deps(self, exprs) -> tuple[bool, bool]:
+        free: set[sympy.Symbol] = set()
+        for e in exprs:
+            free |= sympy.sympify(e).free_symbols
+        return bool(free & set(self.xvars)), bool(free & set(self.rvars))
+
+    def _mask(self, has_x: bool, has_r: bool) -> str | None:
+        parts = (["xmask"] if has_x else []) + (["rmask"] if has_r else [])
+        return " & ".join(parts) or None
+
+    def _load(self, n: Node) -> str:
+        name, idx, _ = n.arg
+        buf = self.k.buffer(name)
+        strides = [f"{name}_s{d}" for d in range(len(buf.shape))]
+        names = dict(self.names)
+        indirect = load_indirect(n)
+        for k, v in enumerate(indirect):  # gathered indices: the values computed for them
+            names[indirect_symbol(k)] = self.e.names[id(v)]
+        off = code(offset(idx, [sympy.Symbol(s) for s in strides]), names)
+        has_x, has_r = self._deps(idx)
+        for v in indirect:
+            has_x = has_x or self._node_deps(v)[0]
+            has_r = has_r or self._node_deps(v)[1]
+        mask = self._mask(has_x, has_r)
+        own = load_mask(n)
+        if own is not None:  # a masked load (cat, pad): only where the mask holds
+            own_code = self.e.names[id(own)]
+            mask = f"{mask} & {own_code}" if mask else own_code
+        args = f"{name} + ({off})" + (f", {mask}, other=0" if mask else "")
+        value = f"tl.load({args})"
+        return value if buf.dtype == "bool" else f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
+
+    def _node_deps(self, node: Node) -> tuple[bool, bool]:
+        """Whether a value varies along the outer and the reduction variables."""
+        has_x = has_r = False
+        for m in toposort([node]):
+            if m.op == "load":
+                hx, hr = self._deps(m.arg[1])
+            elif m.op == "index":
+                hx, hr = self._deps([m.arg])
+            else:
+                continue
+            has_x, has_r = has_x or hx, has_r or hr
+        return has_x, has_r
+
+    def _index(self, n: Node) -> str:
+        text = code(n.arg, self.names)
+        has_x, has_r = self._deps([n.arg])
+        if not has_x and not has_r:
+            text = f"({text}) + tl.zeros_like(xindex)"
+        return f"({text}).to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
+
+    def _reduce(self, n: Node, v: str) -> str:
+        """Persistent rows: the whole reduction at once."""
+        kind = n.arg
+        cdt = dtypes.compute_type(n.src[0].dtype)
+        if kind.startswith("welford"):
+            mean, m2 = self._welford_persistent(n.src[0], v)
+            return mean if kind == "welford_mean" else m2
+        if kind in ("argmax", "argmin"):
+            self.combine_helpers = True
+            fill = "float('-inf')" if kind == "argmax" else "float('inf')"
+            if not dtypes.is_float(cdt):
+                fill = _IDENTITY["max" if kind == "argmax" else "min"](cdt)
+            vals = f"tl.where(xmask & rmask, {v}, {fill})"
+            idx = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK])"
+            return (f"tl.reduce(({vals}, {idx}), 1, _{kind}_combine)[1][:, None]")
+        vals = f"tl.where(xmask & rmask, {v}, {_IDENTITY[kind](cdt)})"
+        if kind == "sum":
+            return f"tl.sum({vals}, 1)[:, None]"
+        self.combine_helpers = True
+        fn = {"max": "_max_combine", "min": "_min_combine", "prod": "_prod_combine",
+              "any": "_or_combine", "all": "_and_combine"}[kind]
+        return f"tl.reduce({vals}, 1, {fn})[:, None]"
+
+    def _welford_persistent(self, src: Node, v: str) -> tuple[str, str]:
+        if id(src) not in self.welford:
+            mean, m2 = self.e.fresh(), self.e.fresh()
+            self.e.line(f"{mean} = tl.sum(tl.where(xmask & rmask, {v}, 0.0), 1)[:, None] / rnumel")
+            self.e.line(f"{m2} = tl.sum(tl.where(xmask & rmask, ({v} - {mean}) * ({v} - {mean}), 0.0), 1)[:, None]")
+            self.welford[id(src)] = (mean, m2)
+        return self.welford[id(src)]
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def decompose(self, flat: str, vars_, ranges) -> None:
+        """Lines defining each variable from the flat index (row-major)."""
+        used = set()
+        for s in self.k.stores:
+            for e in s.index:
+                used |= sympy.sympify(e).free_symbols
+        for node in self.k.nodes():
+            if node.op == "load":
+                for e in node.arg[1]:
+                    used |= e.free_symbols
+            elif node.op == "index":
+                used |= node.arg.free_symbols
+        inner = sympy.Integer(1)
+        for v, size in reversed(list(zip(vars_, ranges))):
+            if v in used:
+                size_code = code(size, self.names)
+                inner_code = code(inner, self.names)
+                if inner == 1 and v is vars_[0]:
+                    self.e.line(f"{v.name} = {flat}")
+                elif inner == 1:
+                    self.e.line(f"{v.name} = {flat} % ({size_code})")
+                elif v is vars_[0]:
+                    self.e.line(f"{v.name} = {flat} // ({inner_code})")
+                else:
+                    self.e.line(f"{v.name} = ({flat} // ({inner_code})) % ({size_code})")
+            inner = inner * size
+
+    def store(self, s) -> None:
+        buf = self.k.buffer(s.buffer)
+        node = s.value
+        if node.op == "cast" and node.dtype == buf.dtype and dtypes.is_float(node.dtype):
+            node = node.src[0]  # the store rounds once; no need to round before it too
+        value = self.e.emit(node)
+        strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
+        off = code(offset(s.index, strides), self.names)
+        has_x, has_r = self._deps(s.index)
+        r_store = self.reduction and self.k.depends_on_r(s.value)
+        if not has_x:
+            off = f"({off}) + xindex * 0"
+        if r_store and not has_r:
+            off = f"({off}) + rindex * 0"
+        mask = "xmask & rmask" if r_store else "xmask"
+        self.e.line(f"tl.store({buf.name} + ({off}), {self.e.store_value(value, node.dtype, buf.dtype)}, {mask})")
+
+    def pointwise(self) -> None:
+        self.decompose("xindex", self.xvars, self.k.ranges)
+        for s in self.k.stores:
+            self.store(s)
+
+    def reduction_persistent(self) -> None:
+        self.decompose("xindex", self.xvars, self.k.ranges)
+        self.e.line("rindex = rbase")
+        self.e.line("rmask = rindex < rnumel")
+        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
+        for s in self.k.stores:
+            self.store(s)
+
+    def reduction_looped(self) -> None:
+        k = self.k
+        self.decompose("xindex", self.xvars, k.ranges)
+        reduces = k.reductions()
+        level: dict[int, int] = {}
+        for n in toposort(k.values()):
+            below = max((level.get(id(s), 0) for s in n.src), default=0)
+            level[id(n)] = below + (1 if n.is_reduce else 0)
+        for lv in sorted({level[id(r)] for r in reduces}):
+            self._loop_level([r for r in reduces if level[id(r)] == lv])
+        x_stores = [s for s in k.stores if not k.depends_on_r(s.value)]
+        r_stores = [s for s in k.stores if k.depends_on_r(s.value)]
+        for s in x_stores:
+            self.store(s)
+        if r_stores:
+            self._open_loop()
+            for s in r_stores:
+                self.store(s)
+            self._close_loop()
+
+    def _open_loop(self) -> None:
+        self.e.line("for roffset in range(0, rnumel, RBLOCK):")
+        self.e.indent += "    "
+        self.e.push()
+        self.e.line("rindex = roffset + rbase")
+        self.e.line("rmask = rindex < rnumel")
+        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
+
+    def _close_loop(self) -> None:
+        self.e.pop()
+        self.e.indent = self.e.indent[:-4]
+
+    def _loop_level(self, reduces: list[Node]) -> None:
+        """One pass over the row computing ``reduces`` (their operands need only earlier levels)."""
+        self.combine_helpers = True
+        plan: list[tuple[Node, list[str]]] = []
+        welford_src: dict[int, list[str]] = {}
+        for r in reduces:
+            kind, cdt = r.arg, dtypes.compute_type(r.src[0].dtype)
+            if kind.startswith("welford"):
+                if id(r.src[0]) not in welford_src:
+                    accs = [self.e.fresh() for _ in range(3)]
+                    for a in accs:
+                        self.e.line(f"{a} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+                    welford_src[id(r.src[0])] = accs
+                plan.append((r, welford_src[id(r.src[0])]))
+            elif kind in ("argmax", "argmin"):
+                accs = [self.e.fresh(), self.e.fresh()]
+                fill = (_IDENTITY["max" if kind == "argmax" else "min"](cdt)
+                        if not dtypes.is_float(cdt) else "float('-inf')" if kind == "argmax" else "float('inf')")
+                self.e.line(f"{accs[0]} = tl.full([XBLOCK, RBLOCK], {fill}, {TL_DTYPE[cdt]})")
+                self.e.line(f"{accs[1]} = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+                plan.append((r, accs))
+            else:
+                acc = self.e.fresh()
+                self.e.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {_IDENTITY[kind](cdt)}, {TL_DTYPE[cdt]})")
+                plan.append((r, [acc]))
+        self._open_loop()
+        updated: set[int] = set()
+        for r, accs in plan:
+            v = self.e.emit(r.src[0])
+            kind = r.arg
+            if kind.startswith("welford"):
+                if id(r.src[0]) in updated:
+                    continue
+                updated.add(id(r.src[0]))
+                mean, m2, w = accs
+                self.e.line(f"{w}_new = tl.where(xmask & rmask, {w} + 1.0, {w})")
+                self.e.line(f"delta = {v} - {mean}")
+                self.e.line(f"{mean} = tl.where(xmask & rmask, {mean} + delta / tl.where({w}_new == 0.0, 1.0, {w}_new), {mean})")
+                self.e.line(f"{m2} = tl.where(xmask & rmask, {m2} + delta * ({v} - {mean}), {m2})")
+                self.e.line(f"{w} = {w}_new")
+            elif kind in ("argmax", "argmin"):
+                val, idx = accs
+                self.e.line(f"{val}, {idx} = _{kind}_combine({val}, {idx}, tl.where(xmask & rmask, {v}, {val}), "
+                            f"tl.where(xmask & rmask, rindex.to(tl.int64), {idx}))")
+            else:
+                a = accs[0]
+                fn = {"sum": "{a} + {v}", "prod": "{a} * {v}", "max": "_max_combine({a}, {v})",
+                      "min": "_min_combine({a}, {v})", "any": "{a} | {v}", "all": "{a} & {v}"}[kind]
+                self.e.line(f"{a} = tl.where(xmask & rmask, {fn.format(a=a, v=v)}, {a})")
+        self._close_loop()
+        for r, accs in plan:
+            kind = r.arg
+            out = self.e.fresh()
+            if kind.startswith("welford"):
+                mean, m2, w = accs
+                names = self.welford.get(id(r.src[0]))
+                if names is None:
+                    fm, fm2 = self.e.fresh(), self.e.fresh()
+                    self.e.line(f"{fm}, {fm2}, _ = tl.reduce(({mean}, {m2}, {w}), 1, _welford_combine)")
+                    names = self.welford[id(r.src[0])] = (f"{fm}[:, None]", f"{fm2}[:, None]")
+                self.e.bind(r, names[0] if kind == "welford_mean" else names[1])
+                continue
+            if kind in ("argmax", "argmin"):
+                self.e.line(f"{out} = tl.reduce(({accs[0]}, {accs[1]}), 1, _{kind}_combine)[1][:, None]")
+            elif kind == "sum":
+                self.e.line(f"{out} = tl.sum({accs[0]}, 1)[:, None]")
+            else:
+                fn = {"max": "_max_combine", "min": "_min_combine", "prod": "_prod_combine",
+                      "any": "_or_combine", "all": "_and_combine"}[kind]
+                self.e.line(f"{out} = tl.reduce({accs[0]}, 1, {fn})[:, None]")
+            self.e.bind(r, out)
+
+
+class _TritonLoops(TemplateSpec):
+    backend = "triton"
+    jinja = "loops.py.jinja"
+
+    def supports(self, problem: Any, target: Target) -> Support:
+        if not isinstance(problem, LoopProblem) or problem.kind != self.op:
+            return Support(False, f"{self.id} runs {self.op} loop kernels")
+        if target.backend not in ("cuda", "hip", "cpu"):
+            return Support(False, f"Triton does not generate for {target.backend}")
+        if (why := triton_can_target(target)) is not None:
+            return Support(False, why)
+        for b in problem.kernel.inputs + problem.kernel.outputs:
+            if b.dtype in ("fp8e4m3", "fp8e5m2") and target.backend == "cpu":
+                return Support(False, "fp8 buffers in the interpreter")
+        return SUPPORTED
+
+    def check(self, params: Params, problem: Any, target: Target) -> str | None:
+        params = self.space.complete(params)
+        if (why := self.space_refusal(params)) is not None:
+            return why
+        return self.check_tile(params, problem, target)
+
+    def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
+        return None
+
+    def _render_body(self, problem: LoopProblem, params: Params, target: Target) -> tuple[_Body, bool]:
+        persistent = bool(params.get("PERSISTENT", False))
+        body = _Body(problem.kernel, target.interpreted, persistent)
+        if problem.kind == "pointwise":
+            body.pointwise()
+        elif persistent:
+            body.reduction_persistent()
+        else:
+            body.reduction_looped()
+        return body, persistent
+
+    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
+        params = self.space.complete(params)
+        support = self.supports(problem, target)
+        if not support:
+            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
+        if (why := self.check(params, problem, target)) is not None:
+            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+        k = problem.kernel
+        body, persistent = self._render_body(problem, params, target)
+        sizes = [s.name for s in k.size_symbols()]
+        buffers = list(k.inputs) + list(k.outputs)
+        strides = [f"{b.name}_s{d}" for b in buffers for d in range(len(b.shape))]
+        names = {s: s.name for s in k.size_symbols()}
+        kernel_name = f"tw_{problem.kind}"
+        source = self.render_jinja(
+            problem_text=problem.describe(), params_text=self.space.encode(params), target=target.name,
+            kernel_name=kernel_name, reduction=problem.kind == "reduction", persistent=persistent,
+            interpreted=target.interpreted, index_64=needs_int64(problem),
+            helpers=body.e.helpers() + (_COMBINE_HELPERS if body.combine_helpers else ""),
+            inputs=[b.name for b in k.inputs], outputs=[{
+                "name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),
+                "shape": [code(s, names) for s in b.shape], "stride": [code(s, names) for s in b.stride],
+            } for b in k.outputs],
+            buffers=[b.name for b in buffers], strides=strides, sizes=sizes,
+            xnumel=code(k.xnumel, names), rnumel=code(k.rnumel, names),
+            body=body.e.lines, XBLOCK=params["XBLOCK"], RBLOCK=params.get("RBLOCK", 1),
+            num_warps=params["num_warps"],
+        )
+        aot = None if target.interpreted else self.aot_spec(problem, params, kernel_name, strides, sizes)
+        return RenderedKernel(template_id=self.id, params=dict(params), target=target.name, source=source,
+                              name=f"triton_{problem.kind}", interpret=target.interpreted, aot=aot,
+                              meta={"kind": problem.kind})
+
+    def aot_spec(self, problem: LoopProblem, params: Params, kernel_name: str, strides: list[str],
+                 sizes: list[str]) -> AotSpec:
+        k = problem.kernel
+        pointers = {b.name: POINTER[b.dtype] for b in k.inputs + k.outputs}
+        sizes_at = problem.size_map
+        constexprs: dict[str, Any] = {"XBLOCK": params["XBLOCK"]}
+        if problem.kind == "reduction":
+            constexprs["RBLOCK"] = (max(1, 1 << max(problem.rnumel - 1, 0).bit_length())
+                                    if params.get("PERSISTENT") else params["RBLOCK"])
+        # the strides the JIT would specialise: unit strides become constants
+        for b in k.inputs + k.outputs:
+            for d, st in enumerate(b.stride):
+                if not st.free_symbols and int(st) == 1:
+                    constexprs[f"{b.name}_s{d}"] = 1
+        divisible = list(pointers)
+        for b in k.inputs + k.outputs:
+            for d, st in enumerate(b.stride):
+                v = st.xreplace(sizes_at)
+                if f"{b.name}_s{d}" not in constexprs and not st.free_symbols and int(v) % 16 == 0 and int(v) > 0:
+                    divisible.append(f"{b.name}_s{d}")
+        return AotSpec(kernel_name, "triton", pointers, constexprs, tuple(divisible),
+                       {"num_warps": params["num_warps"], "num_stages": 1},
+                       int_type="i64" if needs_int64(problem) else "i32")
+
+
+class TritonPointwise(_TritonLoops):
+    """Pointwise kernels: ``XBLOCK`` elements per program."""
+
+    id = "triton.pointwise"
+    op = "pointwise"
+    space = ParamSpace((
+        Knob("XBLOCK", powers_of_two(16, 65536), 1024, "elements per program"),
+        Knob("num_warps", (1, 2, 4, 8, 16), 4, "warps per program"),
+    ))
+
+
+class TritonReduction(_TritonLoops):
+    """Reduction kernels: ``XBLOCK`` rows per program; whole rows in registers
+    (``PERSISTENT``) or ``RBLOCK`` columns at a time."""
+
+    id = "triton.reduction"
+    op = "reduction"
+    space = ParamSpace((
+        Knob("XBLOCK", powers_of_two(1, 4096), 1, "rows per program"),
+        Knob("RBLOCK", powers_of_two(16, 8192), 1024, "columns per step of a looped row"),
+        Knob("PERSISTENT", (False, True), True, "hold the whole row (RBLOCK = row rounded up to 2^k)"),
+        Knob("num_warps", (1, 2, 4, 8, 16), 4, "warps per program"),
+    ))
+
+    def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
+        if target.interpreted:
+            return None
+        rblock = max(problem.rnumel, 1) if params["PERSISTENT"] else params["RBLOCK"]
+        rblock = 1 << max(rblock - 1, 0).bit_length()
+        threads = params["num_warps"] * target.warp_size
+        per_thread = params["XBLOCK"] * rblock / threads
+        if params["PERSISTENT"] and per_thread > 64:
+            return (f"a persistent row block of {params['XBLOCK']}x{rblock} holds {per_thread:.0f} "
+                    f"values per thread (> 64): loop over the row instead")
+        if not params["PERSISTENT"] and params["RBLOCK"] >= 2 * max(problem.rnumel, 1):
+            return "RBLOCK is over twice the row: use the persistent form"
+        return None
