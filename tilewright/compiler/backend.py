@@ -68,6 +68,20 @@ def _compile_or_fallback(gm: fx.GraphModule, example_inputs: list[Any], *, kind:
         return make_boxed_func(gm.forward)
 
 
+def partition_options() -> dict[str, Any]:
+    """aot_autograd's partitioning options for the backend's configuration (also used by
+    :mod:`tilewright.compiler.capture`, so ahead-of-time builds see the same graphs)."""
+    extra: dict[str, Any] = {}
+    if config.loop_kernels:
+        # Inductor's partitioner: the backward recomputes cheap pointwise values from what it
+        # saves instead of having the forward store them; with fused loop kernels a recompute
+        # costs no launch and saves a store and a load
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        extra["partition_fn"] = min_cut_rematerialization_partition
+    return extra
+
+
 def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
     """Dynamo backend entry point (``backend="tilewright"``).
 
@@ -75,10 +89,12 @@ def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw
         ConfigError: a ``TILEWRIGHT_*`` environment variable has a bad value.
     """
     config.raise_env_error()
+    extra = partition_options()
     backend = aot_autograd(
         fw_compiler=functools.partial(_compile_or_fallback, kind="forward"),
         bw_compiler=functools.partial(_compile_or_fallback, kind="backward"),
         inference_compiler=functools.partial(_compile_or_fallback, kind="inference"),
         decompositions=decomposition_table(),
+        **extra,
     )
     return backend(gm, example_inputs, **kwargs)

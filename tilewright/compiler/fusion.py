@@ -24,7 +24,7 @@ from tilewright.compiler.graph import LoopNode, TensorMeta
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.index import (
-    group_index, is_iter_var, product, refine, same, simplify, variables,
+    group_index, is_iter_var, product, refine, same, simplify, unravel, variables,
 )
 from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol
 
@@ -58,8 +58,10 @@ def _refine_all(shapes: list[tuple[sympy.Expr, ...]]) -> tuple[sympy.Expr, ...]:
 
 
 class _Builder:
-    def __init__(self, members: list[LoopNode], stored: set[str], metas: dict[str, TensorMeta]):
+    def __init__(self, members: list[LoopNode], stored: set[str], metas: dict[str, TensorMeta],
+                 inline: dict[str, LoopNode] | None = None):
         self.members = {m.name: m for m in members}
+        self.inline = {k: v for k, v in (inline or {}).items() if k not in self.members}
         self.order = members
         self.stored = [m for m in members if m.name in stored]
         if not self.stored:
@@ -92,6 +94,7 @@ class _Builder:
 
     # -- where each member sits in the kernel's space ----------------------------------------
     def _map(self, m: LoopNode) -> None:
+        stored = m.name in {s.name for s in self.stored}
         try:
             if m.is_reduction:
                 self.own[m.name] = group_index(m.ranges, self.x, self.xv)
@@ -101,10 +104,13 @@ class _Builder:
                 self.own[m.name] = group_index(m.ranges, self.x, self.xv)
             elif self.r and same(product(m.ranges), product(self.x) * product(self.r)):
                 self.own[m.name] = group_index(m.ranges, self.x + self.r, self.xv + self.rv)
-            elif m.name in {s.name for s in self.stored}:
+            elif stored:
                 raise FusionError(f"{m.name} {m.ranges} fits neither the outer nor the whole space")
         except ValueError as e:
-            raise FusionError(f"{m.name}: {e}") from e
+            # a member that is only inlined needs no place of its own: its consumers read it at
+            # their index (a transpose feeding a clone); one that is stored does
+            if m.is_reduction or stored:
+                raise FusionError(f"{m.name}: {e}") from e
 
     def _simplify(self, e: sympy.Expr) -> sympy.Expr:
         return simplify(e, self.var_ranges)
@@ -116,7 +122,7 @@ class _Builder:
         key = (name, index)
         if key in self.memo:
             return self.memo[key]
-        m = self.members[name]
+        m = self.members.get(name) or self.inline[name]
         ivars = variables("i", len(m.ranges))
         if m.is_reduction:
             own = self.own[name]
@@ -133,7 +139,7 @@ class _Builder:
     def resolve(self, node: E.Node) -> E.Node:
         """Replace loads of members by their values."""
         def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
-            if n.op != "load" or n.arg[0] not in self.members:
+            if n.op != "load" or (n.arg[0] not in self.members and n.arg[0] not in self.inline):
                 return None
             if E.load_indirect(n):
                 raise FusionError(f"a gather reads {n.arg[0]} through data: it must be in memory")
@@ -241,18 +247,120 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta]) -> dict[st
     return out
 
 
-def build_kernel(members: list[LoopNode], stored: set[str], metas: dict[str, TensorMeta]) -> BuiltKernel:
+def build_kernel(members: list[LoopNode], stored: set[str], metas: dict[str, TensorMeta],
+                 inline: dict[str, LoopNode] | None = None) -> BuiltKernel:
     """The loop kernel computing ``members`` and storing those named in ``stored``.
 
     Args:
         members: loop nodes, in graph order.
         stored: members whose values leave the kernel.
         metas: shape/stride/dtype of every value involved (members and what they read).
+        inline: pointwise nodes outside the group that the kernel recomputes wherever it reads
+            them (ones that read no memory: constants, iotas), instead of loading them.
 
     Raises:
         FusionError: the members cannot share one kernel.
     """
-    return _Builder(members, stored, metas).build()
+    return _Builder(members, stored, metas, inline).build()
 
 
-__all__ = ["BuiltKernel", "FusionError", "build_kernel"]
+
+
+def _rows(n: sympy.Expr, r: sympy.Expr) -> sympy.Expr:
+    """ceil(n / r): rows of length ``r`` that hold ``n`` elements."""
+    if n.is_Integer and r.is_Integer:
+        return sympy.Integer(-(-int(n) // int(r)))
+    return sympy.floor((n + r - 1) / r)
+
+
+def _lt(a: sympy.Expr, b: sympy.Expr) -> E.Node:
+    return E.op("lt", E.index(a), E.index(b))
+
+
+def combine(parts: list[BuiltKernel]) -> BuiltKernel:
+    """One kernel computing independent kernels side by side (a combo kernel): one launch
+    instead of several.
+
+    The parts' iteration spaces are laid end to end along one flat dim ``x0``. Without a
+    reduction, part ``p`` owns ``x0`` in ``[offset_p, offset_p + numel_p)``. With one (the
+    *host*, at most one), the host's rows come first and every pointwise part fills whole rows
+    of the host's reduction length after them, its element ``(x0 - offset_p) * R + r0``. Each
+    part's loads and stores are masked to its share, so nothing is read or written outside it;
+    lanes of other parts compute values nobody stores.
+
+    Raises:
+        FusionError: two reductions, or two parts that store the same value.
+    """
+    hosts = [p for p in parts if p.kernel.kind == "reduction"]
+    if len(hosts) > 1:
+        raise FusionError("a combo kernel holds at most one reduction")
+    host = hosts[0] if hosts else None
+    order = ([host] if host is not None else []) + [p for p in parts if p is not host]
+    args: list[str] = []
+    outputs: list[str] = []
+    symbols: list[sympy.Symbol] = []
+    for p in order:
+        args += [a for a in p.args if a not in args]
+        for o in p.outputs:
+            if o in outputs:
+                raise FusionError(f"{o} is stored by two parts")
+            outputs.append(o)
+        symbols += [s for s in p.symbols if s not in symbols]
+    znew = {s: size_symbol(i) for i, s in enumerate(symbols)}
+    x0, r0 = variables("x", 1)[0], variables("r", 1)[0]
+    R = sympy.Integer(1)
+    if host is not None:
+        zsub = {size_symbol(i): znew[s] for i, s in enumerate(host.symbols)}
+        R = product(tuple(e.xreplace(zsub) for e in host.kernel.reduction_ranges))
+    inputs: dict[str, Buffer] = {}
+    out_buffers: list[Buffer] = []
+    stores: list[Store] = []
+    offset = sympy.Integer(0)
+    for p in order:
+        k = p.kernel
+        zsub = {size_symbol(i): znew[s] for i, s in enumerate(p.symbols)}
+        ranges = tuple(e.xreplace(zsub) for e in k.ranges)
+        numel = product(ranges)
+        if p is host:
+            red = tuple(e.xreplace(zsub) for e in k.reduction_ranges)
+            sub = dict(zip(k.x_vars, unravel(x0, ranges))) | dict(zip(k.r_vars, unravel(r0, red)))
+            mask = _lt(x0, numel)
+            rows = numel
+        else:
+            flat = (x0 - offset) * R + r0 if host is not None else x0 - offset
+            sub = dict(zip(k.x_vars, unravel(flat, ranges)))
+            mask = E.op("logical_and", E.op("ge", E.index(x0), E.index(offset)), _lt(flat, numel))
+            if host is not None:
+                mask = E.op("logical_and", mask, _lt(x0, offset + _rows(numel, R)))
+            rows = _rows(numel, R) if host is not None else numel
+        rename = {f"in{i}": f"in{args.index(a)}" for i, a in enumerate(p.args)}
+        rename |= {f"out{i}": f"out{outputs.index(o)}" for i, o in enumerate(p.outputs)}
+        subs = zsub | sub
+
+        def fn(n: E.Node, src: tuple[E.Node, ...], rename=rename, subs=subs) -> E.Node | None:
+            if n.op == "load":
+                return E.Node("load", n.dtype, src, (rename[n.arg[0]], tuple(i.xreplace(subs) for i in n.arg[1]),
+                                                    n.arg[2]))
+            if n.op == "index":
+                return E.Node("index", n.dtype, src, n.arg.xreplace(subs))
+            return None
+
+        for b in k.inputs:
+            name = rename[b.name]
+            if name not in inputs:
+                inputs[name] = Buffer(name, b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
+                                      tuple(e.xreplace(zsub) for e in b.stride), b.bounds)
+        for b in k.outputs:
+            out_buffers.append(Buffer(rename[b.name], b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
+                                      tuple(e.xreplace(zsub) for e in b.stride), b.bounds))
+        for s in k.stores:
+            value = _masked(E.rewrite([s.value], fn)[0], mask)
+            smask = mask if s.mask is None else E.op("logical_and", mask, E.rewrite([s.mask], fn)[0])
+            stores.append(Store(rename[s.buffer], tuple(i.xreplace(subs) for i in s.index), value, smask))
+        offset = offset + rows
+    kernel = LoopKernel((offset,), (R,) if host is not None else (),
+                        tuple(inputs[f"in{i}"] for i in range(len(args))), tuple(out_buffers), tuple(stores))
+    return BuiltKernel(kernel, args, outputs, symbols)
+
+
+__all__ = ["BuiltKernel", "FusionError", "build_kernel", "combine"]

@@ -14,6 +14,13 @@ is left (Inductor's greedy scheme). A merge is legal when
 * :func:`~tilewright.compiler.fusion.build_kernel` can build it (one iteration space, reductions
   read only at their own row).
 
+Then independent groups are launched together (*combo kernels*, Inductor's ``combo_kernels``
+idea): two groups with no path between them, in any iteration spaces, become one kernel whose
+programs each work on one part (:func:`~tilewright.compiler.fusion.combine`), at most one
+reduction and :data:`MAX_COMBO` parts per kernel. It saves launches, not bytes; pairs that read
+the same tensors and lie close in the graph go first, and parts further apart than
+:data:`COMBO_WINDOW` nodes never combine, so no value has to live much longer.
+
 Afterwards the groups become :class:`~tilewright.compiler.graph.FusedNode`\\ s in a topological
 order that keeps the original order where it can.
 """
@@ -27,21 +34,27 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch.fx as fx
 
-from tilewright.compiler.fusion import BuiltKernel, FusionError, build_kernel
+from tilewright.compiler.fusion import BuiltKernel, FusionError, build_kernel, combine
+from tilewright.compiler.traffic import is_free
 from tilewright.compiler.graph import ExternNode, FusedNode, KernelGraph, LoopNode, Node, TensorMeta, produced
 from tilewright.ir import dtypes
+from tilewright.ir import expr as E
 from tilewright.ir.index import static_or_hint
 
 log = logging.getLogger("tilewright.compiler")
 
 MAX_MEMBERS = 64
 MAX_BUFFERS = 24
+MAX_COMBO = 4
+COMBO_WINDOW = 16
 
 
 @dataclass
 class _Group:
     gid: int
     members: list[LoopNode] = field(default_factory=list)
+    parts: int = 1  # sub-kernels of a combo kernel
+    reductions: int = 0
 
     @property
     def key(self) -> str:
@@ -89,12 +102,25 @@ class Scheduler:
         self.groups: dict[int, _Group] = {i: _Group(i, [n]) for i, n in enumerate(self.loops)}
         self.group_of: dict[str, int] = {n.name: i for i, n in enumerate(self.loops)}
         self.position = {n.name: i for i, n in enumerate(kg.nodes)}
+        self.nodes_by_name = {n.name: n for n in kg.nodes}
         self.outputs = {n.name for n in kg.output.all_input_nodes}
         self.producer = kg.producers()
+        # pointwise values that read no memory (constants, iotas and what is computed from them)
+        # are recomputed by every loop kernel that reads them: no edge, no load
+        self.inline = {n.name: n for n in self.loops if not n.is_reduction and not any(
+            x.op == "load" for x in E.toposort([n.body]))}
         self.users: dict[str, set[str]] = {}
         for n in kg.nodes:
             for v in n.inputs:
+                if isinstance(n, LoopNode) and v in self.inline:
+                    continue
                 self.users.setdefault(v, set()).add(self.unit(n))
+        # an inlined value nobody else needs is not computed on its own
+        for name, n in list(self.inline.items()):
+            if name not in self.outputs and not self.users.get(name):
+                gid = self.group_of.pop(name)
+                del self.groups[gid]
+                self.loops.remove(n)
         self.failed: set[frozenset[int]] = set()
         self.built: dict[int, BuiltKernel] = {}
 
@@ -109,8 +135,12 @@ class Scheduler:
             u = self.unit(n)
             g.add_node(u)
             for v in n.inputs:
+                if isinstance(n, LoopNode) and v in self.inline:
+                    continue
                 p = self.producer.get(v)
-                if p is not None and self.unit(p) != u:
+                if p is None or (isinstance(p, LoopNode) and p.name not in self.group_of):
+                    continue
+                if self.unit(p) != u:
                     g.add_edge(self.unit(p), u)
         return g
 
@@ -169,7 +199,7 @@ class Scheduler:
                     self.failed.add(frozenset((a.gid, b.gid)))
                     return None
         try:
-            built = build_kernel(members, self._stored_after_merge(a, b, members), self.metas)
+            built = build_kernel(members, self._stored_after_merge(a, b, members), self.metas, self.inline)
         except FusionError as e:
             log.debug("not fusing %s and %s: %s", a.key, b.key, e)
             self.failed.add(frozenset((a.gid, b.gid)))
@@ -213,13 +243,76 @@ class Scheduler:
             else:
                 return
 
+    def built_kernel(self, grp: _Group) -> BuiltKernel:
+        built = self.built.get(grp.gid)
+        if built is None:
+            built = self.built[grp.gid] = build_kernel(grp.members, self.stored(grp.members), self.metas,
+                                                       self.inline)
+        return built
+
+    def combine(self) -> int:
+        """Launch independent groups together (see the module docstring); returns the merges."""
+        merges = 0
+        failed: set[frozenset[int]] = set()  # pairs combine() refused (not the vertical refusals)
+        for grp in self.groups.values():
+            grp.reductions = int(any(m.is_reduction for m in grp.members)) if grp.parts == 1 else grp.reductions
+        while True:
+            g = self.unit_graph()
+            # distance counts launches (groups, GEMMs, ATen calls that run work), not views
+            order, count = {}, 0
+            for u in nx.lexicographical_topological_sort(g, key=lambda u: self._first_position(u)):
+                order[u] = count
+                count += int(self._launches(u))
+            reach = {grp.key: nx.descendants(g, grp.key) for grp in self.groups.values()}
+            reads = {grp.gid: {v for m in grp.members for v in m.inputs} for grp in self.groups.values()}
+            best = None
+            for a, b in itertools.combinations(sorted(self.groups.values(), key=lambda x: order[x.key]), 2):
+                dist = abs(order[a.key] - order[b.key])
+                if dist > COMBO_WINDOW or a.parts + b.parts > MAX_COMBO or a.reductions + b.reductions > 1:
+                    continue
+                if len(a.members) + len(b.members) > MAX_MEMBERS:
+                    continue
+                if frozenset((a.gid, b.gid)) in failed:
+                    continue
+                if b.key in reach[a.key] or a.key in reach[b.key]:
+                    continue  # one needs the other: they cannot run in one launch
+                shared = sum(_bytes(self.metas.get(v)) for v in reads[a.gid] & reads[b.gid])
+                score = (-shared, dist, a.gid, b.gid)
+                if best is None or score < best[0]:
+                    best = (score, a, b)
+            if best is None:
+                return merges
+            _, a, b = best
+            try:
+                built = combine([self.built_kernel(a), self.built_kernel(b)])
+            except FusionError as e:
+                log.debug("not combining %s and %s: %s", a.key, b.key, e)
+                built = None
+            if built is None or len(built.args) + len(built.outputs) > MAX_BUFFERS:
+                failed.add(frozenset((a.gid, b.gid)))
+                continue
+            parts, reductions = a.parts + b.parts, a.reductions + b.reductions
+            self.merge(a, b, built)
+            merged = self.groups[min(a.gid, b.gid)]
+            merged.parts, merged.reductions = parts, reductions
+            failed = {f for f in failed if a.gid not in f and b.gid not in f}
+            merges += 1
+
+    def _launches(self, unit: str) -> bool:
+        if unit.startswith("group"):
+            return True
+        node = self.nodes_by_name.get(unit)
+        return node is not None and not (isinstance(node, ExternNode) and is_free(node.fx_node))
+
+    def _first_position(self, unit: str) -> int:
+        if unit.startswith("group"):
+            return min(self.position[m.name] for m in self.groups[int(unit[5:])].members)
+        return self.position.get(unit, 0)
+
     def kernels(self) -> list[FusedNode]:
         out = []
         for gid, grp in sorted(self.groups.items()):
-            built = self.built.get(gid)
-            if built is None:
-                built = build_kernel(grp.members, self.stored(grp.members), self.metas)
-            out.append(_fused(grp, built, self.metas))
+            out.append(_fused(grp, self.built_kernel(grp), self.metas))
         return out
 
 
@@ -292,6 +385,7 @@ def schedule(kg: KernelGraph, gm: fx.GraphModule) -> int:
     if not sched.loops:
         return 0
     sched.run()
+    sched.combine()
     fused = sched.kernels()
     member_of = {m: f for f in fused for m in f.members}
     rest = [n for n in kg.nodes if not isinstance(n, LoopNode)]

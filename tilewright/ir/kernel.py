@@ -55,11 +55,13 @@ class Buffer:
 @dataclass(frozen=True)
 class Store:
     """``buffer[index] = value``; ``index`` is a logical index (one expression per dim) in the
-    kernel's variables."""
+    kernel's variables. With a ``mask`` (a boolean node), only where it is true: the part of a
+    combo kernel's space that belongs to this store's sub-kernel."""
 
     buffer: str
     index: tuple[sympy.Expr, ...]
     value: Node
+    mask: Node | None = None
 
 
 def size_symbol(i: int) -> sympy.Symbol:
@@ -106,8 +108,12 @@ class LoopKernel:
     def values(self) -> list[Node]:
         return [s.value for s in self.stores]
 
+    def roots(self) -> list[Node]:
+        """Every value and store mask the kernel computes."""
+        return self.values() + [s.mask for s in self.stores if s.mask is not None]
+
     def nodes(self) -> list[Node]:
-        return toposort(self.values())
+        return toposort(self.roots())
 
     def size_symbols(self) -> list[sympy.Symbol]:
         """Size symbols the kernel needs as arguments, in canonical order."""
@@ -120,7 +126,7 @@ class LoopKernel:
         for s in self.stores:
             for e in s.index:
                 syms |= e.free_symbols
-        syms |= free_index_symbols(self.values())
+        syms |= free_index_symbols(self.roots())
         return sorted((s for s in syms if s.name.startswith("z") and s.name[1:].isdigit()),
                       key=lambda s: int(s.name[1:]))
 
@@ -148,16 +154,18 @@ class LoopKernel:
                 "reduction_ranges": [str(s) for s in self.reduction_ranges],
                 "inputs": [b.to_json() for b in self.inputs],
                 "outputs": [b.to_json() for b in self.outputs],
-                "stores": [[s.buffer, [str(i) for i in s.index]] for s in self.stores],
-                "values": to_json(self.values())}
+                "stores": [[s.buffer, [str(i) for i in s.index]] + ([True] if s.mask is not None else [])
+                           for s in self.stores],
+                "values": to_json(self.roots())}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "LoopKernel":
         symbols = _symbol_table(d)
         parse = lambda t: sympy.sympify(t, locals=symbols)  # noqa: E731
-        values = from_json(d["values"], symbols)
-        stores = tuple(Store(b, tuple(parse(i) for i in idx), v)
-                       for (b, idx), v in zip(d["stores"], values))
+        roots = from_json(d["values"], symbols)
+        masks = iter(roots[len(d["stores"]):])
+        stores = tuple(Store(st[0], tuple(parse(i) for i in st[1]), v, next(masks) if len(st) > 2 else None)
+                       for st, v in zip(d["stores"], roots))
         return LoopKernel(tuple(parse(s) for s in d["ranges"]),
                           tuple(parse(s) for s in d["reduction_ranges"]),
                           tuple(Buffer.from_json(b, symbols) for b in d["inputs"]),
@@ -171,7 +179,8 @@ class LoopKernel:
             head += f" x reduce ({', '.join(map(str, self.reduction_ranges))})"
         lines = [head]
         lines += [f"  {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]" for b in self.inputs]
-        lines += [f"  {s.buffer}[{', '.join(map(str, s.index))}] = {render(s.value, 8)}" for s in self.stores]
+        lines += [f"  {s.buffer}[{', '.join(map(str, s.index))}] = {render(s.value, 8)}"
+                  + (f"  where {render(s.mask, 4)}" if s.mask is not None else "") for s in self.stores]
         return "\n".join(lines)
 
 
