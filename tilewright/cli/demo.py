@@ -25,7 +25,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for case in cases:
         for mode in modes:
             with console.status(f"running {case} ({mode})"):
-                results.append(run_case(case, mode))
+                results.append(run_case(case, mode, inductor=args.inductor and mode == modes[0]))
     print_results(results, console)
     if args.json:
         with open(args.json, "w") as f:
@@ -46,4 +46,6 @@ def add_parser(sub) -> None:
     d.add_argument("--modes", default="auto,triton",
                    help="comma-separated: auto (autotuner decides), triton (force generated kernels)")
     d.add_argument("--json", help="also write the results as JSON to this file")
+    d.add_argument("--no-inductor", dest="inductor", action="store_false",
+                   help="skip compiling each model with Inductor to compare launches (saves ~2 min)")
     d.set_defaults(fn=cmd_demo)

@@ -26,6 +26,7 @@ from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.select import KernelFactory, Launcher, Selection, select
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
+from tilewright.templates import get_template
 
 __all__ = ["GemmCall", "KernelCall", "bucket"]
 
@@ -65,6 +66,7 @@ class KernelCall:
         self.factory = factory
         self.spaces = tuple(spaces)
         self.fixed = fixed
+        self.fixed_reason = "fixed"
         self.selections: dict[tuple[int, ...], Selection] = {}
         self._launchers: dict[tuple[int, ...], Launcher] = {}
         self._lock = threading.Lock()
@@ -89,12 +91,25 @@ class KernelCall:
             if key in self.selections:
                 return problem, self.selections[key]
         if self.fixed is not None:
-            selection = Selection(problem, self.target, self.fixed, reason="fixed", measured=False)
+            selection = Selection(problem, self.target, self.fixed, reason=self.fixed_reason, measured=False)
         else:
             selection = select(problem, self.target, self.factory)
         with self._lock:
             self.selections[key] = selection
         return problem, selection
+
+    def choose_aten(self) -> tuple[Any, Selection]:
+        """Give up on generated kernels for this call: from now on every bucket uses the ATen
+        candidate of its kind (a loop kernel's torch form), untimed. Returns the trace-time
+        problem and its selection."""
+        aten = get_template(f"aten.{self.kind}")
+        self.fixed = Candidate.of(aten.id, aten.source_hash)
+        self.fixed_reason = "ATen after the generated kernel failed"
+        with self._lock:
+            self.selections.clear()
+            self._launchers.clear()
+            self._fast = None
+        return self.choose()
 
     def prepare(self, sizes: dict[str, int] | None = None) -> Selection:
         """Choose and build the kernel for these sizes (the trace-time ones by default); with

@@ -315,6 +315,7 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
     inputs: dict[str, Buffer] = {}
     out_buffers: list[Buffer] = []
     stores: list[Store] = []
+    parts_out: list[LoopKernel] = []
     offset = sympy.Integer(0)
     for p in order:
         k = p.kernel
@@ -353,13 +354,35 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         for b in k.outputs:
             out_buffers.append(Buffer(rename[b.name], b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
                                       tuple(e.xreplace(zsub) for e in b.stride), b.bounds))
+        own = {**{size_symbol(i): znew[s] for i, s in enumerate(p.symbols)}}
+
+        def renamed(n: E.Node, src: tuple[E.Node, ...], rename=rename, own=own) -> E.Node | None:
+            if n.op == "load":
+                return E.Node("load", n.dtype, src, (rename[n.arg[0]], tuple(i.xreplace(own) for i in n.arg[1]),
+                                                    n.arg[2]))
+            if n.op == "index":
+                return E.Node("index", n.dtype, src, n.arg.xreplace(own))
+            return None
+
+        sub_parts = k.parts or (k,)
+        for sp in sub_parts:  # the part in its own space, under the combo's names
+            part_stores = tuple(
+                Store(rename[st.buffer], tuple(i.xreplace(own) for i in st.index), E.rewrite([st.value], renamed)[0],
+                      None if st.mask is None else E.rewrite([st.mask], renamed)[0]) for st in sp.stores)
+            ren_buf = lambda b: Buffer(rename[b.name], b.dtype, tuple(e.xreplace(own) for e in b.shape),  # noqa: E731
+                                       tuple(e.xreplace(own) for e in b.stride), b.bounds)
+            parts_out.append(LoopKernel(tuple(e.xreplace(own) for e in sp.ranges),
+                                        tuple(e.xreplace(own) for e in sp.reduction_ranges),
+                                        tuple(ren_buf(b) for b in sp.inputs), tuple(ren_buf(b) for b in sp.outputs),
+                                        part_stores))
         for s in k.stores:
             value = _masked(E.rewrite([s.value], fn)[0], mask)
             smask = mask if s.mask is None else E.op("logical_and", mask, E.rewrite([s.mask], fn)[0])
             stores.append(Store(rename[s.buffer], tuple(i.xreplace(subs) for i in s.index), value, smask))
         offset = offset + rows
     kernel = LoopKernel((offset,), (R,) if host is not None else (),
-                        tuple(inputs[f"in{i}"] for i in range(len(args))), tuple(out_buffers), tuple(stores))
+                        tuple(inputs[f"in{i}"] for i in range(len(args))), tuple(out_buffers), tuple(stores),
+                        tuple(parts_out))
     return BuiltKernel(kernel, args, outputs, symbols)
 
 

@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -28,6 +29,7 @@ from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.pool import pool_scope
 from tilewright.compiler.capture import gemm_problem
+from tilewright.autotune.select import Selection
 from tilewright.compiler.dispatch import KernelCall
 from tilewright.compiler.fuse import fuse_epilogues
 from tilewright.compiler.graph import FusedNode, GemmNode, KernelGraph
@@ -83,6 +85,31 @@ def _kernel_report(f: FusedNode, call: KernelCall) -> KernelReport:
                         tune_seconds=sel.seconds)
 
 
+def _or_aten(call: KernelCall, what: str, fn: Callable[[], Any], fallback: Callable[[], Any]) -> Any:
+    """``fn()``; if it raises (and ``config.strict`` is off), warn and return ``fallback()``,
+    which switches the kernel to its ATen form: one kernel pays for the failure, not the graph."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - any failure of one kernel is contained
+        if config.strict:
+            raise
+        msg = (f"tilewright: {what} for {call.name} ({call.problem.describe()}) failed "
+               f"({type(e).__name__}: {e}); that kernel runs on ATen")
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        log.warning(msg, exc_info=True)
+        return fallback()
+
+
+def _aten_rendered(call: KernelCall, choices: dict, name: str, rendered: dict | None = None):
+    """Switch ``name`` to its ATen candidate (torch emitter for loop kernels) and render it."""
+    problem, sel = call.choose_aten()
+    choices[name] = (problem, sel)
+    out = default_factory.render(problem, sel.winner, call.target)
+    if rendered is not None:
+        rendered[name] = out
+    return out
+
+
 class _Stages:
     def __init__(self, report: GraphReport):
         self.report = report
@@ -94,6 +121,20 @@ class _Stages:
             yield
         finally:
             self.report.stage_seconds[name] = time.perf_counter() - t0
+
+
+def fuse(kg: KernelGraph, gm: fx.GraphModule, report: GraphReport | None = None) -> None:
+    """The fuse stage, in place: epilogues into their GEMMs, then (``config.loop_kernels``) the
+    other ops lowered to loop nodes and grouped into loop kernels (``FusedNode``). Shared by the
+    JIT and ``tilewright aot`` (:mod:`tilewright.compiler.capture`), so both see the same
+    kernels."""
+    fused = fuse_epilogues(kg, gm) if config.fuse_epilogues else 0
+    loop_ops = loop_kernels = 0
+    if config.loop_kernels:
+        loop_ops = lower_loop_nodes(kg, gm)
+        loop_kernels = schedule(kg, gm)
+    if report is not None:
+        report.fused_nodes, report.loop_ops, report.loop_kernels = fused, loop_ops, loop_kernels
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> Callable[[list], Any]:
@@ -109,20 +150,29 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
     with stage("lower"):
         kg = lower(gm)
     with stage("fuse"):
-        report.fused_nodes = fuse_epilogues(kg, gm) if config.fuse_epilogues else 0
-        if config.loop_kernels:
-            report.loop_ops = lower_loop_nodes(kg, gm)
-            report.loop_kernels = schedule(kg, gm)
+        fuse(kg, gm, report)
     kernels: list[GemmNode | FusedNode] = [n for n in kg.nodes if isinstance(n, (GemmNode, FusedNode))]
     calls = {n.name: make_call(n) for n in kernels}
+    # a failure in any of the next three stages costs one kernel, which then runs on ATen
+    choices: dict[str, tuple[Any, Selection]] = {}
     with stage("select"), pool_scope():  # isolated tuning shares one worker pool per graph
-        choices = {name: call.choose() for name, call in calls.items()}
+        for name, call in calls.items():
+            choices[name] = _or_aten(call, "choosing a kernel", call.choose, lambda c=call: c.choose_aten())
+    rendered: dict[str, Any] = {}
     with stage("render"):
-        rendered = {name: default_factory.render(problem, sel.winner, calls[name].target)
-                    for name, (problem, sel) in choices.items()}
+        for name, (problem, sel) in choices.items():
+            call = calls[name]
+            rendered[name] = _or_aten(
+                call, f"rendering {sel.winner.name}",
+                lambda: default_factory.render(problem, sel.winner, call.target),
+                lambda: _aten_rendered(call, choices, name))
     with stage("compile"):
-        for name, (problem, _) in choices.items():
-            calls[name].bind(problem, default_factory.compile(rendered[name]))
+        for name, (problem, sel) in choices.items():
+            call = calls[name]
+            launch = _or_aten(call, f"compiling {rendered[name].template_id}",
+                              lambda: default_factory.compile(rendered[name]),
+                              lambda: default_factory.compile(_aten_rendered(call, choices, name, rendered)))
+            call.bind(choices[name][0], launch)
     with stage("wrap"):
         describe = {name: f"{c.problem.describe()} | {choices[name][1].winner.name}" for name, c in calls.items()}
         codegen = WrapperCodegen(kg, gm, describe)

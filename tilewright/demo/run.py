@@ -1,10 +1,12 @@
 """``tilewright demo``: real models through the backend on the CPU, compared with eager.
 
 Each case runs twice: ``auto`` (the autotuner's choices; on a CPU, ATen wins, which is right) and
-``triton`` (every GEMM forced onto the generated Triton kernels, run by the interpreter), so the
-generated code is proven on real weights. A case fails when an output's relative error
-‖out − ref‖/‖ref‖ against eager exceeds its dtype's bound (fp32 1e-4, bf16 2e-2), when a graph
-falls back to ATen, or, in ``triton`` mode, when a GEMM did not run on Triton.
+``triton`` (every GEMM and loop kernel forced onto the generated Triton kernels, run by the
+interpreter), so the generated code is proven on real weights. A case fails when an output's
+relative error ‖out − ref‖/‖ref‖ against eager exceeds its dtype's bound (fp32 1e-4, bf16 2e-2),
+when a graph falls back to ATen, or, in ``triton`` mode, when a kernel did not run on Triton.
+Each case's launches per call are shown beside Inductor's for the same model (compiled in the
+same process, :mod:`tilewright.demo.inductor`), and its modelled bytes beside eager's.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import copy
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
 
 import torch
 
 import tilewright
 from tilewright.compiler.report import GraphReport, collect_reports
 from tilewright.demo import models
+from tilewright.demo.inductor import InductorGraph, inductor_counting
 from tilewright.problem import DTYPE_NAMES
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
@@ -60,6 +63,18 @@ class CaseResult:
     graphs: list[GraphReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    backend: Any = "tilewright"  # what the case compiles with (Inductor for the comparison)
+    inductor: list[InductorGraph] = field(default_factory=list)
+    inductor_error: str = ""
+
+    @property
+    def launches(self) -> int:
+        """tilewright's kernel launches per call, all graphs of the case together."""
+        return sum(g.launches for g in self.graphs)
+
+    @property
+    def inductor_launches(self) -> int | None:
+        return sum(g.launches for g in self.inductor) if self.inductor else None
 
     def bound(self, name: str) -> float:
         return self.bounds.get(name, self.tolerance)
@@ -86,7 +101,9 @@ class CaseResult:
                 "max_error": self.max_error,
                 "compile_s": self.compile_s, "run_ms": self.run_ms, "passed": self.passed,
                 "problems": self.problems, "notes": self.notes,
-                "graphs": [g.to_json() for g in self.graphs]}
+                "graphs": [g.to_json() for g in self.graphs], "launches": self.launches,
+                "inductor": [asdict(g) | {"launches": g.launches} for g in self.inductor],
+                "inductor_launches": self.inductor_launches, "inductor_error": self.inductor_error}
 
 
 def _minilm(result: CaseResult) -> None:
@@ -94,7 +111,7 @@ def _minilm(result: CaseResult) -> None:
     feats = models.minilm_inputs(model)
     with torch.no_grad():
         ref = model(dict(feats))
-        compiled = torch.compile(model, backend="tilewright", fullgraph=True)
+        compiled = torch.compile(model, backend=result.backend, fullgraph=True)
         t0 = time.perf_counter()
         out = compiled(dict(feats))
         result.compile_s = time.perf_counter() - t0
@@ -111,7 +128,7 @@ def _llama_train(result: CaseResult) -> None:
     ids = models.llama_inputs()
     ref = eager(input_ids=ids, labels=ids)
     ref.loss.backward()
-    compiled = torch.compile(model, backend="tilewright")
+    compiled = torch.compile(model, backend=result.backend)
     t0 = time.perf_counter()
     out = compiled(input_ids=ids, labels=ids)
     out.loss.backward()
@@ -130,7 +147,7 @@ def _llama_bf16_decode(result: CaseResult) -> None:
     ids = models.llama_inputs(batch=2, seq=16)
     with torch.no_grad():
         ref = model(input_ids=ids).logits
-        compiled = torch.compile(model, backend="tilewright")
+        compiled = torch.compile(model, backend=result.backend)
         t0 = time.perf_counter()
         out = compiled(input_ids=ids).logits
         result.compile_s = time.perf_counter() - t0
@@ -154,7 +171,7 @@ def _minilm_nvfp4(result: CaseResult) -> None:
         ref = reference(dict(feats))["sentence_embedding"]
         eager = model(dict(feats))["sentence_embedding"]
         expected = rel_err(eager, ref)
-        compiled = torch.compile(model, backend="tilewright", fullgraph=True)
+        compiled = torch.compile(model, backend=result.backend, fullgraph=True)
         t0 = time.perf_counter()
         out = compiled(dict(feats))["sentence_embedding"]
         result.compile_s = time.perf_counter() - t0
@@ -179,8 +196,24 @@ CASES: dict[str, tuple[str, Callable[[CaseResult], None], torch.dtype]] = {
 MODES = ("auto", "triton")
 
 
-def run_case(case: str, mode: str) -> CaseResult:
-    """Run one case in one mode; never raises (failures land in ``problems``)."""
+def inductor_run(case: str) -> tuple[list[InductorGraph], str]:
+    """The case compiled by Inductor (CPU, its C++ kernels) in this process: the launches of
+    each graph it compiled, and the error if it failed (its numbers are not judged)."""
+    _, fn, dtype = CASES[case]
+    torch._dynamo.reset()
+    try:
+        with inductor_counting() as (backend, graphs):
+            fn(CaseResult(case, "inductor", DTYPE_NAMES[dtype], TOLERANCE[dtype], backend=backend))
+    except Exception as e:  # noqa: BLE001 - the comparison is optional; the case is not
+        return list(graphs), f"{type(e).__name__}: {e}"
+    finally:
+        torch._dynamo.reset()
+    return list(graphs), ""
+
+
+def run_case(case: str, mode: str, inductor: bool = False) -> CaseResult:
+    """Run one case in one mode; never raises (failures land in ``problems``). With
+    ``inductor``, also count Inductor's launches for the same model (:func:`inductor_run`)."""
     title, fn, dtype = CASES[case]
     result = CaseResult(case, mode, DTYPE_NAMES[dtype], TOLERANCE[dtype])
     torch._dynamo.reset()
@@ -198,6 +231,11 @@ def run_case(case: str, mode: str) -> CaseResult:
             for r in g.gemms:
                 if not r.winner.startswith("triton."):
                     result.problems.append(f"{g.kind} {r.node} ran on {r.winner}, not Triton ({r.reason})")
+            for k in g.kernels:
+                if not k.winner.startswith("triton."):
+                    result.problems.append(f"{g.kind} {k.node} ({k.op}) ran on {k.winner}, not Triton ({k.reason})")
     if not any(g.gemms for g in result.graphs) and not result.problems:
         result.problems.append("no GEMM was lowered")
+    if inductor:
+        result.inductor, result.inductor_error = inductor_run(case)
     return result

@@ -40,16 +40,44 @@ def gemm_table(result: CaseResult) -> Table:
     return table
 
 
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f}"
+
+
+def launch_table(result: CaseResult) -> Table:
+    """Per graph: tilewright's launches per call (GEMMs + generated kernels + ATen ops) beside
+    Inductor's (generated + extern), and the modelled bytes moved beside eager's."""
+    table = Table(title=f"{CASES[result.case][0]}: launches per call and modelled traffic",
+                  title_justify="left")
+    for col in ("graph", "GEMMs", "generated", "ATen", "tilewright", "Inductor", "eager",
+                "MB moved", "eager MB"):
+        table.add_column(col, justify="left" if col == "graph" else "right")
+    ind = {g.kind: g for g in result.inductor}
+    for g in result.graphs:
+        i = ind.get(g.kind)
+        table.add_row(g.kind, str(g.gemm_nodes), str(g.loop_kernels), str(g.extern_ops), str(g.launches),
+                      f"{i.launches} ({i.kernels}+{i.externs})" if i else "-", str(g.eager_launches),
+                      _mb(g.bytes_moved), _mb(g.eager_bytes))
+    if len(result.graphs) > 1:
+        table.add_row("all", "", "", "", str(result.launches),
+                      str(result.inductor_launches) if result.inductor else "-",
+                      str(sum(g.eager_launches for g in result.graphs)),
+                      _mb(sum(g.bytes_moved for g in result.graphs)),
+                      _mb(sum(g.eager_bytes for g in result.graphs)))
+    return table
+
+
 def summary_table(results: list[CaseResult]) -> Table:
     table = Table(title="tilewright demo: compiled vs eager", title_justify="left")
-    for col in ("case", "mode", "dtype", "GEMMs", "fused ops", "compile+1st run s", "run ms",
-                "max rel err", "bound", "result"):
+    for col in ("case", "mode", "dtype", "GEMMs", "kernels", "launches", "Inductor",
+                "compile+1st run s", "run ms", "max rel err", "bound", "result"):
         table.add_column(col, justify="left" if col in ("case", "mode", "dtype", "result") else "right")
     for r in results:
         gemms = sum(g.gemm_nodes for g in r.graphs)
-        fused = sum(g.fused_nodes for g in r.graphs)
+        kernels = sum(g.loop_kernels for g in r.graphs)
         verdict = Text("PASS", style="green") if r.passed else Text("FAIL", style="red")
-        table.add_row(r.case, r.mode, r.dtype, str(gemms), str(fused), f"{r.compile_s:.1f}",
+        table.add_row(r.case, r.mode, r.dtype, str(gemms), str(kernels), str(r.launches),
+                      str(r.inductor_launches) if r.inductor else "-", f"{r.compile_s:.1f}",
                       f"{r.run_ms:.1f}" if r.run_ms else "-", f"{r.max_error:.2e}",
                       f"{r.worst[2]:.2g}" if r.errors else "-", verdict)
     return table
@@ -59,6 +87,10 @@ def print_results(results: list[CaseResult], console: Console | None = None) -> 
     console = console or Console(markup=False)  # case notes and errors are data, not markup
     for r in results:
         console.print(gemm_table(r))
+        if r.inductor or r.mode == "auto":
+            console.print(launch_table(r))
+        if r.inductor_error:
+            console.print(f"  Inductor failed on this case, so its launches are partial: {r.inductor_error}")
         for k, v in r.errors.items():
             console.print(f"  rel err {k}: {v:.3e} (bound {r.bound(k):.2g})")
         for n in r.notes:

@@ -78,6 +78,9 @@ class LoopKernel:
     inputs: tuple[Buffer, ...]
     outputs: tuple[Buffer, ...]
     stores: tuple[Store, ...]
+    # a combo kernel's sub-kernels, each in its own space but under the combo's buffer and size
+    # names: what an emitter that runs parts one after another (the torch one) renders
+    parts: tuple["LoopKernel", ...] = ()
 
     @property
     def kind(self) -> str:
@@ -156,7 +159,8 @@ class LoopKernel:
                 "outputs": [b.to_json() for b in self.outputs],
                 "stores": [[s.buffer, [str(i) for i in s.index]] + ([True] if s.mask is not None else [])
                            for s in self.stores],
-                "values": to_json(self.roots())}
+                "values": to_json(self.roots())} | (
+                    {"parts": [p.to_json() for p in self.parts]} if self.parts else {})
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "LoopKernel":
@@ -169,7 +173,8 @@ class LoopKernel:
         return LoopKernel(tuple(parse(s) for s in d["ranges"]),
                           tuple(parse(s) for s in d["reduction_ranges"]),
                           tuple(Buffer.from_json(b, symbols) for b in d["inputs"]),
-                          tuple(Buffer.from_json(b, symbols) for b in d["outputs"]), stores)
+                          tuple(Buffer.from_json(b, symbols) for b in d["outputs"]), stores,
+                          tuple(LoopKernel.from_json(p) for p in d.get("parts", ())))
 
     def describe(self) -> str:
         from tilewright.ir.expr import render

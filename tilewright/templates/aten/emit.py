@@ -22,6 +22,9 @@ from tilewright.ir.index import affine, code
 from tilewright.ir.kernel import LoopKernel, Store
 
 
+_INT_DIVISIONS = frozenset({"floordiv", "truncdiv", "mod", "fmod"})
+
+
 def _tuple(items: list[str]) -> str:
     """A Python tuple literal (a 0-d kernel's is ``()``)."""
     return f"({', '.join(items)},)" if items else "()"
@@ -31,11 +34,13 @@ class TorchExpr:
     """Renders a loop kernel's stores as Python statements on torch tensors.
 
     The statements expect, in scope: each buffer by name, ``device``, ``C`` (dtype name -> the
-    torch dtype values of that dtype are computed in), ``T`` (op name -> torch function), and
-    the size symbols by name.
+    torch dtype values of that dtype are computed in), ``T`` (op name -> torch function),
+    ``reference`` (floats held in float64, rounded once where stored), and the size symbols by
+    name.
     """
 
-    def __init__(self, kernel: LoopKernel):
+    def __init__(self, kernel: LoopKernel, prefix: str = ""):
+        self.prefix = prefix  # for the temporaries of one part of a combo kernel
         self.k = kernel
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
@@ -48,7 +53,7 @@ class TorchExpr:
 
     def fresh(self) -> str:
         self.count += 1
-        return f"t{self.count}"
+        return f"{self.prefix}t{self.count}"
 
     def line(self, text: str) -> None:
         self.lines.append(text)
@@ -56,7 +61,7 @@ class TorchExpr:
     # -- index expressions ------------------------------------------------------------------------
     def iota(self, pos: int) -> str:
         """An int64 tensor holding variable ``pos`` along its dim (size 1 elsewhere)."""
-        name = f"v{pos}"
+        name = f"{self.prefix}v{pos}"
         if pos not in self.iota_used:
             shape = ", ".join("-1" if d == pos else "1" for d in range(len(self.full)))
             self.line(f"{name} = torch.arange({self.full[pos]}, device=device).view({shape}{',' if len(self.full) == 1 else ''})")
@@ -122,6 +127,11 @@ class TorchExpr:
             return self._reduce(n.arg, a[0])
         if n.op == "acc":
             raise ValueError("a loop kernel has no accumulator")
+        if n.op in _INT_DIVISIONS and dtypes.is_int(n.dtype):
+            # lanes a masked load skips read 0 (a combo kernel's other parts, a cat's other
+            # inputs): torch raises on an integer 0 divisor where a kernel computes garbage that
+            # nothing stores, so those lanes divide by 1 (a real x // 0 is undefined either way)
+            a = [a[0], f"torch.where({a[1]} == 0, 1, {a[1]})"]
         return f"T[{n.op!r}]({', '.join(a)})"
 
     def _load(self, n: Node) -> str:
@@ -171,6 +181,21 @@ class TorchExpr:
 
     def store(self, s: Store) -> None:
         value = self.emit(s.value)
+        dtype = self.k.buffer(s.buffer).dtype
+        if dtypes.is_float(dtype) and dtype != "fp64":
+            # the reference holds floats in float64 but rounds once to the stored type, as every
+            # kernel does (an fp32 result that overflows is inf, not a finite float64)
+            rounded = self.fresh()
+            self.line(f"{rounded} = {value}.to({dtypes.TORCH[dtype]}) if reference else {value}")
+            value = rounded
+        if s.mask is not None:  # a combo kernel's part: write only its share of the space
+            mask = self.emit(s.mask)
+            offs, sel = self.fresh(), self.fresh()
+            self.line(f"{offs} = torch.as_tensor({self.flat_offsets(s.buffer, s.index)}, device=device)")
+            self.line(f"{sel} = torch.broadcast_to({mask}, torch.broadcast_shapes({offs}.shape, {mask}.shape, {value}.shape))")
+            self.line(f"_flat({s.buffer})[torch.broadcast_to({offs}, {sel}.shape)[{sel}]] = "
+                      f"torch.broadcast_to({value}, {sel}.shape)[{sel}].to({s.buffer}.dtype)")
+            return
         view = self.view_of(s.buffer, s.index)
         if view is not None:
             size, stride, off = view

@@ -21,7 +21,13 @@ def render_torch(problem: LoopProblem) -> str:
     reference=False)``)."""
     k = problem.kernel
     names = {s: s.name for s in k.size_symbols()}
-    body = TorchExpr(k).render()
+    if k.parts:  # a combo kernel: its parts one after another, each in its own space
+        body = []
+        for i, part in enumerate(k.parts):
+            body.append(f"if ({code(part.xnumel * part.rnumel, names)}) != 0:")
+            body += ["    " + line for line in TorchExpr(part, prefix=f"p{i}_").render()]
+    else:
+        body = TorchExpr(k).render()
     return jinja_env(TEMPLATES_ROOT / "aten").get_template("loops.py.jinja").render(
         problem_text=problem.describe(), inputs=[b.name for b in k.inputs],
         sizes=[s.name for s in k.size_symbols()],
@@ -34,7 +40,7 @@ def render_torch(problem: LoopProblem) -> str:
 class _AtenLoops(TemplateSpec):
     backend = "aten"
     jinja = "loops.py.jinja"
-    includes = ()
+    includes = ("aten/emit.py",)  # the body comes from the emitter (part of the hash)
 
     def supports(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:

@@ -25,9 +25,10 @@ from tilewright.problem import LoopProblem
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.templates.base import (
-    SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
+    SUPPORTED, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
 from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr, literal
+from tilewright.templates.triton.descriptors import MIN_DESC_RBLOCK, DescriptorPlan, plan_descriptors
 
 INT32_MAX = 2**31 - 1
 
@@ -103,8 +104,10 @@ def needs_int64(problem: LoopProblem) -> bool:
 class _Body:
     """The kernel body of one loop problem: variables, loads, stores, reductions."""
 
-    def __init__(self, kernel: LoopKernel, interpreted: bool, persistent: bool):
+    def __init__(self, kernel: LoopKernel, interpreted: bool, persistent: bool,
+                 descriptors: DescriptorPlan | None = None):
         self.k = kernel
+        self.descriptors = descriptors  # loads/stores that move blocks through tensor descriptors
         self.reduction = kernel.kind == "reduction"
         self.persistent = persistent
         self.xvars, self.rvars = kernel.x_vars, kernel.r_vars
@@ -128,6 +131,9 @@ class _Body:
     def _load(self, n: Node) -> str:
         name, idx, _ = n.arg
         buf = self.k.buffer(name)
+        if self.descriptors is not None and id(n) in self.descriptors.loads:
+            value = self.descriptors.load_code(self.descriptors.loads[id(n)], self.persistent)
+            return f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
         strides = [f"{name}_s{d}" for d in range(len(buf.shape))]
         names = dict(self.names)
         indirect = load_indirect(n)
@@ -232,15 +238,25 @@ class _Body:
         if node.op == "cast" and node.dtype == buf.dtype and dtypes.is_float(node.dtype):
             node = node.src[0]  # the store rounds once; no need to round before it too
         value = self.e.emit(node)
+        if node.op == "const":  # a literal has no .to(): a 0-d tensor (the store broadcasts it)
+            value = f"tl.full([], {value}, {TL_DTYPE[dtypes.compute_type(node.dtype)]})"
+        if self.descriptors is not None and id(s) in self.descriptors.stores:
+            self.e.line(self.descriptors.store_line(self.descriptors.stores[id(s)],
+                                                    self.e.store_value(value, node.dtype, buf.dtype),
+                                                    self.persistent))
+            return
         strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
         off = code(offset(s.index, strides), self.names)
         has_x, has_r = self._deps(s.index)
-        r_store = self.reduction and self.k.depends_on_r(s.value)
+        r_store = self.reduction and (self.k.depends_on_r(s.value)
+                                      or s.mask is not None and self.k.depends_on_r(s.mask))
         if not has_x:
             off = f"({off}) + xindex * 0"
         if r_store and not has_r:
             off = f"({off}) + rindex * 0"
         mask = "xmask & rmask" if r_store else "xmask"
+        if s.mask is not None:  # a combo kernel's part: only its own share of the space
+            mask = f"{mask} & ({self.e.emit(s.mask)})"
         self.e.line(f"tl.store({buf.name} + ({off}), {self.e.store_value(value, node.dtype, buf.dtype)}, {mask})")
 
     def pointwise(self) -> None:
@@ -266,8 +282,11 @@ class _Body:
             level[id(n)] = below + (1 if n.is_reduce else 0)
         for lv in sorted({level[id(r)] for r in reduces}):
             self._loop_level([r for r in reduces if level[id(r)] == lv])
-        x_stores = [s for s in k.stores if not k.depends_on_r(s.value)]
-        r_stores = [s for s in k.stores if k.depends_on_r(s.value)]
+        def on_r(s) -> bool:
+            return k.depends_on_r(s.value) or s.mask is not None and k.depends_on_r(s.mask)
+
+        x_stores = [s for s in k.stores if not on_r(s)]
+        r_stores = [s for s in k.stores if on_r(s)]
         for s in x_stores:
             self.store(s)
         if r_stores:
@@ -364,6 +383,8 @@ class _Body:
 class _TritonLoops(TemplateSpec):
     backend = "triton"
     jinja = "loops.py.jinja"
+    # the body comes from the emitter: a change there must retire the tuning records
+    includes = ("triton/emit.py",)
 
     def supports(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
@@ -381,14 +402,43 @@ class _TritonLoops(TemplateSpec):
         params = self.space.complete(params)
         if (why := self.space_refusal(params)) is not None:
             return why
+        if params.get("DESC") and (why := self.check_descriptors(params, problem, target)) is not None:
+            return why
         return self.check_tile(params, problem, target)
 
     def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
         return None
 
-    def _render_body(self, problem: LoopProblem, params: Params, target: Target) -> tuple[_Body, bool]:
+    @staticmethod
+    def block_r(problem: LoopProblem, params: Params) -> int:
+        """The RBLOCK the kernel runs with (1 for pointwise): a persistent row rounded up to a
+        power of two, at least ``MIN_DESC_RBLOCK`` on the descriptor path."""
+        if problem.kind != "reduction":
+            return 1
+        if not params.get("PERSISTENT"):
+            return params["RBLOCK"]
+        rblock = max(1, 1 << max(problem.rnumel - 1, 0).bit_length())
+        return max(rblock, MIN_DESC_RBLOCK) if params.get("DESC") else rblock
+
+    def check_descriptors(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
+        """Why the descriptor path (``DESC``) is illegal here, or None."""
+        if not (target.has("tdm") or target.interpreted):
+            return (f"{target.name} has no Tensor Data Mover: loop kernels keep pointer loads there "
+                    "(descriptors are for TDM targets and the interpreter)")
+        if needs_int64(problem):
+            return "descriptor block offsets are 32-bit and this kernel needs 64-bit indexing"
+        plan = plan_descriptors(problem.kernel, problem.size_map)
+        if not plan:
+            return "no load or store walks a dense block with 16-byte aligned rows"
+        lds = plan.lds_bytes(params["XBLOCK"], self.block_r(problem, params))
+        if not target.interpreted and lds > target.smem_per_block:
+            return f"descriptor blocks need {lds} bytes of LDS, over the {target.smem_per_block} a block may use"
+        return None
+
+    def _render_body(self, problem: LoopProblem, params: Params, target: Target,
+                     descriptors: DescriptorPlan | None = None) -> tuple[_Body, bool]:
         persistent = bool(params.get("PERSISTENT", False))
-        body = _Body(problem.kernel, target.interpreted, persistent)
+        body = _Body(problem.kernel, target.interpreted, persistent, descriptors)
         if problem.kind == "pointwise":
             body.pointwise()
         elif persistent:
@@ -406,16 +456,28 @@ class _TritonLoops(TemplateSpec):
             raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
         k = problem.kernel
         body, persistent = self._render_body(problem, params, target)
+        names = {s: s.name for s in k.size_symbols()}
+        desc_body, desc_condition = None, ""
+        if params.get("DESC"):  # both bodies: the launcher takes the pointer one when a layout disagrees
+            plan = plan_descriptors(k, problem.size_map)
+            desc, _ = self._render_body(problem, params, target, plan)
+            desc_body = desc
+            desc_condition = plan.launch_condition(k)
+            desc_lines = plan.setup_lines(names) + desc.e.lines
         sizes = [s.name for s in k.size_symbols()]
         buffers = list(k.inputs) + list(k.outputs)
         strides = [f"{b.name}_s{d}" for b in buffers for d in range(len(b.shape))]
-        names = {s: s.name for s in k.size_symbols()}
         kernel_name = f"tw_{problem.kind}"
+        combine = body.combine_helpers
+        if desc_body is not None:  # both bodies call the same helpers
+            body.e.helpers_used |= desc_body.e.helpers_used
+            combine = combine or desc_body.combine_helpers
+        helpers = body.e.helpers() + (_COMBINE_HELPERS if combine else "")
         source = self.render_jinja(
             problem_text=problem.describe(), params_text=self.space.encode(params), target=target.name,
             kernel_name=kernel_name, reduction=problem.kind == "reduction", persistent=persistent,
             interpreted=target.interpreted, index_64=needs_int64(problem),
-            helpers=body.e.helpers() + (_COMBINE_HELPERS if body.combine_helpers else ""),
+            helpers=helpers,
             inputs=[b.name for b in k.inputs], outputs=[{
                 "name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),
                 "shape": [code(s, names) for s in b.shape], "stride": [code(s, names) for s in b.stride],
@@ -424,11 +486,77 @@ class _TritonLoops(TemplateSpec):
             xnumel=code(k.xnumel, names), rnumel=code(k.rnumel, names),
             body=body.e.lines, XBLOCK=params["XBLOCK"], RBLOCK=params.get("RBLOCK", 1),
             num_warps=params["num_warps"],
+            desc_body=desc_lines if desc_body is not None else None, desc_condition=desc_condition,
+            rblock_floor=MIN_DESC_RBLOCK if desc_body is not None else 1,
         )
         aot = None if target.interpreted else self.aot_spec(problem, params, kernel_name, strides, sizes)
         return RenderedKernel(template_id=self.id, params=dict(params), target=target.name, source=source,
                               name=f"triton_{problem.kind}", interpret=target.interpreted, aot=aot,
-                              meta={"kind": problem.kind})
+                              meta={"kind": problem.kind, "descriptors": desc_body is not None})
+
+    def expected_instructions(self, problem: LoopProblem, params: Params,
+                              target: Target) -> list[InstructionCheck]:
+        """What the compiled kernel must contain (measured with triton 3.9, sm_90a, sm_100a,
+        gfx950, gfx1250):
+
+        * always: code for the target's own ISA (``.target sm_90a``, ``.amdgcn_target ...gfx1250``);
+        * ``DESC`` (gfx1250): ``tensor_load_to_lds`` when a load goes through a descriptor,
+          ``tensor_store_from_lds`` when a store does, and ``s_wait_tensorcnt``;
+        * otherwise, vector global loads (stores) when a dense load (store) gives each thread at
+          least 8 contiguous bytes and the strides and element counts carry the divisibility
+          facts the AOT spec passes (``ld.global.v2``/``v4``, ``global_load_dwordx2``..,
+          ``global_load_b64``/``b128``); gathers, transposed and masked accesses promise nothing.
+        """
+        params = self.space.complete(params)
+        if target.interpreted:
+            return []
+        if target.backend == "cuda":
+            checks = [InstructionCheck("ptx", (rf"(?m)^\.target {target.arch}\b",), (),
+                                       f"code for {target.arch}")]
+            vec_load, vec_store = r"ld\.global(\.\w+)*\.v[248]\.", r"st\.global(\.\w+)*\.v[248]\."
+        elif target.backend == "hip":
+            checks = [InstructionCheck("amdgcn", (rf'\.amdgcn_target "[^"]*{target.arch}"',), (),
+                                       f"code for {target.arch}")]
+            width = "dwordx[234]" if target.arch.startswith("gfx9") else "b(64|96|128)"
+            vec_load, vec_store = rf"(global|buffer)_load_{width}", rf"(global|buffer)_store_{width}"
+        else:
+            return []
+        plan = plan_descriptors(problem.kernel, problem.size_map)
+        if params.get("DESC"):
+            need = (["tensor_load_to_lds"] if plan.loads else []) + \
+                   (["tensor_store_from_lds"] if plan.stores else []) + ["s_wait_tensorcnt"]
+            checks.append(InstructionCheck("amdgcn", tuple(need), (), "TDM block loads/stores (tensor descriptors)"))
+            return checks
+        artifact = checks[0].artifact
+        loads = [d for d in dict.fromkeys(plan.loads.values()) if self._vectorises(d, problem, params, target)]
+        stores = [d for d in dict.fromkeys(plan.stores.values()) if self._vectorises(d, problem, params, target)]
+        if loads:
+            checks.append(InstructionCheck(artifact, (vec_load,), (),
+                                           f"vector loads of {', '.join(sorted({d.buffer for d in loads}))}"))
+        if stores:
+            checks.append(InstructionCheck(artifact, (vec_store,), (),
+                                           f"vector stores of {', '.join(sorted({d.buffer for d in stores}))}"))
+        return checks
+
+    def _vectorises(self, d, problem: LoopProblem, params: Params, target: Target) -> bool:
+        """Whether Triton's pointer access of a dense block ``d`` becomes >= 8-byte vectors:
+        every stride of the buffer 1 or a multiple of 16, the counts masking it multiples of
+        16, and >= 8 contiguous bytes per thread (Triton's coalescing: at most 16 bytes, at
+        most the block's elements over the threads, at most one row of a reduction)."""
+        b = problem.kernel.buffer(d.buffer)
+        for n, st in zip(b.shape, b.stride):
+            if n != 1 and (st.free_symbols or int(st) != 1 and int(st) % 16):
+                return False
+        count = problem.kernel.xnumel if d.pattern == "x" else problem.kernel.rnumel  # the contiguous mask
+        if count.free_symbols or int(count) % 16:
+            return False
+        threads = params["num_warps"] * target.warp_size
+        xblock, rblock = params["XBLOCK"], self.block_r(problem, params)
+        elems = {"x": xblock, "xr": xblock * rblock, "r": rblock}[d.pattern]
+        per_thread = min(16 // d.itemsize, max(1, elems // threads))
+        if d.pattern != "x":
+            per_thread = min(per_thread, rblock)
+        return per_thread * d.itemsize >= 8
 
     def aot_spec(self, problem: LoopProblem, params: Params, kernel_name: str, strides: list[str],
                  sizes: list[str]) -> AotSpec:
@@ -437,8 +565,11 @@ class _TritonLoops(TemplateSpec):
         sizes_at = problem.size_map
         constexprs: dict[str, Any] = {"XBLOCK": params["XBLOCK"]}
         if problem.kind == "reduction":
-            constexprs["RBLOCK"] = (max(1, 1 << max(problem.rnumel - 1, 0).bit_length())
-                                    if params.get("PERSISTENT") else params["RBLOCK"])
+            constexprs["RBLOCK"] = self.block_r(problem, params)
+        if params.get("DESC"):
+            # the descriptor body; the layout and alignment it assumes are those traced (as the
+            # unit strides and divisibility below are)
+            constexprs["USE_DESC"] = True
         # the strides the JIT would specialise: unit strides become constants
         for b in k.inputs + k.outputs:
             for d, st in enumerate(b.stride):
@@ -450,6 +581,14 @@ class _TritonLoops(TemplateSpec):
                 v = st.xreplace(sizes_at)
                 if f"{b.name}_s{d}" not in constexprs and not st.free_symbols and int(v) % 16 == 0 and int(v) > 0:
                     divisible.append(f"{b.name}_s{d}")
+        # and the JIT's divisibility of static element counts: with it the bounds masks are
+        # uniform over 16 elements and contiguous accesses vectorise (measured: without it
+        # every load and store is scalar on sm_90a, gfx950 and gfx1250)
+        for name, numel in (("xnumel", k.xnumel), ("rnumel", k.rnumel)):
+            if name == "rnumel" and problem.kind != "reduction":
+                continue
+            if not numel.free_symbols and int(numel) > 0 and int(numel) % 16 == 0:
+                divisible.append(name)
         return AotSpec(kernel_name, "triton", pointers, constexprs, tuple(divisible),
                        {"num_warps": params["num_warps"], "num_stages": 1},
                        int_type="i64" if needs_int64(problem) else "i32")
@@ -463,6 +602,7 @@ class TritonPointwise(_TritonLoops):
     space = ParamSpace((
         Knob("XBLOCK", powers_of_two(16, 65536), 1024, "elements per program"),
         Knob("num_warps", (1, 2, 4, 8, 16), 4, "warps per program"),
+        Knob("DESC", (False, True), False, "dense accesses through tensor descriptors (TDM on gfx1250)"),
     ))
 
 
@@ -477,13 +617,13 @@ class TritonReduction(_TritonLoops):
         Knob("RBLOCK", powers_of_two(16, 8192), 1024, "columns per step of a looped row"),
         Knob("PERSISTENT", (False, True), True, "hold the whole row (RBLOCK = row rounded up to 2^k)"),
         Knob("num_warps", (1, 2, 4, 8, 16), 4, "warps per program"),
+        Knob("DESC", (False, True), False, "dense accesses through tensor descriptors (TDM on gfx1250)"),
     ))
 
     def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
         if target.interpreted:
             return None
-        rblock = max(problem.rnumel, 1) if params["PERSISTENT"] else params["RBLOCK"]
-        rblock = 1 << max(rblock - 1, 0).bit_length()
+        rblock = self.block_r(problem, params)
         threads = params["num_warps"] * target.warp_size
         per_thread = params["XBLOCK"] * rblock / threads
         if params["PERSISTENT"] and per_thread > 64:
