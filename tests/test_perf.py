@@ -128,8 +128,26 @@ def test_bench_run_tiny_on_cpu(tmp_path, fresh_cache, capsys):
             assert m["ms"] > 0 and m["spread_ms"] >= 0 and m["tflops"] > 0 and m["gbps"] > 0
             assert m["rel_err"] < 1e-4, (r["id"], impl)
         assert r["choice"] and r["speedup_vs_aten"] > 0
-    assert "tiny.32x64x48.col" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "tiny.32x64x48.col" in printed
+    lo = doc["launch_overhead_us"]
+    assert set(lo) == {"python_call", "static", "dynamic", "inductor_reference"}
+    assert all(v > 0 for v in lo.values()) and "wrapper cost per kernel call" in printed
     assert main(["bench", "compare", str(out), str(out)]) == 0, "a run never regresses on itself"
+
+
+def test_null_kernel_call_returns_its_output_through_both_dispatch_paths():
+    from tilewright.compiler.dispatch import KernelCall
+    from tilewright.perf.launch import _null_problem
+    from tilewright.runtime.targets import get_target
+
+    seen = []
+    for dynamic in (False, True):
+        problem = _null_problem(dynamic)
+        call = KernelCall("null", problem, get_target("cpu"), factory=None)
+        call.bind(problem, lambda *args, outs=None: (seen.append(args) or ("out",)))
+        assert call(*(("x", 1000) if dynamic else ("x",))) == "out"
+    assert seen == [("x",), ("x", 1000)]
 
 
 @pytest.mark.slow

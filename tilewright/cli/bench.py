@@ -49,6 +49,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                         inductor=args.inductor, time_budget_s=args.time_budget_s,
                         out=Path(args.out), on_progress=lambda name, row: status.update(f"done {name}"))
     console.print(results_table(doc))
+    lo = doc.get("launch_overhead_us")
+    if lo:
+        console.print(f"wrapper cost per kernel call (null kernel): {lo['static']:.2f} µs static, "
+                      f"{lo['dynamic']:.2f} µs with bucket dispatch (a plain Python call: "
+                      f"{lo['python_call']:.2f} µs; Inductor's launcher: ~{lo['inductor_reference']:.0f} µs)")
     if doc["skipped"]:
         console.print(f"{len(doc['skipped'])} problems skipped: time budget spent", style="yellow")
     console.print(f"wrote {args.out}")

@@ -6,7 +6,9 @@ ATen and optionally Inductor are each checked against the float64 reference and 
 same benchmarker, on the same rotated input sets. Each is recorded with its median time and
 spread (ms), TFLOP/s (2·M·N·K·batch per time) and GB/s (minimum bytes moved per time). The
 results file also records the target, arch, device name and the torch/triton/tilewright/CUDA
-versions, and is rewritten after every problem, so a run cut short still leaves its results.
+versions and the wrapper's own cost per kernel call (``launch_overhead_us``, µs, measured with a
+null kernel: :mod:`tilewright.perf.launch`), and is rewritten after every problem, so a run cut
+short still leaves its results.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tilewright.autotune.pool import pool_scope
 from tilewright.autotune.select import local_devices, select_gemm
 from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
+from tilewright.perf.launch import launch_overhead
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 
@@ -102,6 +105,8 @@ def run_suite(suite: str, problems: Sequence[NamedProblem], target: Target, fact
                            "settings": {k: v for k, v in config.as_dict().items()
                                         if k.startswith("bench_") or k in ("isolate", "max_candidates")},
                            "results": [], "skipped": []}
+    # what the wrapper adds per kernel call (null kernel), beside Inductor's per-kernel figure
+    doc["launch_overhead_us"] = launch_overhead(calls=5000, repeats=3)
     t0 = time.monotonic()
     aten = Candidate.of("aten.gemm", _aten_hash())
     with pool_scope(), torch.no_grad():
