@@ -5,6 +5,9 @@ reference the autotuner checks other candidates against.
 
 from __future__ import annotations
 
+from tilewright.ir import expr as E
+from tilewright.ir.epilogue import epilogue_expr
+from tilewright.ir.ops import OPS
 from tilewright.problem import DTYPES, GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import SUPPORTED, Params, RenderedKernel, Support, TemplateSpec
@@ -12,11 +15,41 @@ from tilewright.templates.base import SUPPORTED, Params, RenderedKernel, Support
 _TORCH_NAME = {name: str(dtype).removeprefix("torch.") for name, dtype in DTYPES.items()}
 
 
+def torch_epilogue(value: E.Node) -> list[str]:
+    """Statements updating ``acc`` (a tensor) to the epilogue's ``value``, the IR rendered as
+    PyTorch operators: each op by its meaning in :data:`tilewright.ir.ops.OPS` (the ``T``
+    table), epilogue input ``k`` as ``epilogue_inputs[k]`` (broadcast by the caller). Narrow
+    floats are computed in fp32, as the generated kernels do; a float64 ``acc`` (the
+    reference) stays float64."""
+    lines = ["acc = acc.float() if acc.dtype in (torch.float16, torch.bfloat16) else acc"]
+    names: dict[int, str] = {}
+    for n in E.toposort([value]):
+        args = [names[id(s)] for s in n.src]
+        if n.op == "acc":
+            names[id(n)] = "acc"
+            continue
+        if n.op == "const":  # a 0-d tensor: torch functions want a tensor operand first
+            text = repr(float(n.arg)) if n.arg == n.arg and abs(n.arg) != float("inf") else f"float('{n.arg}')"
+            code = f"torch.tensor({text}, dtype=acc.dtype, device=acc.device)"
+        elif n.op == "load":
+            code = f"epilogue_inputs[{int(n.arg[0][1:])}].to(acc.dtype)"
+        elif n.op == "cast":
+            code = args[0]  # epilogue values are all held in acc's dtype
+        elif n.op in OPS:
+            code = f"T[{n.op!r}]({', '.join(args)})"
+        else:
+            raise ValueError(f"an epilogue has no {n.op} values")
+        names[id(n)] = f"v{len(lines)}"
+        lines.append(f"{names[id(n)]} = {code}")
+    return lines + [f"acc = {names[id(value)]}"]
+
+
 class AtenGemm(TemplateSpec):
     id = "aten.gemm"
     backend = "aten"
     op = "gemm"
     jinja = "gemm.py.jinja"
+    includes = ("../ir/epilogue.py", "../ir/ops.py")  # the epilogue is rendered through these
 
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if problem.block_scaled and (problem.dtype != "nvfp4" or problem.scale_layout != "row"):
@@ -24,22 +57,19 @@ class AtenGemm(TemplateSpec):
         return SUPPORTED
 
     def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        ops = [{
-            "kind": op.kind, "input": op.input, "scale": op.scale, "reverse": op.reverse,
-            "scalar_text": repr(float(op.scalar)) if op.scalar is not None else "",
-        } for op in problem.epilogue]
+        ops = list(problem.epilogue)
         addmm = None
-        first = problem.epilogue[0] if problem.epilogue else None
+        first = ops[0] if ops else None
         if (first is not None and not problem.block_scaled and first.kind == "add" and first.input is not None
                 and problem.epilogue_inputs[first.input].dtype == problem.dtype):
             # addmm/baddbmm need the bias in the operands' dtype; otherwise promote as eager does
-            addmm, ops = ops[0], ops[1:]
+            addmm, ops = {"input": first.input, "scale": first.scale}, ops[1:]
         source = self.render_jinja(
             problem_text=problem.describe(),
             out_torch_dtype=_TORCH_NAME[problem.out_dtype],
             block_scaled=problem.block_scaled,
             addmm=addmm,
-            epilogue=ops,
+            epilogue=torch_epilogue(epilogue_expr(ops, problem.epilogue_inputs)) if ops else [],
         )
         return RenderedKernel(template_id=self.id, params={}, target=target.name, source=source,
                               name="aten_gemm")

@@ -13,6 +13,7 @@ from typing import Any
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
 from tilewright.runtime.targets import Target, triton_can_target
+from tilewright.templates.triton.epilogue import render_epilogue
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support,
     TemplateSpec, powers_of_two,
@@ -113,7 +114,8 @@ class TritonGemm(TemplateSpec):
     backend = "triton"
     op = "gemm"
     jinja = "gemm.py.jinja"
-    includes = ("common/epilogue.jinja",)
+    # the epilogue is rendered through these (part of the source hash)
+    includes = ("triton/epilogue.py", "triton/emit.py", "../ir/epilogue.py", "../ir/ops.py")
     kernel_name = "tw_gemm_kernel"
     space = ParamSpace(CORE_KNOBS + (
         Knob("SPLIT_K", (1, 2, 4, 8, 16), 1, "programs sharing one tile's K range"),
@@ -179,16 +181,13 @@ class TritonGemm(TemplateSpec):
         upcast = target.interpreted and problem.dtype not in ("fp32", "fp16")
         fp32_dot = problem.dtype == "fp32" or upcast
         tf32 = problem.dtype == "fp32" and tensor_core_dtype(problem, target)
-        ops = [{"kind": op.kind, "input": op.input, "scale": op.scale, "reverse": op.reverse,
-                "scalar_text": repr(float(op.scalar)) if op.scalar is not None else ""}
-               for op in problem.epilogue]
+        epilogue = render_epilogue(problem.epilogue, problem.epilogue_inputs, target.interpreted)
         return dict(
             kernel_name=self.kernel_name, problem_text=shown,
             split_k=params.get("SPLIT_K", 1), swap_ab=bool(params.get("SWAP_AB")),
             params_text=self.space.encode(params), target=target.name,
             out_torch_dtype=TORCH_DTYPE[problem.out_dtype], n_inputs=len(problem.epilogue_inputs),
-            inputs=problem.epilogue_inputs, epilogue=ops,
-            uses_tanh=any(op.kind in ("tanh", "gelu_tanh") for op in problem.epilogue),
+            epilogue_code=epilogue.code, epilogue_helpers=epilogue.helpers,
             index_64=needs_int64(problem),
             even_k="K" not in problem.dynamic and problem.K % params["BLOCK_K"] == 0,
             upcast=upcast,
