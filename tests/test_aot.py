@@ -198,6 +198,13 @@ def test_cli_builds_the_demo_llama(tmp_path):
     assert re.search(r"all \d+ kernels built and passed their instruction checks", out.stdout)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len({k["problem_text"] for k in manifest["kernels"]}) >= 6
+    # the pointwise and reduction kernels are built too, not only the GEMMs
+    kinds = {(k["target"], k["kind"]) for k in manifest["kernels"]}
+    assert {(t, kind) for t in ("cuda:sm_90a", "hip:gfx1250") for kind in ("gemm", "pointwise", "reduction")} <= kinds
+    if triton_can_target(get_target("gfx1250")) is None:  # its RMSNorm moves rows through TDM
+        rms = [k for k in manifest["kernels"] if k["target"] == "hip:gfx1250" and k["kind"] == "reduction"
+               and "rsqrt" in k["problem_text"] and k["params"].get("DESC")]
+        assert rms and all(k["verify"]["counts"].get("tensor_load_to_lds", 0) >= 1 for k in rms)
 
 
 def test_exported_dynamic_dims_stay_dynamic(tmp_path):

@@ -129,6 +129,11 @@ LOOP_BW_EFFICIENCY = 0.85
 # CI machine for small elementwise kernels
 INTERP_PROGRAM_MS = 0.6
 INTERP_ELEMENT_MS = 2e-6
+# Bandwidth credit of loop kernels whose dense accesses move whole blocks through tensor
+# descriptors (gfx1250 TDM: no per-thread address math or load instructions, the block lands in
+# LDS asynchronously). A prior, not a measurement: no gfx1250 has run one yet; the GEMM
+# templates credit TMA/TDM 1.15 the same way. Measured choices on the device override it.
+LOOP_DESC_EFFICIENCY = 1.1
 
 
 def estimate_loop(problem, params: Mapping[str, Any], target: Target) -> CostEstimate:
@@ -163,6 +168,8 @@ def estimate_loop(problem, params: Mapping[str, Any], target: Target) -> CostEst
     fill = min(1.0, programs / max(target.num_sms, 1))
     waves = programs / resident
     eff = LOOP_BW_EFFICIENCY * busy * (0.3 + 0.7 * fill)
+    if params.get("DESC"):
+        eff = min(1.0, eff * LOOP_DESC_EFFICIENCY)
     memory_ms = bytes_ / (target.hbm_gbps * 1e9 * eff) * 1e3
     ms = memory_ms + LAUNCH_US * 1e-3
     return CostEstimate(ms, 0.0, memory_ms, "memory" if memory_ms > LAUNCH_US * 1e-3 else "latency",

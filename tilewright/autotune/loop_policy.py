@@ -8,7 +8,9 @@ chosen from its sizes, never a grid.
   a looped row (RBLOCK 1024-4096) for long ones, and one looped candidate beside the persistent
   ones for rows long enough that the choice is close;
 * the interpreter (the CPU, when Triton is forced): the fewest programs, since each costs
-  Python time.
+  Python time;
+* on targets with a Tensor Data Mover (gfx1250), every proposal also with ``DESC`` (dense
+  loads and stores through tensor descriptors), where the template accepts it.
 
 ATen (the torch emitter) is always rank 0. The cost model
 (:func:`~tilewright.autotune.cost_model.estimate_loop`) ranks the rest.
@@ -39,7 +41,7 @@ def _warps(elements: int) -> int:
 def pointwise_params(problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
     n = max(problem.xnumel, 1)
     if target.interpreted:
-        return [{"XBLOCK": min(_pow2(n), 65536), "num_warps": 4}]
+        return [{"XBLOCK": min(max(_pow2(n), 16), 65536), "num_warps": 4}]  # the knob starts at 16
     out = []
     for xblock in (256, 512, 1024, 2048):
         xb = min(xblock, max(_pow2(n), 16))
@@ -74,6 +76,25 @@ class LoopPolicy:
     def __init__(self, kind: str):
         self.kind = kind
 
+    def proposals(self, problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
+        out = reduction_params(problem, target) if self.kind == "reduction" else pointwise_params(problem, target)
+        if target.has("tdm"):
+            out = [p | {"DESC": True} for p in out] + out
+        return out
+
+    def ranked(self, problem: LoopProblem, target: Target, template: TemplateSpec
+               ) -> list[tuple[float, dict[str, Any]]]:
+        """(predicted ms, params) for one template, best first: the proposals it accepts."""
+        seen, scored = set(), []
+        for p in self.proposals(problem, target):
+            params = template.space.complete({k: v for k, v in p.items() if k in template.space.names()})
+            key = tuple(sorted(params.items()))
+            if key in seen or template.check(params, problem, target):
+                continue
+            seen.add(key)
+            scored.append((estimate_loop(problem, params, target).ms, params))
+        return sorted(scored, key=lambda item: item[0])
+
     def candidates(self, problem: LoopProblem, target: Target,
                    templates: Iterable[TemplateSpec] | None = None) -> list[Candidate]:
         aten = get_template(f"aten.{self.kind}")
@@ -87,16 +108,7 @@ class LoopPolicy:
         for t in templates if templates is not None else templates_for(self.kind, target.backend):
             if t.backend == "aten" or not t.supports(problem, target):
                 continue
-            seen = set()
-            proposals = reduction_params(problem, target) if self.kind == "reduction" else \
-                pointwise_params(problem, target)
-            for p in proposals:
-                params = t.space.complete({k: v for k, v in p.items() if k in t.space.names()})
-                key = tuple(sorted(params.items()))
-                if key in seen or t.check(params, problem, target):
-                    continue
-                seen.add(key)
-                scored.append((estimate_loop(problem, params, target).ms, t, params))
+            scored += [(ms, t, params) for ms, params in self.ranked(problem, target, t)]
         scored.sort(key=lambda item: (item[0], item[1].id))
         for i, (ms, t, params) in enumerate(scored[:config.max_candidates]):
             out.append(Candidate.of(t.id, t.source_hash, params, rank=i + 1, predicted_ms=ms))

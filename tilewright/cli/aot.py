@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -11,6 +12,13 @@ from rich.text import Text
 from tilewright.cli.common import console, positive_float, positive_int, target_list
 
 DEFAULT_TARGETS = "sm_90a,sm_100a,gfx950,gfx1250"
+
+
+def _short(pattern: str) -> str:
+    """A promised-instruction pattern as its leading literal ("ld.global", "tensor_load_to_lds")."""
+    text = re.sub(r"\(\?m\)|\^|\\[bSswWdD]", "", pattern)
+    text = re.sub(r"\((\w+)\|[^)]*\)", r"\1", text).replace("\\", "")  # (global|buffer) -> global
+    return re.split(r'[(\["*]', text, maxsplit=1)[0].strip() or pattern
 
 
 def cmd_aot(args: argparse.Namespace) -> int:
@@ -32,23 +40,20 @@ def cmd_aot(args: argparse.Namespace) -> int:
                            timeout_s=args.timeout, check=args.verify,
                            on_planned=planned, on_result=landed)
     table = Table(title=f"{report.model}: {len(report.kernels)} kernels → {report.out_dir}/manifest.json")
-    for col in ("target", "GEMM", "template", "tile", "pred. ms", "bound", "build", "s", "check"):
+    for col in ("target", "kernel", "template", "tile", "pred. ms", "bound", "build", "s", "check"):
         table.add_column(col, overflow="fold")
     for k in report.kernels:
-        p = k.captured.problem
-        tile = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**k.params)
-        tile += " 2cta" if k.params.get("CTA_GROUP") == 2 else ""
-        tile += " pdl" if k.params.get("PDL") else ""
+        tile = aot.describe_params(k.params)
         status = k.result.status if k.result else "-"
         color = "green" if k.result and k.result.ok else "red"
         if k.verified is None:
             check = "-"
         elif k.verified:
-            check = Text.assemble(("ok ", "green"), " ".join(f"{pat.split(chr(92))[0]}×{n}"
+            check = Text.assemble(("ok ", "green"), " ".join(f"{_short(pat)}×{n}"
                                                              for pat, n in k.verify_counts.items()))
         else:
             check = Text("; ".join(k.verify_failures), style="red")
-        table.add_row(k.target.name, f"{p.op} {p.M}x{p.N}x{p.K} {p.describe_epilogue()}", k.template.id,
+        table.add_row(k.target.name, aot.describe_problem(k.captured.problem), k.template.id,
                       tile, f"{k.predicted_ms:.4f}", k.bound, Text(status, style=color),
                       f"{k.result.seconds:.1f}" if k.result else "-", check)
     console.print(table)
@@ -62,8 +67,10 @@ def cmd_aot(args: argparse.Namespace) -> int:
         console.print(f"{len(report.failed)} kernels failed to build, "
                       f"{len(report.verify_failed)} failed their instruction checks", style="red")
         return 1
+    kinds = [k.kind for k in report.kernels]
+    by_kind = ", ".join(f"{kinds.count(kind)} {kind}" for kind in dict.fromkeys(kinds))
     console.print(f"all {len(report.kernels)} kernels built"
-                  f"{' and passed their instruction checks' if args.verify else ''}", style="green")
+                  f"{' and passed their instruction checks' if args.verify else ''} ({by_kind})", style="green")
     return 0
 
 

@@ -1,8 +1,9 @@
 """``tilewright aot``: lower a model once, then build its kernels for chips this machine lacks.
 
-Nothing can be timed, so per target and GEMM problem the candidate policy proposes tile shapes,
-the analytic cost model ranks them, and the best ``per_template`` of every template that
-supports the problem are rendered and compiled (with their PDL twins where the template has a
+Nothing can be timed, so per target and problem (the GEMMs and the loop kernels, pointwise and
+reduction, the pipeline makes of the model) the candidate policy proposes tile shapes, the
+analytic cost model ranks them, and the best ``per_template`` of every template that supports
+the problem are rendered and compiled (with their PDL twins where the template has a
 PDL knob and ``TILEWRIGHT_PDL=auto`` leaves the choice to the device; in worker processes: see
 :mod:`tilewright.runtime.aot`). Every built kernel is checked for the instructions its template
 promises (:mod:`tilewright.runtime.verify`). The output folder holds each kernel's source and
@@ -19,10 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tilewright.autotune.cache import current_versions
-from tilewright.autotune.cost_model import estimate_gemm
+from tilewright.autotune.cost_model import estimate_gemm, estimate_loop
+from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.policy import policy_for
-from tilewright.compiler.capture import CapturedGemm, ModelSpec, capture_gemms, load_model
+from tilewright.compiler.capture import CapturedKernel, ModelSpec, capture_kernels, load_model
 from tilewright.errors import UnsupportedProblemError
+from tilewright.problem import GemmProblem
 from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
 from tilewright.runtime.targets import Target, get_target
 from tilewright.runtime.verify import verify
@@ -37,7 +40,7 @@ class AotKernel:
 
     name: str
     target: Target
-    captured: CapturedGemm
+    captured: CapturedKernel
     template: TemplateSpec
     params: dict[str, Any]
     predicted_ms: float
@@ -48,11 +51,16 @@ class AotKernel:
     verify_counts: dict[str, int] = field(default_factory=dict)
     verified: bool | None = None
 
+    @property
+    def kind(self) -> str:
+        """"gemm", "pointwise" or "reduction"."""
+        return kind_name(self.captured.problem)
+
     def to_json(self) -> dict[str, Any]:
         p = self.captured.problem
         r = self.result
         return {
-            "name": self.name, "target": self.target.name, "problem": p.to_json(),
+            "name": self.name, "kind": self.kind, "target": self.target.name, "problem": p.to_json(),
             "problem_text": p.describe(), "uses": self.captured.uses,
             "template": self.template.id, "template_hash": self.template.source_hash,
             "params": self.params, "predicted_ms": self.predicted_ms, "bound": self.bound,
@@ -90,12 +98,14 @@ class AotReport:
 
     def manifest(self) -> dict[str, Any]:
         statuses = [k.result.status if k.result else "not built" for k in self.kernels]
+        kinds = [k.kind for k in self.kernels]
         return {
             "format": FORMAT, "model": self.model, "train": self.train,
             "targets": [t.name for t in self.targets], "versions": current_versions(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "summary": {s: statuses.count(s) for s in sorted(set(statuses))}
-            | {"kernels": len(self.kernels), "verify_failed": len(self.verify_failed)},
+            | {"kernels": len(self.kernels), "verify_failed": len(self.verify_failed),
+               "by_kind": {k: kinds.count(k) for k in sorted(set(kinds))}},
             "kernels": [k.to_json() for k in self.kernels],
             "refused": self.refused,
         }
@@ -105,8 +115,34 @@ class AotReport:
 _TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 
 
-def _kernel_name(target: Target, captured: CapturedGemm, template: TemplateSpec, params: dict) -> str:
+def describe_params(params: dict[str, Any]) -> str:
+    """A kernel's parameters in a few characters ("128x128x64 w4 s3 pdl", "x1 r-row w1 desc")."""
+    if "BLOCK_M" not in params:  # a loop kernel
+        text = f"x{params['XBLOCK']}"
+        if "RBLOCK" in params:
+            text += " r-row" if params.get("PERSISTENT") else f" r{params['RBLOCK']}"
+        return text + f" w{params['num_warps']}" + (" desc" if params.get("DESC") else "")
+    text = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**params)
+    text += " 2cta" if params.get("CTA_GROUP") == 2 else ""
+    return text + (" pdl" if params.get("PDL") else "")
+
+
+def describe_problem(problem: Any) -> str:
+    """A problem in a table cell: "mm 256x512x384 add[N]" or "rms_norm [48 x reduce 128]"."""
+    if isinstance(problem, GemmProblem):
+        return f"{problem.op} {problem.M}x{problem.N}x{problem.K} {problem.describe_epilogue()}"
+    return problem.describe()
+
+
+def _kernel_name(target: Target, captured: CapturedKernel, template: TemplateSpec, params: dict) -> str:
     p = captured.problem
+    if not isinstance(p, GemmProblem):  # a loop kernel: its op label is free text, so the hash names it
+        tile = f"x{params['XBLOCK']}"
+        if p.kind == "reduction":
+            tile += "-row" if params.get("PERSISTENT") else f"-r{params['RBLOCK']}"
+        tile += f"-w{params['num_warps']}" + ("-desc" if params.get("DESC") else "")
+        numel = f"{p.xnumel}x{p.rnumel}" if p.kind == "reduction" else f"{p.xnumel}"
+        return f"{target.arch}/{p.kind}_{numel}_{p.stable_hash()[:8]}-{template.id.replace('.', '_')}-{tile}"
     tile = f"{params['BLOCK_M']}x{params['BLOCK_N']}x{params['BLOCK_K']}w{params['num_warps']}s{params['num_stages']}"
     tile += "".join(f"-{k}{int(v) if isinstance(v, bool) else v}" for k, v in params.items()
                     if k not in _TILE_KNOBS)
@@ -129,19 +165,23 @@ def _with_pdl_twins(ranked: list[tuple[float, dict]], per_template: int) -> list
     return chosen
 
 
-def plan(captured: Iterable[CapturedGemm], targets: Iterable[Target], *, per_template: int = 1
+def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_template: int = 1
          ) -> tuple[list[AotKernel], list[dict[str, str]]]:
-    """Choose and render the kernels to build (no compiling yet).
+    """Choose and render the kernels to build (no compiling yet): GEMMs and loop kernels, each
+    kind through its own policy and cost model.
 
     Returns the kernels and the (template, target, problem) pairs refused, with the reason
     each template gave: refusals happen here, before any compiler runs.
     """
     kernels: list[AotKernel] = []
     refused: list[dict[str, str]] = []
+    captured = list(captured)
     for target in targets:
-        policy = policy_for("gemm", target)
-        templates = [t for t in templates_for("gemm", target.backend) if t.backend != "aten"]
+        policies = {kind: policy_for(kind, target) for kind in {kind_name(c.problem) for c in captured}}
         for cap in captured:
+            kind = kind_name(cap.problem)
+            policy = policies[kind]
+            templates = [t for t in templates_for(kind, target.backend) if t.backend != "aten"]
             for template in templates:
                 support = template.supports(cap.problem, target)
                 if not support:
@@ -154,7 +194,10 @@ def plan(captured: Iterable[CapturedGemm], targets: Iterable[Target], *, per_tem
                                     "problem": cap.problem.describe(),
                                     "reason": "no parameter setting is legal on this target"})
                 for ms, params in _with_pdl_twins(ranked, per_template):
-                    est = estimate_gemm(cap.problem, params, target, efficiency=template.efficiency(target))
+                    if kind == "gemm":
+                        est = estimate_gemm(cap.problem, params, target, efficiency=template.efficiency(target))
+                    else:
+                        est = estimate_loop(cap.problem, params, target)
                     k = AotKernel(_kernel_name(target, cap, template, params), target, cap, template,
                                   dict(params), ms, est.bound)
                     rendered = template.render(cap.problem, params, target)
@@ -169,7 +212,8 @@ def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path
           train: bool = False, per_template: int = 1, workers: int = 2, timeout_s: float = 600.0,
           check: bool = True, on_planned: Callable[[int], None] | None = None,
           on_result: Callable[[CompileResult], None] | None = None) -> AotReport:
-    """Lower ``model`` once and build its GEMM kernels for every target into ``out_dir``.
+    """Lower ``model`` once and build its kernels (GEMMs and loop kernels) for every target
+    into ``out_dir``.
 
     Args:
         model: a :class:`ModelSpec`, ``"package.module:callable"`` or a ``.pt2`` file.
@@ -189,7 +233,7 @@ def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path
     for t in resolved:
         if t.triton is None:
             raise UnsupportedProblemError(f"{t.name} has no ahead-of-time compiler in tilewright")
-    captured = capture_gemms(spec, train=train)
+    captured = capture_kernels(spec, train=train)
     kernels, refused = plan(captured, resolved, per_template=per_template)
     if on_planned:
         on_planned(len(kernels))

@@ -1,9 +1,11 @@
-"""Capture a model's GEMM problems without running any kernel: for ahead-of-time builds
+"""Capture a model's kernel problems without running any kernel: for ahead-of-time builds
 (``tilewright aot``) and cache warming (``tilewright warm``).
 
 The model is traced exactly as ``torch.compile(backend="tilewright")`` would (Dynamo, then
-aot_autograd with tilewright's decomposition table), then lowered and fused; every GEMM node
-becomes a :class:`~tilewright.problem.GemmProblem` at its trace-time sizes.
+aot_autograd with tilewright's decomposition table), then lowered and fused by the pipeline's
+own stages (:func:`tilewright.compiler.pipeline.fuse`); every GEMM node becomes a
+:class:`~tilewright.problem.GemmProblem` at its trace-time sizes and every loop kernel
+(pointwise, reduction) its :class:`~tilewright.problem.LoopProblem`.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright.compiler.decompositions import decomposition_table
-from tilewright.compiler.fuse import fuse_epilogues
 from tilewright.compiler.graph import GemmNode
 from tilewright.compiler.lower import lower
 from tilewright.errors import InvalidInputError
-from tilewright.problem import DTYPE_NAMES, GemmProblem
+from tilewright.problem import DTYPE_NAMES, GemmProblem, LoopProblem
 
 
 def gemm_problem(g: GemmNode) -> GemmProblem:
@@ -115,8 +116,11 @@ def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphMo
             return make_boxed_func(gm.forward)
         return compiler
 
+    from tilewright.compiler.backend import partition_options
+
     backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
-                           inference_compiler=keep("inference"), decompositions=decomposition_table())
+                           inference_compiler=keep("inference"), decompositions=decomposition_table(),
+                           **partition_options())
     torch._dynamo.reset()
     for i, dims in spec.dynamic.items():  # keep an export's symbolic sizes symbolic
         torch._dynamo.mark_dynamic(spec.args[i], dims)
@@ -138,23 +142,39 @@ def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphMo
 
 
 @dataclass
-class CapturedGemm:
-    """One GEMM problem and where it occurs (graph kind and node names)."""
+class CapturedKernel:
+    """One kernel problem (GEMM or loop) and where it occurs (graph kind and node names)."""
 
-    problem: GemmProblem
+    problem: GemmProblem | LoopProblem
     uses: list[str] = field(default_factory=list)
 
 
-def capture_gemms(spec: ModelSpec, *, train: bool = False) -> list[CapturedGemm]:
-    """Distinct GEMM problems of the model, in first-seen order, with their uses."""
-    seen: dict[GemmProblem, CapturedGemm] = {}
-    from tilewright._config import config
+CapturedGemm = CapturedKernel  # the name from when only GEMMs were captured
 
+
+def _identity(p: GemmProblem | LoopProblem) -> Any:
+    # a loop problem's op is a display label: the same kernel under two labels is one kernel
+    return ("loop", p.stable_hash()) if isinstance(p, LoopProblem) else p
+
+
+def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:
+    """Distinct kernel problems of the model: its GEMMs, then its loop kernels, each in
+    first-seen order, with their uses."""
+    from tilewright.compiler.pipeline import fuse  # the pipeline imports this module
+
+    gemms: dict[Any, CapturedKernel] = {}
+    loops: dict[Any, CapturedKernel] = {}
     for kind, gm in aten_graphs(spec, train=train).items():
         kg = lower(gm)
-        if config.fuse_epilogues:
-            fuse_epilogues(kg, gm)
+        fuse(kg, gm)
         for g in kg.gemms:
             p = gemm_problem(g)
-            seen.setdefault(p, CapturedGemm(p)).uses.append(f"{kind}.{g.name}")
-    return list(seen.values())
+            gemms.setdefault(_identity(p), CapturedKernel(p)).uses.append(f"{kind}.{g.name}")
+        for f in kg.fused:
+            loops.setdefault(_identity(f.problem), CapturedKernel(f.problem)).uses.append(f"{kind}.{f.name}")
+    return list(gemms.values()) + list(loops.values())
+
+
+def capture_gemms(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:
+    """Distinct GEMM problems of the model, in first-seen order, with their uses."""
+    return [c for c in capture_kernels(spec, train=train) if isinstance(c.problem, GemmProblem)]

@@ -188,9 +188,12 @@ class TemplateSpec(ABC):
 
     @cached_property
     def source_hash(self) -> str:
-        """Hash of the template's jinja text and its spec module: changes when either does."""
+        """Hash of the template's jinja text, the modules of its class hierarchy (a subclass
+        renders through its bases' code) and the files it includes: changes when any does."""
         h = hashlib.sha256()
-        h.update(Path(inspect.getfile(type(self))).read_bytes())
+        for cls in type(self).__mro__:
+            if cls.__module__.startswith("tilewright.templates"):
+                h.update(Path(inspect.getfile(cls)).read_bytes())
         if self.jinja:
             h.update((self.folder / self.jinja).read_bytes())
         for rel in self.includes:

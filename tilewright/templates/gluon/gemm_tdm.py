@@ -29,6 +29,7 @@ class GluonGemmTdm(TritonGemm):
     id = "gluon.gemm_tdm"
     backend = "gluon"
     jinja = "gemm_tdm.py.jinja"
+    includes = ("common/epilogue.jinja",)
     kernel_name = "tw_gemm_tdm_kernel"
     space = ParamSpace((
         Knob("BLOCK_M", (32, 64, 128, 256), 128, "rows of C per program"),
@@ -75,6 +76,12 @@ class GluonGemmTdm(TritonGemm):
 
     def context(self, problem: GemmProblem, params: Params, target: Target) -> dict[str, Any]:
         ctx = super().context(problem, params, target)
+        # Gluon's language is not Triton's: it keeps the jinja epilogue (common/epilogue.jinja)
+        ops = [{"kind": op.kind, "input": op.input, "scale": op.scale, "reverse": op.reverse,
+                "scalar_text": repr(float(op.scalar)) if op.scalar is not None else ""}
+               for op in problem.epilogue]
+        ctx.update(epilogue=ops, inputs=problem.epilogue_inputs,
+                   uses_tanh=any(op.kind in ("tanh", "gelu_tanh") for op in problem.epilogue))
         ctx.update(b_col_major=problem.layout_b == "col",
                    warp_bases=warp_bases(params["num_warps"]))
         return ctx

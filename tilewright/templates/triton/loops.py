@@ -149,6 +149,13 @@ class _Body:
         if own is not None:  # a masked load (cat, pad): only where the mask holds
             own_code = self.e.names[id(own)]
             mask = f"{mask} & {own_code}" if mask else own_code
+            # the mask is a block (an index compare is one even when constant): so must the
+            # pointer be, where the index alone does not vary (a 0-d gradient read per element)
+            mask_r = self._node_deps(own)[1]
+            if not has_x:
+                off = f"({off}) + xindex * 0"
+            if self.reduction and mask_r and not has_r:
+                off = f"({off}) + rindex * 0"
         args = f"{name} + ({off})" + (f", {mask}, other=0" if mask else "")
         value = f"tl.load({args})"
         return value if buf.dtype == "bool" else f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
@@ -511,7 +518,8 @@ class _TritonLoops(TemplateSpec):
         if target.interpreted:
             return []
         if target.backend == "cuda":
-            checks = [InstructionCheck("ptx", (rf"(?m)^\.target {target.arch}\b",), (),
+            # triton writes the arch-specific variant: sm_120 compiles to ``.target sm_120a``
+            checks = [InstructionCheck("ptx", (rf"(?m)^\.target {target.arch}a?\b",), (),
                                        f"code for {target.arch}")]
             vec_load, vec_store = r"ld\.global(\.\w+)*\.v[248]\.", r"st\.global(\.\w+)*\.v[248]\."
         elif target.backend == "hip":
