@@ -16,7 +16,7 @@ member may read it only at its own row, in registers. Whatever breaks these rule
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import sympy
 
@@ -277,6 +277,18 @@ def _lt(a: sympy.Expr, b: sympy.Expr) -> E.Node:
     return E.op("lt", E.index(a), E.index(b))
 
 
+def _renamer(rename: dict[str, str], subs: dict) -> Callable[[E.Node, tuple[E.Node, ...]], E.Node | None]:
+    """A :func:`~tilewright.ir.expr.rewrite` function renaming buffers and substituting symbols
+    in every load and index expression."""
+    def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+        if n.op == "load":
+            return E.Node("load", n.dtype, src, (rename[n.arg[0]], tuple(i.xreplace(subs) for i in n.arg[1]), n.arg[2]))
+        if n.op == "index":
+            return E.Node("index", n.dtype, src, n.arg.xreplace(subs))
+        return None
+    return fn
+
+
 def combine(parts: list[BuiltKernel]) -> BuiltKernel:
     """One kernel computing independent kernels side by side (a combo kernel): one launch
     instead of several.
@@ -338,13 +350,7 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         rename |= {f"out{i}": f"out{outputs.index(o)}" for i, o in enumerate(p.outputs)}
         subs = zsub | sub
 
-        def fn(n: E.Node, src: tuple[E.Node, ...], rename=rename, subs=subs) -> E.Node | None:
-            if n.op == "load":
-                return E.Node("load", n.dtype, src, (rename[n.arg[0]], tuple(i.xreplace(subs) for i in n.arg[1]),
-                                                    n.arg[2]))
-            if n.op == "index":
-                return E.Node("index", n.dtype, src, n.arg.xreplace(subs))
-            return None
+        fn = _renamer(rename, subs)  # into the combo's flat space
 
         for b in k.inputs:
             name = rename[b.name]
@@ -354,15 +360,8 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         for b in k.outputs:
             out_buffers.append(Buffer(rename[b.name], b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
                                       tuple(e.xreplace(zsub) for e in b.stride), b.bounds))
-        own = {**{size_symbol(i): znew[s] for i, s in enumerate(p.symbols)}}
-
-        def renamed(n: E.Node, src: tuple[E.Node, ...], rename=rename, own=own) -> E.Node | None:
-            if n.op == "load":
-                return E.Node("load", n.dtype, src, (rename[n.arg[0]], tuple(i.xreplace(own) for i in n.arg[1]),
-                                                    n.arg[2]))
-            if n.op == "index":
-                return E.Node("index", n.dtype, src, n.arg.xreplace(own))
-            return None
+        own = zsub
+        renamed = _renamer(rename, own)  # in the part's own space
 
         sub_parts = k.parts or (k,)
         for sp in sub_parts:  # the part in its own space, under the combo's names
