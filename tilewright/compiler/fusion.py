@@ -334,7 +334,9 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         zsub = {size_symbol(i): znew[s] for i, s in enumerate(p.symbols)}
         ranges = tuple(e.xreplace(zsub) for e in k.ranges)
         numel = product(ranges)
-        if p is host:
+        if numel == 0:  # no share of the space (its outputs are allocated, nothing more)
+            sub, mask, rows = {}, None, sympy.Integer(0)
+        elif p is host:
             red = tuple(e.xreplace(zsub) for e in k.reduction_ranges)
             sub = dict(zip(k.x_vars, unravel(x0, ranges))) | dict(zip(k.r_vars, unravel(r0, red)))
             mask = _lt(x0, numel)
@@ -374,7 +376,7 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
                                         tuple(e.xreplace(own) for e in sp.reduction_ranges),
                                         tuple(ren_buf(b) for b in sp.inputs), tuple(ren_buf(b) for b in sp.outputs),
                                         part_stores))
-        for s in k.stores:
+        for s in k.stores if numel != 0 else ():  # an empty part has nothing to write
             value = _masked(E.rewrite([s.value], fn)[0], mask)
             smask = mask if s.mask is None else E.op("logical_and", mask, E.rewrite([s.mask], fn)[0])
             stores.append(Store(rename[s.buffer], tuple(i.xreplace(subs) for i in s.index), value, smask))
