@@ -38,9 +38,15 @@ def _strided_random(shape: Sequence[int], stride: Sequence[int], dtype: str, dev
     span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(n > 0 for n in shape) else 0
     if dtype == "bool":
         base = torch.randint(0, 2, (span,), generator=gen).bool()
-    elif dtypes.is_int(dtype):
-        lo, hi = bounds if bounds else (0, 16)
+    elif dtypes.is_int(dtype) and bounds:
+        lo, hi = bounds
         base = torch.randint(lo, max(hi, lo + 1), (span,), generator=gen).to(dtypes.TORCH[dtype])
+    elif dtypes.is_int(dtype):
+        # never zero (an integer divisor of 0 raises in the reference); both signs but for u8
+        base = torch.randint(1, 16, (span,), generator=gen)
+        if dtype != "u8":
+            base = base * (torch.randint(0, 2, (span,), generator=gen) * 2 - 1)
+        base = base.to(dtypes.TORCH[dtype])
     else:
         base = torch.randn(span, generator=gen).to(dtypes.TORCH[dtype])
     return base.to(device).as_strided(tuple(shape), tuple(stride))
@@ -60,7 +66,8 @@ def make_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int
     return LoopInputs(tensors, [static_or_hint(s, sizes) for s in problem.kernel.size_symbols()])
 
 
-_POISON = {"bool": True}
+# integers: a value the type holds (a uint8 cannot hold -12345) that kernels rarely write
+_POISON = {"bool": True, "u8": 251, "i8": -123}
 
 
 def poisoned_loop_outputs(problem: LoopProblem, device: torch.device | str) -> tuple[torch.Tensor, ...]:

@@ -331,6 +331,19 @@ class CodePrinter(sympy.printing.str.StrPrinter):
             return self._print(num)
         return f"(({self._print(num)}) // ({self._print(den)}))"
 
+    def _print_ceiling(self, expr: sympy.Expr) -> str:
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        if den == 1:
+            return self._print(num)
+        return f"(-((-({self._print(num)})) // ({self._print(den)})))"
+
+    def _print_Max(self, expr: sympy.Expr) -> str:
+        # a dynamic contiguous stride is max(1, size): launchers compute layouts in Python
+        return f"max({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_Min(self, expr: sympy.Expr) -> str:
+        return f"min({', '.join(self._print(a) for a in expr.args)})"
+
     def _print_Mod(self, expr: sympy.Expr) -> str:
         return f"(({self._print(expr.args[0])}) % ({self._print(expr.args[1])}))"
 

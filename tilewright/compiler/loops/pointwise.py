@@ -102,7 +102,10 @@ def _add_sub(ctx, node, a):
     rsub = node.target in (aten.rsub.Tensor, aten.rsub.Scalar)
 
     def fn(x: N, y: N) -> N:
-        if alpha != 1:
+        # alpha scales the subtrahend: self - alpha * other, and rsub's other - alpha * self
+        if alpha != 1 and rsub:
+            x = x * _c(x, alpha)
+        elif alpha != 1:
             y = y * _c(y, alpha)
         return E.op(op, y, x) if rsub else E.op(op, x, y)
     return elementwise(ctx, node, [a["self"], a["other"]], fn)

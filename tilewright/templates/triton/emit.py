@@ -110,6 +110,7 @@ def _erfinv(x):
     q = 1.00167406 + q * b
     q = 2.83297682 + q * b
     r = tl.where(w < 5.0, p, q) * x
+    r = tl.where(tl.abs(x) > 1.0, float("nan"), r)  # outside the domain (w is NaN there)
     return tl.where(tl.abs(x) == 1.0, x * float("inf"), r)
 ''',
     "_pow": '''
@@ -247,6 +248,20 @@ LIBDEVICE = {
 }
 
 
+# binary ops whose code tests and combines its operands (helpers, sign tests): a constant
+# operand must be a block like the other one (a Python float would be divided by zero at
+# trace time in copysign's test, and the interpreter cannot `&` a block with a 0-d mask)
+_TENSOR_OPERANDS = frozenset({"pow", "atan2", "copysign"})
+
+
+def _broadcast_constants(args: list[str], src: tuple[Node, ...]) -> list[str]:
+    """``args`` with each constant operand made a block shaped like a non-constant one."""
+    like = next((a for a, s in zip(args, src) if s.op != "const"), None)
+    if like is None:
+        return args
+    return [f"tl.full({like}.shape, {a}, {like}.dtype)" if s.op == "const" else a for a, s in zip(args, src)]
+
+
 def literal(value: object, dtype: str) -> str:
     """A constant as Triton source (``float('inf')`` for infinities, NaN as ``float('nan')``)."""
     if dtype == "bool":
@@ -335,6 +350,8 @@ class TritonExpr:
         if n.op == "cast":
             return self.convert(args[0], n.src[0].dtype, n.dtype)
         operand_dtype = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
+        if n.op in _TENSOR_OPERANDS:
+            args = _broadcast_constants(args, n.src)
         if not self.interpreted and n.op in LIBDEVICE and operand_dtype in ("fp32", "fp64"):
             return LIBDEVICE[n.op].format(*args)
         render, helpers = MATH[n.op]
@@ -348,7 +365,7 @@ class TritonExpr:
             return f"({code} != 0)"
         if src == "bool" and dtypes.compute_type(dst) != "bool":
             return f"{code}.to({TL_DTYPE[dtypes.compute_type(dst)]})"
-        if dst in ("bf16", "fp16") and dtypes.is_float(src):
+        if dst in ("bf16", "fp16"):  # from a float or an integer: round once, to nearest even
             if self.interpreted:
                 helper = "_bf16_rne" if dst == "bf16" else "_fp16_rne"
                 self.helpers_used.add(helper)
@@ -362,7 +379,9 @@ class TritonExpr:
         """Code converting a computed value to the stored element type ``dst``."""
         if dst == "bool":
             return f"({code} != 0)" if src != "bool" else code
-        if dst in ("bf16", "fp16") and dtypes.is_float(src) and self.interpreted:
+        if dst in ("bf16", "fp16") and self.interpreted:
+            # via fp32, rounded: the interpreter's own conversion truncates fp32 and takes an
+            # integer's bits as if they were a float's
             return f"{self.convert(code, src, dst)}.to({TL_DTYPE[dst]})"
         return f"{code}.to({TL_DTYPE[dst]})"
 
