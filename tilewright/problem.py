@@ -127,6 +127,9 @@ class GemmProblem:
         scale_layout: for block-scaled dtypes (``SCALED_FORMATS``), how the block scales are
             stored: "row" ((rows, K/block) row-major) or "swizzled" (the 128x4 tiled layout of
             Blackwell's block-scaled MMA, ``tilewright.quant.nvfp4.swizzle_scales``); "" else.
+        store_acc: the kernel also writes the product itself, before its epilogue, as a second
+            output in ``dtype`` (the GEMM's own value is needed elsewhere too, e.g. saved for
+            the backward): ``launch(..., out=(out, acc_out))`` returns both.
 
     Block-scaled problems: A is (M, K) and B is stored as (N, K) (``layout_b == "col"``), both
     packed along K; ``launch(a, b, *epilogue_inputs, a_scale=..., b_scale=...)`` receives the
@@ -147,8 +150,11 @@ class GemmProblem:
     dynamic: frozenset[str] = field(default_factory=frozenset)
     op: str = "mm"
     scale_layout: str = ""
+    store_acc: bool = False
 
     def __post_init__(self) -> None:
+        if self.store_acc and self.dtype not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"store_acc needs float operands, not {self.dtype}")
         if not self.out_dtype:
             object.__setattr__(self, "out_dtype", "bf16" if self.dtype in SCALED_FORMATS else self.dtype)
         if self.dtype in SCALED_FORMATS:
@@ -183,6 +189,8 @@ class GemmProblem:
         e_in, e_out = ELEMENT_BYTES[self.dtype], ELEMENT_BYTES[self.out_dtype]
         total = self.batch * (self.M * self.K + self.K * self.N) * e_in
         total += self.batch * self.M * self.N * e_out
+        if self.store_acc:
+            total += self.batch * self.M * self.N * e_in
         sizes = {"": 1, "M": self.M, "N": self.N, "MN": self.M * self.N}
         for inp in self.epilogue_inputs:
             b = self.batch if inp.broadcast.startswith("B") else 1
@@ -207,6 +215,8 @@ class GemmProblem:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["dynamic"] = sorted(self.dynamic)
+        if not self.store_acc:
+            del d["store_acc"]  # problems without it keep the keys they always had
         return d
 
     @classmethod
@@ -222,7 +232,8 @@ class GemmProblem:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe_epilogue(self) -> str:
-        return " → ".join(op.describe(self.epilogue_inputs) for op in self.epilogue) or "-"
+        text = " → ".join(op.describe(self.epilogue_inputs) for op in self.epilogue) or "-"
+        return f"(store acc) {text}" if self.store_acc else text
 
     def describe(self) -> str:
         b = f"{self.batch}x" if self.batched else ""

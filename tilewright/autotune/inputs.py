@@ -102,14 +102,22 @@ def _epilogue_inputs(problem: GemmProblem, shape: tuple[int, ...], device: torch
     return eps
 
 
-def poisoned_output(problem: GemmProblem, device: torch.device | str) -> torch.Tensor:
-    """An output buffer full of NaN, so elements a kernel fails to write show up."""
-    return torch.full(output_shape(problem), float("nan"), dtype=DTYPES[problem.out_dtype],
-                      device=device)
+def poisoned_output(problem: GemmProblem, device: torch.device | str) -> torch.Tensor | tuple:
+    """An output buffer full of NaN, so elements a kernel fails to write show up (a problem
+    that stores its product too: the pair (out, product))."""
+    out = torch.full(output_shape(problem), float("nan"), dtype=DTYPES[problem.out_dtype], device=device)
+    if problem.store_acc:
+        return out, torch.full(output_shape(problem), float("nan"), dtype=DTYPES[problem.dtype], device=device)
+    return out
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖out − ref‖ / ‖ref‖ in float64; inf when out has NaN/inf the reference lacks."""
+def rel_error(out: torch.Tensor | tuple, ref: torch.Tensor | tuple) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; inf when out has NaN/inf the reference lacks. For
+    pairs (a problem storing its product too), the worse of the two."""
+    if isinstance(out, tuple) or isinstance(ref, tuple):
+        if not (isinstance(out, tuple) and isinstance(ref, tuple)) or len(out) != len(ref):
+            return float("inf")
+        return max(rel_error(o, r) for o, r in zip(out, ref))
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
     if o.shape != r.shape:
         return float("inf")

@@ -44,7 +44,8 @@ def _resolve_view(shape: Sequence[int], numel: int) -> list[int]:
 class KernelCall:
     """The wrapper's callable for one kernel.
 
-    GEMM: ``call(a, b, *epilogue_inputs, view=None, **scales) -> Tensor``.
+    GEMM: ``call(a, b, *epilogue_inputs, view=None, **scales) -> Tensor`` (``(out, product)``
+    when the problem stores its product too).
     Loop kernel: ``call(*inputs, *sizes) -> Tensor`` (one output) or a tuple of outputs.
 
     Args:
@@ -180,6 +181,9 @@ class KernelCall:
             for e, space in zip(epilogue_inputs, self.spaces)
         ]
         out = launch(a, b, *prepared, **scales)
+        if problem.store_acc:  # (epilogue result, the product itself)
+            out, acc = out
+            return (out.view(view_shape) if view_shape is not None else out), acc
         return out.view(view_shape) if view_shape is not None else out
 
     def __repr__(self) -> str:

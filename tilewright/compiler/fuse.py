@@ -161,6 +161,35 @@ def _match(node: fx.Node, cur: fx.Node, chain: _Chain, descendants: set[str]):
     return None
 
 
+def _acc_chain_start(g: GemmNode, gemm_fx: fx.Node, chain: _Chain, descendants: set[str],
+                     extern: dict) -> fx.Node | None:
+    """When the GEMM's own value has several users, the one user an epilogue chain can start
+    with: the kernel then stores both the product and the chain's result (a saved GEMM output
+    no longer costs its consumer a kernel). None when the value has one user (the ordinary
+    chain), when the GEMM cannot store its product too (scaled or packed operands), or when no
+    user is a real epilogue step (a bare view or cast saves nothing)."""
+    if len(gemm_fx.users) < 2 or g.fmt or g.op not in ("mm", "bmm", "addmm", "baddbmm") or g.epilogue:
+        return None
+    if g.dtype not in FUSABLE_DTYPES:
+        return None
+    for user in gemm_fx.users:
+        if user not in extern:
+            continue
+        cur, node, chain_copy = gemm_fx, user, _Chain(g, chain.gemm_shape, chain.shape)
+        while True:  # look through views/identities for a real step, without fusing anything
+            step = _match(node, cur, chain_copy, descendants)
+            if step is None:
+                break
+            if step not in ("view", "identity") and step != []:
+                return user
+            if step == "view":
+                chain_copy.space, chain_copy.shape = "view", TensorMeta.of(node).shape  # type: ignore[union-attr]
+            if len(node.users) != 1 or next(iter(node.users)) not in extern:
+                break
+            cur, node = node, next(iter(node.users))
+    return None
+
+
 def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
     """Fuse epilogue chains into the graph's GEMMs in place; returns the FX nodes absorbed."""
     fx_graph = nx.DiGraph()
@@ -176,12 +205,14 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
 
     for g in kg.gemms:
         gemm_fx = g.fx_nodes[0]
-        descendants = nx.descendants(fx_graph, gemm_fx.name)
+        # the GEMM's own value is never an operand of its epilogue (it is being computed)
+        descendants = nx.descendants(fx_graph, gemm_fx.name) | {gemm_fx.name}
         shape = TensorMeta.of(gemm_fx).shape  # type: ignore[union-attr]
         chain = _Chain(g, shape, shape)
         cur = gemm_fx
-        while len(cur.users) == 1:
-            nxt = next(iter(cur.users))
+        start = _acc_chain_start(g, gemm_fx, chain, descendants, extern)
+        while len(cur.users) == 1 or (cur is gemm_fx and start is not None):
+            nxt = start if cur is gemm_fx and start is not None else next(iter(cur.users))
             ext = extern.get(nxt)
             if ext is None or id(ext) in absorbed:
                 break
@@ -203,11 +234,20 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
             cur = nxt
         g.value = cur.name
         g.out_dtype = TensorMeta.of(cur).dtype  # type: ignore[union-attr]
+        if start is not None and cur is not gemm_fx:
+            g.acc_value = gemm_fx.name  # stored beside the epilogue's result
 
     kg.nodes = [n for n in kg.nodes if id(n) not in absorbed]
     # a fused GEMM runs where the value it now produces was computed: all its operands exist
-    # by then, since each one fed a node of its chain
+    # by then, since each one fed a node of its chain; a GEMM that also stores its product
+    # moves the product's other users after it (they do not feed the chain)
     kg.nodes.sort(key=lambda n: position[n.fx_nodes[-1]])
+    if any(g.acc_value for g in kg.gemms):
+        by_name = {n.name: n for n in kg.nodes}
+        order = {n.name: i for i, n in enumerate(kg.nodes)}
+        deps = kg.dependency_graph()
+        deps.remove_nodes_from([v for v in list(deps) if v not in by_name])
+        kg.nodes = [by_name[v] for v in nx.lexicographical_topological_sort(deps, key=order.__getitem__)]
     _check_order(kg)
     return total
 

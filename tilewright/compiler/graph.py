@@ -189,6 +189,9 @@ class GemmNode(Node):
     epilogue_inputs: list[FusedInput] = field(default_factory=list)
     view: fx.Node | None = None  # the absorbed view node, whose shape arguments the wrapper uses
     value: str = ""
+    # the GEMM's own FX value when it is needed beside the epilogue's (saved for the backward):
+    # the kernel stores it too, before the epilogue
+    acc_value: str = ""
     fmt: str = ""  # block-scaled format ("nvfp4") when A and B are packed with block scales
     scales: tuple[str, str] | None = None  # values of A's and B's block scales
     scale_layout: str = ""
@@ -252,7 +255,7 @@ class KernelGraph:
                 eps = " → ".join(op.describe(tuple(e.pattern for e in n.epilogue_inputs))
                                  for op in n.epilogue) or "-"
                 lines.append(
-                    f"{n.value} = {n.name}: {n.op} batch={n.batch} M={n.M} N={n.N} K={n.K} "
+                    f"{n.value}{', ' + n.acc_value if n.acc_value else ''} = {n.name}: {n.op} batch={n.batch} M={n.M} N={n.N} K={n.K} "
                     f"{n.fmt or n.dtype}→{n.out_dtype} A={n.a}({n.layout_a}) B={n.b}({n.layout_b}) "
                     + (f"scales={list(n.scales)} " if n.scales else "") +
                     f"epilogue: {eps} inputs: {[e.value for e in n.epilogue_inputs]} "
@@ -276,7 +279,7 @@ class KernelGraph:
 def produced(n: Node) -> list[str]:
     """The graph values a node computes."""
     if isinstance(n, GemmNode):
-        return [n.value]
+        return [n.value] + ([n.acc_value] if n.acc_value else [])
     if isinstance(n, FusedNode):
         return list(n.outputs)
     return [n.name]

@@ -110,7 +110,8 @@ class WrapperCodegen:
         lines = []
         if g.name in self.describe:
             lines.append(f"# {g.name}: {self.describe[g.name]}")
-        lines.append(f"{self.name(g.value)} = {g.name}({', '.join(args)})")
+        outs = self.name(g.value) + (f", {self.name(g.acc_value)}" if g.acc_value else "")
+        lines.append(f"{outs} = {g.name}({', '.join(args)})")
         return lines
 
     def _fused(self, f: FusedNode) -> list[str]:
@@ -159,7 +160,9 @@ class WrapperCodegen:
         body = [f"({''.join(self.name(p.name) + ', ' for p in kg.placeholders)}) = args",
                 "args.clear()"]
         body += self._symbol_sources()
-        dead_inputs = [p.name for p in kg.placeholders if p.name not in last_use and p.name not in outputs]
+        sizes = set(self.symbols.values())  # SymInt inputs the loop kernels take as sizes
+        dead_inputs = [p.name for p in kg.placeholders if p.name not in last_use and p.name not in outputs
+                       and self.name(p.name) not in sizes]
         if dead_inputs:
             body.append("del " + ", ".join(self.name(v) for v in dead_inputs))
         for i, n in enumerate(kg.nodes):

@@ -76,6 +76,8 @@ class TemplateKernelFactory:
         launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
         x = inputs.as_dtype(torch.float64)
         out = torch.empty(output_shape(problem), dtype=torch.float64, device=x.a.device)
+        if problem.store_acc:
+            out = (out, torch.empty_like(out))
         return launch(x.a, x.b, *x.epilogue_inputs, out=out, **x.scale_kwargs)
 
 

@@ -181,6 +181,8 @@ class TemplateSpec(ABC):
     jinja: ClassVar[str | None] = None
     # shared jinja files (relative to templates/) the source includes: part of its hash
     includes: ClassVar[tuple[str, ...]] = ()
+    # whether the kernel can also store the product before its epilogue (GemmProblem.store_acc)
+    stores_acc: ClassVar[bool] = False
 
     @cached_property
     def folder(self) -> Path:

@@ -60,13 +60,15 @@ class AtenGemm(TemplateSpec):
         ops = list(problem.epilogue)
         addmm = None
         first = ops[0] if ops else None
-        if (first is not None and not problem.block_scaled and first.kind == "add" and first.input is not None
+        if (first is not None and not problem.block_scaled and not problem.store_acc and first.kind == "add"
+                and first.input is not None
                 and problem.epilogue_inputs[first.input].dtype == problem.dtype):
             # addmm/baddbmm need the bias in the operands' dtype; otherwise promote as eager does
             addmm, ops = {"input": first.input, "scale": first.scale}, ops[1:]
         source = self.render_jinja(
             problem_text=problem.describe(),
             out_torch_dtype=_TORCH_NAME[problem.out_dtype],
+            acc_torch_dtype=_TORCH_NAME.get(problem.dtype, "float32"), store_acc=problem.store_acc,
             block_scaled=problem.block_scaled,
             addmm=addmm,
             epilogue=torch_epilogue(epilogue_expr(ops, problem.epilogue_inputs)) if ops else [],

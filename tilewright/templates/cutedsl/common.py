@@ -88,6 +88,8 @@ class CuteDslGemm(TemplateSpec):
 
     def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         """``supports`` without the installation check (rendering needs only jinja)."""
+        if problem.store_acc:
+            return Support(False, f"{self.id} does not store the product beside its epilogue")
         if target.arch != self.arch:
             return Support(False, f"{self.id} generates for {self.arch}, not {target.name}")
         why = self.dtype_support(problem)

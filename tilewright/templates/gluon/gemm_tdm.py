@@ -41,6 +41,8 @@ class GluonGemmTdm(TritonGemm):
     ))
 
     def supports(self, problem: GemmProblem, target: Target) -> Support:
+        if problem.store_acc:
+            return Support(False, f"{self.id} does not store the product beside its epilogue")
         if target.name != "hip:gfx1250":
             return Support(False, f"the Gluon TDM GEMM is written for gfx1250, not {target.name}")
         if (why := triton_can_target(target)) is not None:

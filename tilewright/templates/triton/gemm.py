@@ -113,6 +113,7 @@ class TritonGemm(TemplateSpec):
     id = "triton.gemm"
     backend = "triton"
     op = "gemm"
+    stores_acc = True
     jinja = "gemm.py.jinja"
     # the epilogue is rendered through these (part of the source hash)
     includes = ("triton/epilogue.py", "triton/emit.py", "../ir/epilogue.py", "../ir/ops.py")
@@ -128,6 +129,8 @@ class TritonGemm(TemplateSpec):
         return problem.transposed() if params.get("SWAP_AB") else problem
 
     def supports(self, problem: GemmProblem, target: Target) -> Support:
+        if problem.store_acc and not self.stores_acc:
+            return Support(False, f"{self.id} does not store the product beside its epilogue")
         if target.backend not in ("cuda", "hip", "cpu"):
             return Support(False, f"Triton does not generate for {target.backend}")
         if (why := triton_can_target(target)) is not None:
@@ -148,6 +151,8 @@ class TritonGemm(TemplateSpec):
             return why
         if (params.get("SPLIT_K", 1) > 1 or params.get("SWAP_AB")) and problem.batched:
             return "split-K and swap-AB are for 2-D GEMMs"
+        if params.get("SPLIT_K", 1) > 1 and problem.store_acc:
+            return "split-K applies the epilogue in its reduce kernel, which does not store the product"
         if params.get("SPLIT_K", 1) > 1 and problem.K < params["SPLIT_K"] * params["BLOCK_K"]:
             return f"K={problem.K} is too short to split {params['SPLIT_K']} ways of BLOCK_K={params['BLOCK_K']}"
         if target.interpreted:
@@ -188,6 +193,7 @@ class TritonGemm(TemplateSpec):
             params_text=self.space.encode(params), target=target.name,
             out_torch_dtype=TORCH_DTYPE[problem.out_dtype], n_inputs=len(problem.epilogue_inputs),
             epilogue_code=epilogue.code, epilogue_helpers=epilogue.helpers,
+            store_acc=problem.store_acc, acc_torch_dtype=TORCH_DTYPE[problem.dtype],
             index_64=needs_int64(problem),
             even_k="K" not in problem.dynamic and problem.K % params["BLOCK_K"] == 0,
             upcast=upcast,
@@ -202,6 +208,8 @@ class TritonGemm(TemplateSpec):
         params = params or {}
         swapped_store = params.get("SWAP_AB") and params.get("SPLIT_K", 1) == 1
         units = {"stride_cm" if swapped_store else "stride_cn": 1}
+        if problem.store_acc:
+            units["stride_dm" if swapped_store else "stride_dn"] = 1
         units["stride_ak" if problem.layout_a == "row" else "stride_am"] = 1
         units["stride_bn" if problem.layout_b == "row" else "stride_bk"] = 1
         if problem.layout_a == "strided":
@@ -231,6 +239,8 @@ class TritonGemm(TemplateSpec):
         if split:  # the main kernel writes the fp32 workspace; the epilogue runs in _reduce
             pointers["C"] = "*fp32"
         else:
+            if problem.store_acc:  # the product, stored beside the epilogue's result
+                pointers["D"] = TRITON_POINTER[problem.dtype]
             for i, inp in enumerate(problem.epilogue_inputs):
                 pointers[f"E{i}"] = TRITON_POINTER[inp.dtype]
         constexprs = {k: params[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}

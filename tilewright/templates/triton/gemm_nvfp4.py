@@ -18,6 +18,7 @@ from tilewright.templates.triton.gemm import (
 
 
 class TritonGemmNvfp4(TritonGemm):
+    stores_acc = False
     id = "triton.gemm_nvfp4"
     jinja = "gemm_nvfp4.py.jinja"
     kernel_name = "tw_gemm_nvfp4_kernel"

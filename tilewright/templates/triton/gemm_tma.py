@@ -22,6 +22,7 @@ from tilewright.templates.triton.gemm import (
 
 
 class TritonGemmTma(TritonGemm):
+    stores_acc = False
     id = "triton.gemm_tma"
     jinja = "gemm_tma.py.jinja"
     kernel_name = "tw_gemm_tma_kernel"
