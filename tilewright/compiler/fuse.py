@@ -162,7 +162,7 @@ def _match(node: fx.Node, cur: fx.Node, chain: _Chain, descendants: set[str]):
 
 
 def _acc_chain_start(g: GemmNode, gemm_fx: fx.Node, chain: _Chain, descendants: set[str],
-                     extern: dict) -> fx.Node | None:
+                     extern: dict, absorbed: set[int]) -> fx.Node | None:
     """When the GEMM's own value has several users, the one user an epilogue chain can start
     with: the kernel then stores both the product and the chain's result (a saved GEMM output
     no longer costs its consumer a kernel). None when the value has one user (the ordinary
@@ -173,7 +173,7 @@ def _acc_chain_start(g: GemmNode, gemm_fx: fx.Node, chain: _Chain, descendants: 
     if g.dtype not in FUSABLE_DTYPES:
         return None
     for user in gemm_fx.users:
-        if user not in extern:
+        if user not in extern or id(extern[user]) in absorbed:
             continue
         cur, node, chain_copy = gemm_fx, user, _Chain(g, chain.gemm_shape, chain.shape)
         while True:  # look through views/identities for a real step, without fusing anything
@@ -184,7 +184,8 @@ def _acc_chain_start(g: GemmNode, gemm_fx: fx.Node, chain: _Chain, descendants: 
                 return user
             if step == "view":
                 chain_copy.space, chain_copy.shape = "view", TensorMeta.of(node).shape  # type: ignore[union-attr]
-            if len(node.users) != 1 or next(iter(node.users)) not in extern:
+            if len(node.users) != 1 or next(iter(node.users)) not in extern \
+                    or id(extern[next(iter(node.users))]) in absorbed:
                 break
             cur, node = node, next(iter(node.users))
     return None
@@ -210,7 +211,9 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
         shape = TensorMeta.of(gemm_fx).shape  # type: ignore[union-attr]
         chain = _Chain(g, shape, shape)
         cur = gemm_fx
-        start = _acc_chain_start(g, gemm_fx, chain, descendants, extern)
+        start = _acc_chain_start(g, gemm_fx, chain, descendants, extern, absorbed)
+        taken: list[tuple[fx.Node, object]] = []  # what this chain absorbed, to undo if idle
+        real = False
         while len(cur.users) == 1 or (cur is gemm_fx and start is not None):
             nxt = start if cur is gemm_fx and start is not None else next(iter(cur.users))
             ext = extern.get(nxt)
@@ -222,6 +225,7 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
             if step == "view":
                 chain.space, chain.shape, g.view = "view", TensorMeta.of(nxt).shape, nxt  # type: ignore[union-attr]
             elif step != "identity":
+                real = real or bool(step)
                 for op, operand in step:
                     if operand is not None:
                         g.epilogue_inputs.append(operand)
@@ -230,8 +234,16 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
                     g.epilogue.append(op)
             g.fx_nodes.append(nxt)
             absorbed.add(id(ext))
+            taken.append((nxt, ext))
             total += 1
             cur = nxt
+        if start is not None and not real:
+            # only views or casts followed the stored product: the kernel would write the same
+            # values twice, so leave them to their own nodes
+            for node, ext in taken:
+                absorbed.discard(id(ext))
+            g.fx_nodes = g.fx_nodes[:len(g.fx_nodes) - len(taken)]
+            g.view, total, cur, start = None, total - len(taken), gemm_fx, None
         g.value = cur.name
         g.out_dtype = TensorMeta.of(cur).dtype  # type: ignore[union-attr]
         if start is not None and cur is not gemm_fx:
