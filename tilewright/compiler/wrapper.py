@@ -153,13 +153,19 @@ class WrapperCodegen:
     def generate(self) -> str:
         kg = self.kg
         outputs = {n.name for n in self.kg.output.all_input_nodes}
+        sources = self._symbol_sources()
+        # a SymInt input a loop kernel takes as a size is used by that kernel too
+        by_var = {self.name(p.name): p.name for p in kg.placeholders}
         last_use: dict[str, int] = {}
         for i, n in enumerate(kg.nodes):
-            for v in n.inputs:
+            used = list(n.inputs)
+            if isinstance(n, FusedNode):
+                used += [by_var[self.symbols[s]] for s in n.symbols if self.symbols.get(s) in by_var]
+            for v in used:
                 last_use[v] = i
         body = [f"({''.join(self.name(p.name) + ', ' for p in kg.placeholders)}) = args",
                 "args.clear()"]
-        body += self._symbol_sources()
+        body += sources
         sizes = set(self.symbols.values())  # SymInt inputs the loop kernels take as sizes
         dead_inputs = [p.name for p in kg.placeholders if p.name not in last_use and p.name not in outputs
                        and self.name(p.name) not in sizes]
@@ -172,7 +178,10 @@ class WrapperCodegen:
                 body.extend(self._fused(n))
             else:
                 body.append(self._extern(n))  # type: ignore[arg-type]
-            dead = sorted({v for v in n.inputs if last_use.get(v) == i and v not in outputs})
+            used = set(n.inputs)
+            if isinstance(n, FusedNode):
+                used |= {by_var[self.symbols[s]] for s in n.symbols if self.symbols.get(s) in by_var}
+            dead = sorted({v for v in used if last_use.get(v) == i and v not in outputs})
             dead += [v for v in produced(n) if v not in last_use and v not in outputs]
             if dead:
                 body.append("del " + ", ".join(self.name(v) for v in dead))

@@ -143,14 +143,29 @@ def expand_index(src_shape: Sequence[Expr], index: Sequence[Expr]) -> Index:
 
 
 # -- simplification ---------------------------------------------------------------------------
+def _monotone(e: Expr) -> bool:
+    """Whether every floor in ``e`` has an argument that does not decrease as a variable grows
+    (no negative coefficients inside), so substituting each variable's largest value bounds it."""
+    for f in e.atoms(sympy.floor):
+        for term in sympy.Add.make_args(sympy.expand(f.args[0])):
+            if term.free_symbols and term.as_coeff_Mul()[0] < 0:
+                return False
+    return True
+
+
 def _max_value(e: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
-    """An upper bound of a sum of non-negative terms over the variable ranges, or None."""
+    """An upper bound of a sum of non-negative terms over the variable ranges, or None.
+
+    A remainder is bounded by its divisor less one, never by its value at the largest
+    variables (``Mod`` is not monotone: ``Mod(3*x0 + x1, 8)`` at the largest x0, x1 can be 2)."""
     total = sympy.Integer(0)
     for term in sympy.Add.make_args(sympy.expand(e)):
         coeff, rest = term.as_coeff_Mul()
         if coeff < 0:
             return None
-        bound = rest
+        bound = rest.replace(lambda t: isinstance(t, sympy.Mod), lambda t: t.args[1] - 1)
+        if not _monotone(bound):
+            return None
         for s in rest.free_symbols:
             if s in ranges:
                 bound = bound.xreplace({s: ranges[s] - 1})

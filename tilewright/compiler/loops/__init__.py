@@ -181,7 +181,11 @@ class LoopLowering:
         meta = meta or TensorMeta.of(node)
         if meta is None:
             raise Unsupported("no tensor metadata")
-        dims = sorted({d % len(src_shape) for d in dims}) if src_shape else []
+        if not src_shape:
+            raise Unsupported("a reduction of a 0-d tensor (a copy: ATen does it)")
+        dims = sorted({d % len(src_shape) for d in dims})
+        if not dims:
+            raise Unsupported("a reduction over no dim")
         out_idx = variables("i", meta.ndim)
         red_vars = variables("j", len(dims))
         src_index: list[sympy.Expr] = []

@@ -43,6 +43,8 @@ def _view(ctx, node, a):
     src = _source(ctx, a["self"])
     new = _out_shape(node)
     old = src.shape
+    if any(d == 0 for d in tuple(old) + tuple(new)):
+        raise Unsupported("a view of an empty tensor (its index map would divide by zero)")
     try:
         reshape_index(old, new, tuple(sympy.Symbol(f"_{i}") for i in range(len(new))))
     except ValueError as e:

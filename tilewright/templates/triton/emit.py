@@ -30,6 +30,20 @@ POINTER = {"fp64": "*fp64", "fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16", "
 
 # helper name -> source, for the interpreter (and for ops libdevice lacks)
 HELPERS: dict[str, str] = {
+    "_floordiv_f": '''
+@triton.jit
+def _floordiv_f(a, b):
+    # torch's float floor division (aten div_floor_floating): from the remainder, since
+    # floor(a / b) is one off where a / b rounds up to an integer (1.0 // 0.1 is 9, not 10)
+    mod = a % b
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    q = a / b
+    zero = tl.where((q < 0) | ((q == 0) & (1.0 / q < 0)), -0.0, 0.0)
+    return tl.where(b == 0, q, tl.where(div != 0, fl, zero))
+''',
     "_tanh": '''
 @triton.jit
 def _tanh(x):
@@ -145,7 +159,7 @@ def _fp16_rne(x):
 
 def _floordiv(a: str, b: str, dt: str) -> str:
     if dtypes.is_float(dt):
-        return f"tl.floor({a} / {b})"
+        return f"_floordiv_f({a}, {b})"
     return f"(({a}) // ({b}) - ((({a}) % ({b}) != 0) & ((({a}) < 0) != (({b}) < 0))).to({TL_DTYPE[dt]}))"
 
 
@@ -170,11 +184,12 @@ def _maxmin(fn: str) -> Callable[[str, str, str], str]:
 Render = Callable[..., str]
 _BIN = lambda sym: (lambda a, b, dt: f"({a} {sym} {b})")  # noqa: E731
 MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
-    "add": (_BIN("+"), ()),
+    # on booleans torch's add is a logical or and mul a logical and (int1 + int1 would wrap)
+    "add": (lambda a, b, dt: f"({a} | {b})" if dt == "bool" else f"({a} + {b})", ()),
     "sub": (_BIN("-"), ()),
-    "mul": (_BIN("*"), ()),
+    "mul": (lambda a, b, dt: f"({a} & {b})" if dt == "bool" else f"({a} * {b})", ()),
     "truediv": (_BIN("/"), ()),
-    "floordiv": (_floordiv, ()),
+    "floordiv": (_floordiv, ("_floordiv_f",)),
     "truncdiv": (_truncdiv, ("_trunc",)),
     "mod": (_mod, ()),
     "fmod": (_BIN("%"), ()),
