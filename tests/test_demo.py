@@ -15,7 +15,7 @@ def test_demo_matches_eager_on_real_models(tmp_path):
     env = {**os.environ, "TILEWRIGHT_CACHE_DIR": str(tmp_path / "cache")}
     out_json = tmp_path / "demo.json"
     proc = subprocess.run([sys.executable, "-m", "tilewright", "demo", "--json", str(out_json)],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads(out_json.read_text())["results"]
     assert {(r["case"], r["mode"]) for r in results} == {
@@ -25,8 +25,17 @@ def test_demo_matches_eager_on_real_models(tmp_path):
         assert r["max_error"] <= r["tolerance"]
         gemms = [g for graph in r["graphs"] for g in graph["gemms"]]
         assert gemms
+        kernels = [k for graph in r["graphs"] for k in graph["kernels"]]
+        assert kernels, "no generated loop kernel"
         if r["mode"] == "triton":
             assert all(g["winner"].startswith("triton.") for g in gemms)
+            assert all(k["winner"].startswith("triton.") for k in kernels)
+    # launches per call at most Inductor's for the same model, compiled in the same run
+    for case in ("minilm", "llama-train", "llama-bf16"):
+        auto = next(r for r in results if r["case"] == case and r["mode"] == "auto")
+        assert auto["inductor"] and not auto["inductor_error"], auto["inductor_error"]
+        assert auto["launches"] <= auto["inductor_launches"], (case, auto["launches"], auto["inductor_launches"])
+    assert "launches per call and modelled traffic" in proc.stdout
     minilm = next(r for r in results if r["case"] == "minilm" and r["mode"] == "triton")
     assert sum(len(g["gemms"]) for g in minilm["graphs"]) == 36
     nvfp4 = next(r for r in results if r["case"] == "minilm-nvfp4" and r["mode"] == "triton")
