@@ -211,7 +211,7 @@ def test_a_warmed_llama_compiles_without_benchmarking(tmp_path):
                         "tilewright.demo.models:llama_bf16_example", "--target", "cpu"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert w.returncode == 0, w.stdout + w.stderr
-    assert "8 tuned" in w.stdout
+    assert "12 tuned" in w.stdout  # its 8 GEMMs and 4 loop kernels
     run = subprocess.run([sys.executable, "-c", COMPILE_LLAMA], env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr
@@ -234,3 +234,18 @@ def test_bias_layers_warm_the_keys_a_linear_looks_up():
     biased = problems_from_shapes(data, models=["all-minilm-l6-v2"], m_values=[8], dtype="fp32", bias=True)
     assert captured not in [p.problem for p in plain]
     assert captured in [p.problem for p in biased]
+
+
+def test_warming_a_model_includes_its_loop_kernels_at_the_buckets_it_looks_up():
+    import argparse
+
+    from tilewright.autotune.buckets import bucket_problem
+    from tilewright.cli.warm import gather_problems
+    from tilewright.problem import LoopProblem
+
+    args = argparse.Namespace(shapes="tilewright.demo.models:llama_bf16_example", train=False)
+    items = gather_problems(args)
+    loops = [i for i in items if isinstance(i.problem, LoopProblem)]
+    assert loops and any(".reduction." in i.name for i in loops)
+    for i in loops:
+        assert i.problem == bucket_problem(i.problem, dict(i.problem.sizes))

@@ -35,7 +35,7 @@ class NamedProblem:
     """A problem and a stable, readable id ("llama-3-8b.qkv_proj.M16")."""
 
     name: str
-    problem: GemmProblem
+    problem: GemmProblem  # or a LoopProblem, for a model's loop kernels
 
 
 def load_shapes(path: Path | str) -> dict[str, Any]:

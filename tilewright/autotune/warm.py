@@ -28,6 +28,7 @@ from tilewright.autotune.buckets import all_buckets
 from tilewright.autotune.cache import TuningCache, default_cache
 from tilewright.autotune.pool import pool_scope
 from tilewright.autotune.select import local_devices, select_gemm
+from tilewright.problem import GemmProblem
 from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
 from tilewright.runtime.targets import Target
@@ -43,6 +44,9 @@ def expand_buckets(problems: Iterable[NamedProblem], max_m: int | None = None) -
     """Dynamic problems become one problem per bucket (M up to ``max_m`` or its own size)."""
     out: list[NamedProblem] = []
     for item in problems:
+        if not isinstance(item.problem, GemmProblem):  # loop kernels come at their bucket already
+            out.append(item)
+            continue
         upto = {"M": max_m} if max_m else None
         variants = all_buckets(item.problem, upto)
         if len(variants) == 1:

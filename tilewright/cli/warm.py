@@ -50,11 +50,20 @@ def gather_problems(args: argparse.Namespace):
     from tilewright.autotune.shapes import NamedProblem, load_shapes, problems_from_shapes
 
     if ":" in args.shapes and not Path(args.shapes).exists():
-        from tilewright.compiler.capture import capture_gemms, load_model
+        from tilewright.autotune.buckets import bucket_problem
+        from tilewright.compiler.capture import capture_kernels, load_model
+        from tilewright.problem import LoopProblem
 
-        problems = [c.problem for c in capture_gemms(load_model(args.shapes), train=args.train)]
         name = args.shapes.split(":")[-1]
-        return [NamedProblem(f"{name}.{i}.{p.M}x{p.N}x{p.K}", p) for i, p in enumerate(problems)]
+        out = []
+        for i, c in enumerate(capture_kernels(load_model(args.shapes), train=args.train)):
+            p = c.problem
+            if isinstance(p, LoopProblem):  # tuned at the bucket the compiled model looks up
+                p = bucket_problem(p, dict(p.sizes))
+                out.append(NamedProblem(f"{name}.{i}.{p.kind}.{p.op}", p))
+            else:
+                out.append(NamedProblem(f"{name}.{i}.{p.M}x{p.N}x{p.K}", p))
+        return out
     data = load_shapes(args.shapes)
     return problems_from_shapes(
         data, models=csv(args.models) if args.models else None,
