@@ -130,6 +130,10 @@ class GemmProblem:
         store_acc: the kernel also writes the product itself, before its epilogue, as a second
             output in ``dtype`` (the GEMM's own value is needed elsewhere too, e.g. saved for
             the backward): ``launch(..., out=(out, acc_out))`` returns both.
+        epilogue_ir: an epilogue that is not a list of the kinds above: any pointwise chain, as
+            the JSON of an expression-IR DAG (:func:`tilewright.ir.epilogue.problem_epilogue`)
+            over ``acc`` and the loads of ``e{k}`` (``epilogue_inputs[k]``); ``epilogue`` is
+            then empty.
 
     Block-scaled problems: A is (M, K) and B is stored as (N, K) (``layout_b == "col"``), both
     packed along K; ``launch(a, b, *epilogue_inputs, a_scale=..., b_scale=...)`` receives the
@@ -151,8 +155,11 @@ class GemmProblem:
     op: str = "mm"
     scale_layout: str = ""
     store_acc: bool = False
+    epilogue_ir: str = ""
 
     def __post_init__(self) -> None:
+        if self.epilogue_ir and self.epilogue:
+            raise ValueError("an epilogue is either a list of kinds or IR, not both")
         if self.store_acc and self.dtype not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"store_acc needs float operands, not {self.dtype}")
         if not self.out_dtype:
@@ -208,15 +215,22 @@ class GemmProblem:
         inputs = tuple(EpilogueInput("".join(sorted(i.broadcast.translate(swap), key="BMN".index)), i.dtype)
                        for i in self.epilogue_inputs)
         dynamic = frozenset({"M": "N", "N": "M"}.get(d, d) for d in self.dynamic)
+        ir = self.epilogue_ir
+        if ir:  # the inputs' loads swap their m and n too
+            from tilewright.ir.epilogue import swap_mn
+
+            ir = swap_mn(ir)
         return dataclasses.replace(self, M=self.N, N=self.M, layout_a=flip[self.layout_b],
-                                   layout_b=flip[self.layout_a], epilogue_inputs=inputs, dynamic=dynamic)
+                                   layout_b=flip[self.layout_a], epilogue_inputs=inputs, dynamic=dynamic,
+                                   epilogue_ir=ir)
 
     # -- identity -----------------------------------------------------------------------------
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["dynamic"] = sorted(self.dynamic)
-        if not self.store_acc:
-            del d["store_acc"]  # problems without it keep the keys they always had
+        for name in ("store_acc", "epilogue_ir"):
+            if not d[name]:
+                del d[name]  # problems without it keep the keys they always had
         return d
 
     @classmethod
@@ -232,7 +246,13 @@ class GemmProblem:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe_epilogue(self) -> str:
-        text = " → ".join(op.describe(self.epilogue_inputs) for op in self.epilogue) or "-"
+        if self.epilogue_ir:
+            from tilewright.ir.epilogue import problem_epilogue
+            from tilewright.ir.expr import render
+
+            text = "ir: " + render(problem_epilogue(self), 5)
+        else:
+            text = " → ".join(op.describe(self.epilogue_inputs) for op in self.epilogue) or "-"
         return f"(store acc) {text}" if self.store_acc else text
 
     def describe(self) -> str:

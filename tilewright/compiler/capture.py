@@ -25,6 +25,7 @@ from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.graph import GemmNode
 from tilewright.compiler.lower import lower
 from tilewright.errors import InvalidInputError
+from tilewright.ir.epilogue import dumps
 from tilewright.problem import DTYPE_NAMES, GemmProblem, LoopProblem
 
 
@@ -35,7 +36,8 @@ def gemm_problem(g: GemmNode) -> GemmProblem:
         batched=g.batched, dtype=g.fmt or DTYPE_NAMES[g.dtype], out_dtype=DTYPE_NAMES[g.out_dtype],
         layout_a=g.layout_a, layout_b=g.layout_b, epilogue=tuple(g.epilogue),
         epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op,
-        scale_layout=g.scale_layout, store_acc=bool(g.acc_value))
+        scale_layout=g.scale_layout, store_acc=bool(g.acc_value),
+        epilogue_ir=dumps(g.epilogue_ir) if g.epilogue_ir is not None else "")
 
 
 @dataclass

@@ -161,6 +161,92 @@ def _match(node: fx.Node, cur: fx.Node, chain: _Chain, descendants: set[str]):
     return None
 
 
+class _NotEpilogue(Exception):
+    pass
+
+
+def _ir_step(node: fx.Node, cur: fx.Node, chain: _Chain, descendants: set[str]):
+    """``node`` as epilogue IR, when it is a pointwise op with a loop-lowering rule whose other
+    tensor operands broadcast to the chain's shape: (its body over the output index, with the
+    chain's value loaded as ``__acc__``; the operands as (fx name, FusedInput)). None otherwise."""
+    import tilewright.compiler.loops.rules  # noqa: F401 - registers the rules
+    from tilewright.compiler.loops import RULES, Buffer, LoopLowering, Unsupported, bind
+    from tilewright.ir import dtypes
+
+    rule = RULES.get(node.target)
+    out_meta, cur_meta = TensorMeta.of(node), TensorMeta.of(cur)
+    if rule is None or out_meta is None or cur_meta is None or out_meta.dtype not in FUSABLE_DTYPES:
+        return None
+    if out_meta.device != chain.gemm.device or len(out_meta.shape) != len(chain.shape) or not all(
+            _same(a, b) for a, b in zip(out_meta.shape, chain.shape)):
+        return None
+    if sum(1 for x in node.all_input_nodes if x is cur) != 1 or any(
+            isinstance(a, fx.Node) and a is cur for a in node.kwargs.values()):
+        return None  # the chain's value used twice, or as a keyword: keep it simple
+    ctx = LoopLowering()
+    ctx.values[cur.name] = Buffer("__acc__", cur_meta.shape, dtypes.name_of(cur_meta.dtype))
+    operands = []
+    for x in node.all_input_nodes:
+        if x is cur:
+            continue
+        fi = _operand(chain, x, descendants)
+        meta = TensorMeta.of(x)
+        if not isinstance(fi, FusedInput) or meta is None:
+            return None
+        ctx.values[x.name] = Buffer(x.name, meta.shape, dtypes.name_of(meta.dtype))
+        operands.append((x.name, fi, meta.shape))
+    try:
+        result = rule(ctx, node, bind(node))
+    except (Unsupported, KeyError, ValueError):
+        return None
+    if result is None or len(ctx.nodes) != 1 or ctx.nodes[0].is_reduction:
+        return None
+    return ctx.nodes[0].body, operands
+
+
+def _absorb_ir(g: GemmNode, body, operands, *, ndim: int, cur_shape) -> bool:
+    """Fold one IR step into ``g``'s epilogue (turning its kinds into IR the first time);
+    False, with ``g`` unchanged, when the step reads anything but the chain's value at the
+    current element and its operands broadcast."""
+    from tilewright.compiler.loops import broadcast_index
+    from tilewright.ir import expr as E
+    from tilewright.ir.epilogue import epilogue_expr, input_index
+    from tilewright.ir.index import variables
+
+    prev = g.epilogue_ir if g.epilogue_ir is not None else \
+        epilogue_expr(g.epilogue, [e.pattern for e in g.epilogue_inputs])
+    out_idx = variables("i", ndim)
+    slots = {name: (len(g.epilogue_inputs) + j, fi, broadcast_index(shape, out_idx))
+             for j, (name, fi, shape) in enumerate(operands)}
+
+    def fn(n, src):
+        if n.op == "index":
+            raise _NotEpilogue("an index value")
+        if n.op != "load":
+            return None
+        if n.src:
+            raise _NotEpilogue("a masked or gathered load")
+        if n.arg[0] == "__acc__":
+            if tuple(n.arg[1]) != tuple(broadcast_index(cur_shape, out_idx)):
+                raise _NotEpilogue("the chain's value read at another element")
+            return E.cast(prev, n.dtype)  # implicit: cancels against the rule's cast back
+        k, fi, expected = slots[n.arg[0]]
+        if tuple(n.arg[1]) != tuple(expected):
+            raise _NotEpilogue("an operand read other than broadcast")
+        return E.load(f"e{k}", input_index(fi.pattern.broadcast), n.dtype)
+
+    try:
+        value = E.rewrite([body], fn)[0]
+    except _NotEpilogue:
+        return False
+    if value.op == "cast" and not value.arg:  # the store rounds once, at the end
+        value = value.src[0]
+    g.epilogue = []
+    g.epilogue_inputs.extend(fi for _, fi, _ in operands)
+    g.epilogue_ir = value
+    return True
+
+
 def _acc_chain_start(g: GemmNode, gemm_fx: fx.Node, chain: _Chain, descendants: set[str],
                      extern: dict, absorbed: set[int]) -> fx.Node | None:
     """When the GEMM's own value has several users, the one user an epilogue chain can start
@@ -220,8 +306,14 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
             if ext is None or id(ext) in absorbed:
                 break
             step = _match(nxt, cur, chain, descendants)
-            if step is None:
-                break
+            ir_mode = g.epilogue_ir is not None
+            if step is None or (ir_mode and isinstance(step, list) and step):
+                # not one of the kinds, or the chain is IR already: any pointwise op the loop
+                # lowering expresses joins as IR
+                ir = _ir_step(nxt, cur, chain, descendants)
+                if ir is None or not _absorb_ir(g, *ir, ndim=len(chain.shape), cur_shape=TensorMeta.of(cur).shape):
+                    break
+                real, step = True, "identity"
             if step == "view":
                 chain.space, chain.shape, g.view = "view", TensorMeta.of(nxt).shape, nxt  # type: ignore[union-attr]
             elif step != "identity":

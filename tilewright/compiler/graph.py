@@ -192,6 +192,9 @@ class GemmNode(Node):
     # the GEMM's own FX value when it is needed beside the epilogue's (saved for the backward):
     # the kernel stores it too, before the epilogue
     acc_value: str = ""
+    # the epilogue as expression IR (tilewright.ir.expr.Node) once the chain took an op that is
+    # not one of the epilogue kinds; ``epilogue`` is then empty
+    epilogue_ir: Any = None
     fmt: str = ""  # block-scaled format ("nvfp4") when A and B are packed with block scales
     scales: tuple[str, str] | None = None  # values of A's and B's block scales
     scale_layout: str = ""

@@ -12,6 +12,7 @@ a new activation is one entry in :data:`UNARY`.
 
 from __future__ import annotations
 
+import json
 from typing import Callable, Sequence
 
 from tilewright.ir import expr as E
@@ -68,3 +69,36 @@ def epilogue_expr(ops: Sequence, inputs: Sequence) -> E.Node:
         else:
             raise ValueError(f"epilogue kind {op.kind!r} has no IR meaning")
     return x
+
+
+_SYMBOLS = {"b": var("b"), "m": var("m"), "n": var("n")}
+
+
+def dumps(value: E.Node) -> str:
+    """The canonical JSON of an epilogue expression (a problem's ``epilogue_ir``)."""
+    return json.dumps(E.to_json([value]), sort_keys=True, separators=(",", ":"))
+
+
+def loads(text: str) -> E.Node:
+    return E.from_json(json.loads(text), _SYMBOLS)[0]
+
+
+def problem_epilogue(problem) -> E.Node:
+    """A :class:`~tilewright.problem.GemmProblem`'s epilogue as IR: its ``epilogue_ir``, or its
+    list of kinds turned into IR."""
+    if problem.epilogue_ir:
+        return loads(problem.epilogue_ir)
+    return epilogue_expr(problem.epilogue, problem.epilogue_inputs)
+
+
+def swap_mn(text: str) -> str:
+    """``epilogue_ir`` with m and n exchanged in every load (the swap-AB problem's)."""
+    swap = {_SYMBOLS["m"]: _SYMBOLS["n"], _SYMBOLS["n"]: _SYMBOLS["m"]}
+    names = {"b": 0, "m": 1, "n": 2}
+
+    def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+        if n.op != "load":
+            return None
+        idx = sorted((i.xreplace(swap) for i in n.arg[1]), key=lambda s: names[str(s)])
+        return E.Node("load", n.dtype, src, (n.arg[0], tuple(idx), n.arg[2]))
+    return dumps(E.rewrite([loads(text)], fn)[0])

@@ -6,7 +6,7 @@ reference the autotuner checks other candidates against.
 from __future__ import annotations
 
 from tilewright.ir import expr as E
-from tilewright.ir.epilogue import epilogue_expr
+from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.ir.ops import OPS
 from tilewright.problem import DTYPES, GemmProblem
 from tilewright.runtime.targets import Target
@@ -71,7 +71,8 @@ class AtenGemm(TemplateSpec):
             acc_torch_dtype=_TORCH_NAME.get(problem.dtype, "float32"), store_acc=problem.store_acc,
             block_scaled=problem.block_scaled,
             addmm=addmm,
-            epilogue=torch_epilogue(epilogue_expr(ops, problem.epilogue_inputs)) if ops else [],
+            epilogue=(torch_epilogue(problem_epilogue(problem)) if problem.epilogue_ir
+                      else torch_epilogue(epilogue_expr(ops, problem.epilogue_inputs)) if ops else []),
         )
         return RenderedKernel(template_id=self.id, params={}, target=target.name, source=source,
                               name="aten_gemm")

@@ -90,6 +90,8 @@ class CuteDslGemm(TemplateSpec):
         """``supports`` without the installation check (rendering needs only jinja)."""
         if problem.store_acc:
             return Support(False, f"{self.id} does not store the product beside its epilogue")
+        if problem.epilogue_ir:
+            return Support(False, f"{self.id} runs the epilogue kinds only, not an IR epilogue")
         if target.arch != self.arch:
             return Support(False, f"{self.id} generates for {self.arch}, not {target.name}")
         why = self.dtype_support(problem)

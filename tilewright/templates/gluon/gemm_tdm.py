@@ -43,6 +43,8 @@ class GluonGemmTdm(TritonGemm):
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if problem.store_acc:
             return Support(False, f"{self.id} does not store the product beside its epilogue")
+        if problem.epilogue_ir:
+            return Support(False, f"{self.id} runs the epilogue kinds only, not an IR epilogue")
         if target.name != "hip:gfx1250":
             return Support(False, f"the Gluon TDM GEMM is written for gfx1250, not {target.name}")
         if (why := triton_can_target(target)) is not None:

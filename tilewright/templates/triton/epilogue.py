@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tilewright.ir.epilogue import epilogue_expr
 from tilewright.ir.expr import Node
 from tilewright.templates.triton.emit import TritonExpr
 
@@ -44,10 +43,10 @@ def _pointer_load(n: Node) -> str:
     return f"tl.load(E{k} + pid_b * stride_e{k}b)" if boff else f"tl.load(E{k})"
 
 
-def render_epilogue(ops, inputs, interpreted: bool) -> RenderedEpilogue:
-    """The epilogue of ``ops`` over ``inputs`` (a problem's ``epilogue`` and
-    ``epilogue_inputs``) as Triton statements; see the module docstring."""
+def render_epilogue(value: Node, interpreted: bool) -> RenderedEpilogue:
+    """The epilogue expression ``value`` (:func:`tilewright.ir.epilogue.problem_epilogue`) as
+    Triton statements; see the module docstring."""
     e = TritonExpr(interpreted=interpreted, load=_load, acc=lambda n: "acc", prefix="ep")
-    value = e.emit(epilogue_expr(ops, inputs))
+    value = e.emit(value)
     lines = e.lines + ([f"acc = {value}"] if value != "acc" else [])
     return RenderedEpilogue("\n".join(lines), e.helpers())

@@ -13,6 +13,7 @@ from typing import Any
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
 from tilewright.runtime.targets import Target, triton_can_target
+from tilewright.ir.epilogue import problem_epilogue
 from tilewright.templates.triton.epilogue import render_epilogue
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support,
@@ -186,7 +187,7 @@ class TritonGemm(TemplateSpec):
         upcast = target.interpreted and problem.dtype not in ("fp32", "fp16")
         fp32_dot = problem.dtype == "fp32" or upcast
         tf32 = problem.dtype == "fp32" and tensor_core_dtype(problem, target)
-        epilogue = render_epilogue(problem.epilogue, problem.epilogue_inputs, target.interpreted)
+        epilogue = render_epilogue(problem_epilogue(problem), target.interpreted)
         return dict(
             kernel_name=self.kernel_name, problem_text=shown,
             split_k=params.get("SPLIT_K", 1), swap_ab=bool(params.get("SWAP_AB")),
