@@ -122,3 +122,38 @@ def test_cli_prints_brackets_in_paths_and_errors_as_written(filled, tmp_path, ca
     assert out.startswith("error:") and "run[bold] tilewright[plot]" in out
     assert main(["cache", "export", str(odd / "ship.json"), "--cache", str(filled.path)]) == 0
     assert "run[bold] tilewright[plot]/ship.json" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_loop_kernel_records_list_export_and_import(fresh_cache, tmp_path, capsys):
+    """A cache holding loop-kernel problems (tuned with Triton forced) lists, exports and
+    imports like one of GEMMs."""
+    import torch
+
+    import tilewright
+    from tilewright.autotune.cache import default_cache
+
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend="triton"):
+        torch.compile(lambda x: torch.softmax(x * 2, -1), backend="tilewright")(torch.randn(4, 8))
+    path = default_cache().path
+    assert main(["cache", "list", "--cache", str(path), "--all"]) == 0
+    assert "amax" in capsys.readouterr().out
+    bundle = tmp_path / "loops.json"
+    assert main(["cache", "export", str(bundle), "--cache", str(path)]) == 0
+    other = tmp_path / "other.json"
+    assert main(["cache", "import", str(bundle), "--cache", str(other)]) == 0
+
+
+def test_a_change_of_the_checking_rules_changes_every_key(monkeypatch):
+    from tilewright.autotune import cache as C
+    from tilewright.problem import GemmProblem
+
+    p = GemmProblem(M=8, N=8, K=8, dtype="fp32")
+    before = C.ProblemKey.for_problem(p, "cpu").digest
+    assert C.current_versions()["tilewright"].endswith("+" + C.check_rules_digest())
+    C.check_rules_digest.cache_clear()
+    monkeypatch.setattr(C, "CHECK_RULES", ("inputs.py",))  # other rules, as after an edit
+    try:
+        assert C.ProblemKey.for_problem(p, "cpu").digest != before
+    finally:
+        C.check_rules_digest.cache_clear()

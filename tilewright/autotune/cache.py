@@ -14,6 +14,7 @@ reported in the log and rebuilt.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -33,8 +34,23 @@ log = logging.getLogger("tilewright.autotune")
 FORMAT = "tilewright-tuning/1"
 
 
+# the modules that decide a candidate's verdict: its inputs, the reference comparison and the
+# tolerances. A record checked under other rules is not reused (the digest is in the key).
+CHECK_RULES = ("inputs.py", "kinds.py")
+
+
+@functools.lru_cache(maxsize=1)
+def check_rules_digest() -> str:
+    """A digest of the checking rules' source (:data:`CHECK_RULES`)."""
+    h = hashlib.sha256()
+    for name in CHECK_RULES:
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:8]
+
+
 def current_versions() -> dict[str, str]:
-    """The versions whose change can change results: torch, triton, tilewright."""
+    """The versions whose change can change results: torch, triton, and tilewright's own
+    version with the digest of its checking rules (``0.1.0+c1a2b3c4``)."""
     import torch
 
     import tilewright
@@ -46,7 +62,7 @@ def current_versions() -> dict[str, str]:
     except ImportError:  # pragma: no cover - triton is a dependency
         triton_version = "none"
     return {"torch": torch.__version__, "triton": triton_version,
-            "tilewright": tilewright.__version__}
+            "tilewright": f"{tilewright.__version__}+{check_rules_digest()}"}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.kinds import problem_from_json
 from tilewright.autotune.cache import FORMAT, ProblemKey, Record, TuningCache, current_versions
 from tilewright.errors import TilewrightError
 from tilewright.problem import GemmProblem
@@ -30,7 +31,7 @@ class BundleError(TilewrightError):
 
 
 def _key_of(entry: dict[str, Any]) -> ProblemKey:
-    return ProblemKey(GemmProblem.from_json(entry["problem"]), entry["target"],
+    return ProblemKey(problem_from_json(entry["problem"]), entry["target"],
                       entry["torch_version"], entry["triton_version"], entry["tilewright_version"])
 
 
@@ -203,7 +204,7 @@ def entry_rows(entries: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, 
     status and the fastest checked candidate (ms)."""
     rows = []
     for digest, entry in entries:
-        problem = GemmProblem.from_json(entry["problem"])
+        problem = problem_from_json(entry["problem"])
         recs = entry.get("records", {})
         ok = [(r["median_ms"], ck, r) for ck, r in recs.items()
               if r.get("status") in ("ok", "aborted") and r.get("median_ms") is not None]

@@ -82,7 +82,10 @@ def why_not_gemm(node: fx.Node) -> str | None:
     operands = _gemm_operands(node)
     if operands is None:
         return "unrecognised arguments"
-    a, b, bias, _, _ = operands
+    a, b, bias, alpha, beta = operands
+    if alpha == 0 or (bias is not None and beta == 0):
+        # BLAS semantics: a zero scale skips its term entirely (NaN in A times 0 is not NaN)
+        return "a zero alpha or beta (the BLAS skips that term; ATen does the same)"
     metas = [TensorMeta.of(x) for x in (a, b, node)]
     if any(m is None for m in metas):
         return "operands without tensor metadata"

@@ -122,7 +122,7 @@ def _gemm_fake(a, b, bias, residual, activation, alpha, out_dtype):
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
-         activation: str = "none", residual: torch.Tensor | None = None, alpha: float = 1.0,
+         activation: str | None = "none", residual: torch.Tensor | None = None, alpha: float = 1.0,
          out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``activation(alpha * a @ b + bias) + residual`` in one tuned kernel.
 
@@ -131,10 +131,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         b: (K, N) or (batch, K, N), same dtype and device as ``a``; for a Linear weight stored
             (N, K), pass ``weight.t()`` (read through its strides, not copied).
         bias: broadcastable to the output: (N,) per column, (M, 1) per row, or (M, N).
-        activation: "none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid" or "tanh"; applied
-            before ``residual`` is added.
+        activation: "none" (or None), "relu", "gelu", "gelu_tanh", "silu", "sigmoid" or
+            "tanh"; applied before ``residual`` is added.
         residual: broadcastable to the output, added last.
-        alpha: scale of the product.
+        alpha: scale of the product (NaN and infinities as IEEE arithmetic has them).
         out_dtype: output dtype (default: ``a``'s); accumulation is always fp32.
 
     Returns:
@@ -145,6 +145,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     """
     # validate here too: mixed devices (say cpu and meta) would otherwise dispatch to the fake
     validate(a, b, {"bias": bias, "residual": residual})
+    activation = "none" if activation is None else activation
     return torch.ops.tilewright.gemm(a, b, bias, residual, activation, float(alpha), out_dtype)
 
 
