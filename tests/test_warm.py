@@ -110,6 +110,17 @@ def test_warm_then_rerun_skips_everything(shapes_file, tmp_path, several_candida
     assert redo.tuned == 8 and redo.measured == 0 and factory.builds == []
 
 
+def test_warm_trusts_the_cache_not_its_progress_file(shapes_file, tmp_path, several_candidates):
+    """The progress file says every problem is done, but the records are gone (another cache
+    file, as after a deletion, prune or quarantine): each problem is tuned again."""
+    probs = problems_from_shapes(load_shapes(shapes_file), models=["toy"], dtype="fp32")
+    state = tmp_path / "state.json"
+    first = warm(probs, CPU, FakeFactory(), cache=TuningCache(tmp_path / "c.json"), state_path=state)
+    assert first.tuned == 8
+    again = warm(probs, CPU, FakeFactory(), cache=TuningCache(tmp_path / "empty.json"), state_path=state)
+    assert again.tuned == 8 and again.skipped == 0 and again.measured > 8
+
+
 def test_warming_a_remote_target_is_refused(shapes_file, tmp_path):
     probs = problems_from_shapes(load_shapes(shapes_file), models=["toy"])
     with pytest.raises(WarmError, match="not on this machine"):

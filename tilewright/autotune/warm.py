@@ -25,12 +25,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tilewright._config import config
 from tilewright.autotune.buckets import all_buckets
-from tilewright.autotune.cache import TuningCache, default_cache
+from tilewright.autotune.cache import ProblemKey, TuningCache, default_cache
+from tilewright.autotune.policy import policy_for
 from tilewright.autotune.pool import pool_scope
-from tilewright.autotune.select import local_devices, select_gemm
-from tilewright.problem import GemmProblem
+from tilewright.autotune.select import filter_forced, local_devices, select_gemm
 from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
+from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 
 log = logging.getLogger("tilewright.autotune")
@@ -127,7 +128,8 @@ def warm(problems: Sequence[NamedProblem], target: Target, factory: Any, *,
         factory: the kernel factory (picklable).
         cache: where results go (default: the cache under ``config.cache_dir``).
         state_path: the resumable state (default: ``<cache folder>/warm/<plan>.json``).
-        restart: ignore the state and tune every problem again (cached records still count).
+        restart: ignore the progress file and go through every problem again; records the
+            cache still holds answer without measuring (prune them to measure again).
         use_ray, ray_address: run one Ray task per problem (see :mod:`~.warm_ray`).
         on_progress: called as ``on_progress(name, status)`` after each problem.
 
@@ -141,7 +143,9 @@ def warm(problems: Sequence[NamedProblem], target: Target, factory: Any, *,
     if not restart:
         state = WarmState.load(state.path, plan)
     report = WarmReport(total=len(problems), state_path=str(state.path))
-    todo = [p for p in problems if p.name not in state.done]
+    # the progress file only says what was finished; the cache says what is still there (a
+    # pruned, deleted or quarantined cache, or another cache file, means tuning again)
+    todo = [p for p in problems if p.name not in state.done or not _in_cache(p.problem, target, cache)]
     report.skipped = len(problems) - len(todo)
     if not use_ray and not local_devices(target):
         raise WarmError(f"target {target.name} is not on this machine, so nothing can be measured "
@@ -175,6 +179,17 @@ def warm(problems: Sequence[NamedProblem], target: Target, factory: Any, *,
                 finish(item.name, sel.winner.name, sum(not r.from_cache for r in sel.results), None)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _in_cache(problem: Any, target: Target, cache: TuningCache) -> bool:
+    """Whether the cache holds what tuning ``problem`` leaves behind. A loop kernel with its
+    torch form as the only candidate is never timed, so it leaves nothing and needs nothing."""
+    if cache.lookup(ProblemKey.for_problem(problem, target.name)):
+        return True
+    if isinstance(problem, GemmProblem):
+        return False
+    candidates, _ = filter_forced(policy_for(problem.kind, target).candidates(problem, target))
+    return len(candidates) == 1 and candidates[0].backend == "aten"
 
 
 def settings_for_workers() -> dict[str, Any]:

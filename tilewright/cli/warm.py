@@ -130,7 +130,8 @@ def add_parser(sub) -> None:
     w.add_argument("--train", action="store_true", help="models: also collect backward GEMMs")
     w.add_argument("--cache", help="tuning cache file (default <cache_dir>/autotune/tuning.json)")
     w.add_argument("--state", help="state file for resuming (default beside the cache)")
-    w.add_argument("--restart", action="store_true", help="ignore the state, tune everything again")
+    w.add_argument("--restart", action="store_true", help="ignore the progress file and go through every problem again (records still in "
+                        "the cache answer without measuring; `tilewright cache prune` to measure again)")
     w.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run one Ray task per problem (on ADDRESS, or a local cluster)")
     w.add_argument("--factory", help=argparse.SUPPRESS)  # module:attr, simulated devices in tests
