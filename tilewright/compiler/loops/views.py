@@ -99,7 +99,11 @@ def _squeeze(ctx, node, a):
     else:
         raw = a["dim"] if isinstance(a["dim"], (list, tuple)) else [a["dim"]]
         dims = [d % max(src.ndim, 1) for d in raw if src.ndim and src.shape[d % src.ndim] == 1]
+    return _squeezed(src, node, set(dims))
 
+
+def _squeezed(src, node, dims: set[int]) -> View:
+    """``src`` without its size-1 ``dims``: they are read at 0."""
     def fn(idx):
         out, k = [], 0
         for d in range(src.ndim):
@@ -196,18 +200,7 @@ def _broadcast_in_dim(ctx, node, a):
 @lowering(prims.squeeze.default)
 def _prims_squeeze(ctx, node, a):
     src = _source(ctx, a["a"])
-    dims = {d % max(src.ndim, 1) for d in a["dimensions"]}
-
-    def fn(idx):
-        out, k = [], 0
-        for d in range(src.ndim):
-            if d in dims:
-                out.append(sympy.Integer(0))
-            else:
-                out.append(idx[k])
-                k += 1
-        return tuple(out)
-    return View(src, _out_shape(node), fn)
+    return _squeezed(src, node, {d % max(src.ndim, 1) for d in a["dimensions"]})
 
 
 @lowering(prims.view_of.default)
