@@ -158,3 +158,43 @@ def check_training(fn: Callable, *args: Any, seed: int = 0, fwd_kernels: int | N
         err = rel_error(g, r)
         assert err <= tolerance(g, args), f"gradient {k}: relative error {err:.3g} ({g.dtype})"
     return reports
+
+
+# -- inputs: fresh random values in each op's domain, never exact zeros ----------------------
+F = torch.nn.functional
+FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
+LOW = [FP16, BF16]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape: int, dtype: torch.dtype = FP32, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    """Normal values (never exact zeros in practice)."""
+    return (torch.randn(*shape, generator=_gen(seed)) * scale).to(dtype)
+
+
+def positive(*shape: int, dtype: torch.dtype = FP32, seed: int = 0) -> torch.Tensor:
+    """Values in [0.1, 2.1)."""
+    return (torch.rand(*shape, generator=_gen(seed)) * 2 + 0.1).to(dtype)
+
+
+def unit(*shape: int, dtype: torch.dtype = FP32, seed: int = 0) -> torch.Tensor:
+    """Values in (-0.9, 0.9), the domain of asin, acos, erfinv."""
+    return (torch.rand(*shape, generator=_gen(seed)) * 1.8 - 0.9).to(dtype)
+
+
+def ints(*shape: int, lo: int = -20, hi: int = 20, dtype: torch.dtype = torch.int64, seed: int = 0) -> torch.Tensor:
+    """Random integers in [lo, hi)."""
+    return torch.randint(lo, hi, shape, generator=_gen(seed)).to(dtype)
+
+
+def nonzero_ints(*shape: int, dtype: torch.dtype = torch.int64, seed: int = 0) -> torch.Tensor:
+    """Random integers in ±[1, 6): divisors of both signs."""
+    g = _gen(seed)
+    mag = torch.randint(1, 6, shape, generator=g)
+    return (mag * (torch.randint(0, 2, shape, generator=g) * 2 - 1)).to(dtype)
+
+
+SHAPE = (7, 13)  # odd on both sides: every block has a ragged edge
