@@ -14,7 +14,7 @@ import pytest
 import torch.nn as nn
 
 from tilewright.compiler import aot
-from tilewright.compiler.capture import CapturedGemm, ModelSpec
+from tilewright.compiler.capture import CapturedKernel, ModelSpec
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 from tilewright.runtime.aot import CompileJob, compile_jobs
@@ -93,7 +93,7 @@ def test_refusals_come_before_compiling_with_a_reason():
         "not generated" in tma.supports(BF16, get_target("hip:gfx942")).reason
     fp8_on_old = get_template("triton.gemm").supports(FP8, get_target("mps"))
     assert not fp8_on_old
-    kernels, refused = aot.plan([CapturedGemm(BF16, ["inference.gemm_0"])], [get_target("hip:gfx950")])
+    kernels, refused = aot.plan([CapturedKernel(BF16, ["inference.gemm_0"])], [get_target("hip:gfx950")])
     reasons = {r["template"]: r["reason"] for r in refused}
     assert "gfx1250" in reasons.pop("gluon.gemm_tdm")
     assert all("NVFP4" in why or "nvfp4" in why.lower() for why in reasons.values()), reasons

@@ -9,7 +9,7 @@ from fakes import Behaviour, FakeFactory, FakePolicy
 import tilewright
 from tilewright.autotune import select as select_mod
 from tilewright.autotune.buckets import all_buckets, bucket, buckets_up_to
-from tilewright.compiler.dispatch import GemmCall
+from tilewright.compiler.dispatch import KernelCall
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import get_target
 
@@ -33,7 +33,7 @@ def _call(monkeypatch):
     monkeypatch.setattr(select_mod, "policy_for", lambda op, t: FakePolicy(["aten", "x"]))
     factory = FakeFactory({"aten": Behaviour("good", 2.0), "x": Behaviour("good", 1.0)})
     p = GemmProblem(M=12, N=8, K=16, dtype="fp32", dynamic=frozenset({"M"}))
-    return GemmCall("gemm_0", p, [], get_target("cpu"), factory), factory
+    return KernelCall("gemm_0", p, get_target("cpu"), factory), factory
 
 
 def test_pretune_tunes_every_bucket_up_to_the_trace_size(monkeypatch, fresh_cache):

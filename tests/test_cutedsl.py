@@ -18,7 +18,7 @@ import tilewright
 from tilewright.autotune.policy import policy_for
 from tilewright.autotune.select import filter_forced
 from tilewright.compiler import aot
-from tilewright.compiler.capture import CapturedGemm, ModelSpec
+from tilewright.compiler.capture import CapturedKernel, ModelSpec
 from tilewright.errors import InvalidInputError, UnsupportedProblemError
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 from tilewright.quant.nvfp4 import quantize, swizzle_scales
@@ -151,7 +151,7 @@ def test_pdl_twins_are_built_together_and_named_apart():
     ranked = [(1.0, {"BLOCK_M": 128, "PDL": False, "x": 1}), (1.0, {"BLOCK_M": 128, "PDL": True, "x": 1}),
               (2.0, {"BLOCK_M": 64, "PDL": False, "x": 1})]
     assert aot._with_pdl_twins(ranked, 1) == ranked[:2]
-    cap = CapturedGemm(BF16, ["inference.gemm_0"])
+    cap = CapturedKernel(BF16, ["inference.gemm_0"])
     names = {aot._kernel_name(SM100, cap, GEMM100, {**params_for(GEMM100, BF16, SM100), "PDL": pdl})
              for pdl in (False, True)}
     assert len(names) == 2 and all("PDL" in n for n in names)
@@ -281,7 +281,7 @@ def test_nvfp4_plan_picks_the_blockscaled_kernel_with_pdl(monkeypatch):
     (the compile itself is covered by test_every_template_compiles_with_and_without_pdl)."""
     monkeypatch.setattr(dsl_runtime, "available", lambda: True)
     with tilewright.config.patch(pdl="on"):
-        kernels, refused = aot.plan([CapturedGemm(nvfp4_problem(), ["inference.gemm_0"])], [SM100])
+        kernels, refused = aot.plan([CapturedKernel(nvfp4_problem(), ["inference.gemm_0"])], [SM100])
     ours = [k for k in kernels if k.template is BLOCKSCALED]
     assert len(ours) == 1 and ours[0].params["PDL"] is True
     assert ours[0].job.spec["language"] == "cutedsl" and ours[0].job.spec["options"] == {"gpu_arch": "sm_100a"}

@@ -151,9 +151,6 @@ class CapturedKernel:
     uses: list[str] = field(default_factory=list)
 
 
-CapturedGemm = CapturedKernel  # the name from when only GEMMs were captured
-
-
 def _identity(p: GemmProblem | LoopProblem) -> Any:
     # a loop problem's op is a display label: the same kernel under two labels is one kernel
     return ("loop", p.stable_hash()) if isinstance(p, LoopProblem) else p

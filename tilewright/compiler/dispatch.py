@@ -28,7 +28,7 @@ from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates import get_template
 
-__all__ = ["GemmCall", "KernelCall", "bucket"]
+__all__ = ["KernelCall", "bucket"]
 
 GEMM_DIMS = ("M", "N", "K", "batch")
 
@@ -188,10 +188,3 @@ class KernelCall:
 
     def __repr__(self) -> str:
         return f"<KernelCall {self.name}: {self.problem.describe()}>"
-
-
-def GemmCall(name: str, problem: GemmProblem, spaces: Sequence[str], target: Target,
-             factory: KernelFactory, fixed: Candidate | None = None) -> KernelCall:
-    """A :class:`KernelCall` for a GEMM (the signature GEMM callers knew)."""
-    return KernelCall(name, problem, target, factory, spaces=spaces, fixed=fixed)
-

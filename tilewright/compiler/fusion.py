@@ -353,28 +353,22 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         subs = zsub | sub
 
         fn = _renamer(rename, subs)  # into the combo's flat space
+        renamed = _renamer(rename, zsub)  # in the part's own space
+
+        def buf(b: Buffer, rename=rename, zsub=zsub) -> Buffer:
+            return Buffer(rename[b.name], b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
+                          tuple(e.xreplace(zsub) for e in b.stride), b.bounds)
 
         for b in k.inputs:
-            name = rename[b.name]
-            if name not in inputs:
-                inputs[name] = Buffer(name, b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
-                                      tuple(e.xreplace(zsub) for e in b.stride), b.bounds)
-        for b in k.outputs:
-            out_buffers.append(Buffer(rename[b.name], b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
-                                      tuple(e.xreplace(zsub) for e in b.stride), b.bounds))
-        own = zsub
-        renamed = _renamer(rename, own)  # in the part's own space
-
-        sub_parts = k.parts or (k,)
-        for sp in sub_parts:  # the part in its own space, under the combo's names
+            inputs.setdefault(rename[b.name], buf(b))
+        out_buffers.extend(buf(b) for b in k.outputs)
+        for sp in k.parts or (k,):  # the part in its own space, under the combo's names
             part_stores = tuple(
-                Store(rename[st.buffer], tuple(i.xreplace(own) for i in st.index), E.rewrite([st.value], renamed)[0],
+                Store(rename[st.buffer], tuple(i.xreplace(zsub) for i in st.index), E.rewrite([st.value], renamed)[0],
                       None if st.mask is None else E.rewrite([st.mask], renamed)[0]) for st in sp.stores)
-            ren_buf = lambda b: Buffer(rename[b.name], b.dtype, tuple(e.xreplace(own) for e in b.shape),  # noqa: E731
-                                       tuple(e.xreplace(own) for e in b.stride), b.bounds)
-            parts_out.append(LoopKernel(tuple(e.xreplace(own) for e in sp.ranges),
-                                        tuple(e.xreplace(own) for e in sp.reduction_ranges),
-                                        tuple(ren_buf(b) for b in sp.inputs), tuple(ren_buf(b) for b in sp.outputs),
+            parts_out.append(LoopKernel(tuple(e.xreplace(zsub) for e in sp.ranges),
+                                        tuple(e.xreplace(zsub) for e in sp.reduction_ranges),
+                                        tuple(buf(b) for b in sp.inputs), tuple(buf(b) for b in sp.outputs),
                                         part_stores))
         for s in k.stores if numel != 0 else ():  # an empty part has nothing to write
             value = _masked(E.rewrite([s.value], fn)[0], mask)

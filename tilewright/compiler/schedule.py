@@ -54,7 +54,11 @@ class _Group:
     gid: int
     members: list[LoopNode] = field(default_factory=list)
     parts: int = 1  # sub-kernels of a combo kernel
-    reductions: int = 0
+
+    @property
+    def reductions(self) -> int:
+        """1 when the group reduces (a combo holds at most one reduction part)."""
+        return int(any(m.is_reduction for m in self.members))
 
     @property
     def key(self) -> str:
@@ -254,8 +258,6 @@ class Scheduler:
         """Launch independent groups together (see the module docstring); returns the merges."""
         merges = 0
         failed: set[frozenset[int]] = set()  # pairs combine() refused (not the vertical refusals)
-        for grp in self.groups.values():
-            grp.reductions = int(any(m.is_reduction for m in grp.members)) if grp.parts == 1 else grp.reductions
         while True:
             g = self.unit_graph()
             # distance counts launches (groups, GEMMs, ATen calls that run work), not views
@@ -291,10 +293,9 @@ class Scheduler:
             if built is None or len(built.args) + len(built.outputs) > MAX_BUFFERS:
                 failed.add(frozenset((a.gid, b.gid)))
                 continue
-            parts, reductions = a.parts + b.parts, a.reductions + b.reductions
+            parts = a.parts + b.parts
             self.merge(a, b, built)
-            merged = self.groups[min(a.gid, b.gid)]
-            merged.parts, merged.reductions = parts, reductions
+            self.groups[min(a.gid, b.gid)].parts = parts
             failed = {f for f in failed if a.gid not in f and b.gid not in f}
             merges += 1
 

@@ -171,30 +171,27 @@ def _embedding(ctx, node, a):
     return ctx.loop(node, body)
 
 
-@lowering(aten.index_select.default)
-def _index_select(ctx, node, a):
+def _gather_along(ctx, node, a, index_at):
+    """``self`` read at ``index[index_at(out index)]`` along ``dim`` (index_select, gather)."""
     x = _gathered(ctx, _tensor(ctx, a["self"]))
     index = _tensor(ctx, a["index"])
     dim = a["dim"] % max(x.ndim, 1)
 
     def body(idx):
-        ind = _wrapped(index.load((idx[dim],) if index.ndim else ()), x.shape[dim])
+        ind = _wrapped(index.load(index_at(idx, dim, index)), x.shape[dim])
         src = idx[:dim] + (E.indirect_symbol(0),) + idx[dim + 1:]
         return E.load(x.name, src, x.dtype, indirect=(ind,))
     return ctx.loop(node, body)
+
+
+@lowering(aten.index_select.default)
+def _index_select(ctx, node, a):
+    return _gather_along(ctx, node, a, lambda idx, dim, index: (idx[dim],) if index.ndim else ())
 
 
 @lowering(aten.gather.default)
 def _gather_rule(ctx, node, a):
-    x = _gathered(ctx, _tensor(ctx, a["self"]))
-    index = _tensor(ctx, a["index"])
-    dim = a["dim"] % max(x.ndim, 1)
-
-    def body(idx):
-        ind = _wrapped(index.load(idx), x.shape[dim])
-        src = idx[:dim] + (E.indirect_symbol(0),) + idx[dim + 1:]
-        return E.load(x.name, src, x.dtype, indirect=(ind,))
-    return ctx.loop(node, body)
+    return _gather_along(ctx, node, a, lambda idx, dim, index: idx)
 
 
 @lowering(aten.index.Tensor)
