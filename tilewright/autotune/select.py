@@ -230,13 +230,25 @@ def select(problem: Any, target: Target, factory: KernelFactory, *,
 select_gemm = select  # the name GEMM callers knew
 
 
+def _untimed(problem: Any, candidates: list[Candidate]) -> bool:
+    """A loop kernel with only its torch form (a CPU not forcing Triton) has nothing to choose
+    between: it is not measured and leaves no record. GEMMs still time ATen, whose record
+    `warm` ships."""
+    return len(candidates) == 1 and candidates[0].backend == "aten" and kind_name(problem) != "gemm"
+
+
+def leaves_no_record(problem: Any, target: Target) -> bool:
+    """Whether :func:`select` chooses for ``problem`` without measuring (so the cache holds
+    nothing for it, and needs nothing)."""
+    candidates, _ = filter_forced(policy_for(kind_name(problem), target).candidates(problem, target))
+    return _untimed(problem, candidates)
+
+
 def _select(problem: Any, target: Target, factory: KernelFactory, *,
             cache: TuningCache | None, seed: int, pool: WorkerPool | None) -> Selection:
     t_start = time.perf_counter()
     candidates, reason = filter_forced(policy_for(kind_name(problem), target).candidates(problem, target))
-    if len(candidates) == 1 and candidates[0].backend == "aten" and kind_name(problem) != "gemm":
-        # a loop kernel with only its torch form (a CPU not forcing Triton) has nothing to choose
-        # between: no measurement. GEMMs still time ATen, whose record `warm` ships.
+    if _untimed(problem, candidates):
         return Selection(problem, target, candidates[0], [], reason or "only candidate", measured=False,
                          seconds=time.perf_counter() - t_start)
     device = _measurable(target)

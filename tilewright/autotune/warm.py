@@ -26,9 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 from tilewright._config import config
 from tilewright.autotune.buckets import all_buckets
 from tilewright.autotune.cache import ProblemKey, TuningCache, default_cache
-from tilewright.autotune.policy import policy_for
 from tilewright.autotune.pool import pool_scope
-from tilewright.autotune.select import filter_forced, local_devices, select_gemm
+from tilewright.autotune.select import leaves_no_record, local_devices, select_gemm
 from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
 from tilewright.problem import GemmProblem
@@ -182,14 +181,9 @@ def warm(problems: Sequence[NamedProblem], target: Target, factory: Any, *,
 
 
 def _in_cache(problem: Any, target: Target, cache: TuningCache) -> bool:
-    """Whether the cache holds what tuning ``problem`` leaves behind. A loop kernel with its
-    torch form as the only candidate is never timed, so it leaves nothing and needs nothing."""
-    if cache.lookup(ProblemKey.for_problem(problem, target.name)):
-        return True
-    if isinstance(problem, GemmProblem):
-        return False
-    candidates, _ = filter_forced(policy_for(problem.kind, target).candidates(problem, target))
-    return len(candidates) == 1 and candidates[0].backend == "aten"
+    """Whether the cache holds what tuning ``problem`` leaves behind (a loop kernel with only
+    its untimed torch form leaves nothing and needs nothing)."""
+    return bool(cache.lookup(ProblemKey.for_problem(problem, target.name))) or leaves_no_record(problem, target)
 
 
 def settings_for_workers() -> dict[str, Any]:
