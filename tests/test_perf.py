@@ -100,6 +100,7 @@ def test_cli_compare_exit_codes_and_reports(tmp_path, capsys):
                  "--html", str(html), "--png", str(png)]) == 1
     out = capsys.readouterr().out
     assert "FAIL: regression 1" in out and "llama-3-8b.down_proj.M64" in out
+    assert "[/]" not in out and "[red]" not in out, "the verdict column printed raw markup"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = html.read_text()
     assert "FAIL" in page and 'class="regression"' in page and "data:image/png;base64," in page

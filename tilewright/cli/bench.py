@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from tilewright.cli.common import console
 
@@ -83,7 +84,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                       "-" if r.change is None else f"{r.change:+.1%}",
                       "-" if r.noise is None else f"{r.noise:.1%}",
                       f"{_f(r.base_speedup, '.2f')} → {_f(r.new_speedup, '.2f')}",
-                      f"[{style.get(r.verdict, 'default')}]{r.verdict}[/]")
+                      Text(r.verdict, style=style.get(r.verdict, "")))  # the console prints no markup
     console.print(table)
     if args.png:
         write_png(cmp, args.png)
