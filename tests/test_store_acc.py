@@ -87,3 +87,31 @@ def test_store_acc_is_part_of_the_key_and_absent_keys_are_unchanged():
     assert GemmProblem.from_json(stored.to_json()) == stored
     with pytest.raises(ValueError, match="store_acc needs float operands"):
         GemmProblem(M=16, N=16, K=16, dtype="nvfp4", scale_layout="row", store_acc=True)
+
+
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+def test_a_saved_linear_with_bias_still_fuses_its_activation_in_training(mode):
+    """nn.Linear (addmm: the product plus its bias) saved for the backward, then GELU: one
+    GEMM stores acc + bias and the GELU of it (found by a new-user trial: it was two kernels)."""
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+    params = [*lin1.parameters(), *lin2.parameters()]
+
+    def fn(x):
+        return lin2(torch.nn.functional.gelu(lin1(x)))
+
+    x = torch.randn(6, 16, requires_grad=True, generator=_gen(3))
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend=mode, strict=True), collect_reports() as reports:
+        out = torch.compile(fn, backend="tilewright")(x)
+        out.square().sum().backward()
+    got = [x.grad.clone()] + [p.grad.clone() for p in params]
+    x.grad = None
+    for p in params:
+        p.grad = None
+    ref = fn(x)
+    ref.square().sum().backward()
+    assert _rel(out, ref) < 1e-5
+    assert all(_rel(g, r) < 1e-5 for g, r in zip(got, [x.grad] + [p.grad for p in params]))
+    fwd = next(r for r in reports if r.kind == "forward")
+    assert fwd.launches == 2 and fwd.gemms[0].epilogue == "(store acc) add[N] → gelu"

@@ -130,6 +130,8 @@ class GemmProblem:
         store_acc: the kernel also writes the product itself, before its epilogue, as a second
             output in ``dtype`` (the GEMM's own value is needed elsewhere too, e.g. saved for
             the backward): ``launch(..., out=(out, acc_out))`` returns both.
+        acc_after: with ``store_acc``, how many leading epilogue steps the stored product
+            includes (an addmm's bias: the GEMM node's own value is ``acc + bias``).
         epilogue_ir: an epilogue that is not a list of the kinds above: any pointwise chain, as
             the JSON of an expression-IR DAG (:func:`tilewright.ir.epilogue.problem_epilogue`)
             over ``acc`` and the loads of ``e{k}`` (``epilogue_inputs[k]``); ``epilogue`` is
@@ -155,11 +157,14 @@ class GemmProblem:
     op: str = "mm"
     scale_layout: str = ""
     store_acc: bool = False
+    acc_after: int = 0
     epilogue_ir: str = ""
 
     def __post_init__(self) -> None:
         if self.epilogue_ir and self.epilogue:
             raise ValueError("an epilogue is either a list of kinds or IR, not both")
+        if self.acc_after and (not self.store_acc or self.epilogue_ir or self.acc_after > len(self.epilogue)):
+            raise ValueError("acc_after counts leading epilogue kinds of a problem that stores its product")
         if self.store_acc and self.dtype not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"store_acc needs float operands, not {self.dtype}")
         if not self.out_dtype:
@@ -228,7 +233,7 @@ class GemmProblem:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["dynamic"] = sorted(self.dynamic)
-        for name in ("store_acc", "epilogue_ir"):
+        for name in ("store_acc", "acc_after", "epilogue_ir"):
             if not d[name]:
                 del d[name]  # problems without it keep the keys they always had
         return d

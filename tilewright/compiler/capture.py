@@ -36,7 +36,7 @@ def gemm_problem(g: GemmNode) -> GemmProblem:
         batched=g.batched, dtype=g.fmt or DTYPE_NAMES[g.dtype], out_dtype=DTYPE_NAMES[g.out_dtype],
         layout_a=g.layout_a, layout_b=g.layout_b, epilogue=tuple(g.epilogue),
         epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op,
-        scale_layout=g.scale_layout, store_acc=bool(g.acc_value),
+        scale_layout=g.scale_layout, store_acc=bool(g.acc_value), acc_after=g.acc_after if g.acc_value else 0,
         epilogue_ir=dumps(g.epilogue_ir) if g.epilogue_ir is not None else "")
 
 

@@ -254,7 +254,7 @@ def _acc_chain_start(g: GemmNode, gemm_fx: fx.Node, chain: _Chain, descendants: 
     no longer costs its consumer a kernel). None when the value has one user (the ordinary
     chain), when the GEMM cannot store its product too (scaled or packed operands), or when no
     user is a real epilogue step (a bare view or cast saves nothing)."""
-    if len(gemm_fx.users) < 2 or g.fmt or g.op not in ("mm", "bmm", "addmm", "baddbmm") or g.epilogue:
+    if len(gemm_fx.users) < 2 or g.fmt or g.op not in ("mm", "bmm", "addmm", "baddbmm"):
         return None
     if g.dtype not in FUSABLE_DTYPES:
         return None
@@ -298,6 +298,7 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
         chain = _Chain(g, shape, shape)
         cur = gemm_fx
         start = _acc_chain_start(g, gemm_fx, chain, descendants, extern, absorbed)
+        g.acc_after = len(g.epilogue)  # what lowering put there (bias, scales) is the GEMM's own value
         taken: list[tuple[fx.Node, object]] = []  # what this chain absorbed, to undo if idle
         real = False
         while len(cur.users) == 1 or (cur is gemm_fx and start is not None):
@@ -307,6 +308,8 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
                 break
             step = _match(nxt, cur, chain, descendants)
             ir_mode = g.epilogue_ir is not None
+            if (step is None or (ir_mode and isinstance(step, list) and step)) and start is not None and g.acc_after:
+                break  # the stored value is a prefix of the kinds: the chain stays in kinds
             if step is None or (ir_mode and isinstance(step, list) and step):
                 # not one of the kinds, or the chain is IR already: any pointwise op the loop
                 # lowering expresses joins as IR

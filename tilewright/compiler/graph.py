@@ -192,6 +192,7 @@ class GemmNode(Node):
     # the GEMM's own FX value when it is needed beside the epilogue's (saved for the backward):
     # the kernel stores it too, before the epilogue
     acc_value: str = ""
+    acc_after: int = 0  # leading epilogue steps (bias, scales from lowering) the stored value includes
     # the epilogue as expression IR (tilewright.ir.expr.Node) once the chain took an op that is
     # not one of the epilogue kinds; ``epilogue`` is then empty
     epilogue_ir: Any = None

@@ -44,6 +44,10 @@ def torch_epilogue(value: E.Node) -> list[str]:
     return lines + [f"acc = {names[id(value)]}"]
 
 
+def _epilogue_lines(ops: list, problem: GemmProblem) -> list[str]:
+    return torch_epilogue(epilogue_expr(ops, problem.epilogue_inputs)) if ops else []
+
+
 class AtenGemm(TemplateSpec):
     id = "aten.gemm"
     backend = "aten"
@@ -60,7 +64,8 @@ class AtenGemm(TemplateSpec):
         ops = list(problem.epilogue)
         addmm = None
         first = ops[0] if ops else None
-        if (first is not None and not problem.block_scaled and not problem.store_acc and first.kind == "add"
+        if (first is not None and not problem.block_scaled and (not problem.store_acc or problem.acc_after)
+                and first.kind == "add"
                 and first.input is not None
                 and problem.epilogue_inputs[first.input].dtype == problem.dtype):
             # addmm/baddbmm need the bias in the operands' dtype; otherwise promote as eager does
@@ -71,8 +76,11 @@ class AtenGemm(TemplateSpec):
             acc_torch_dtype=_TORCH_NAME.get(problem.dtype, "float32"), store_acc=problem.store_acc,
             block_scaled=problem.block_scaled,
             addmm=addmm,
+            prologue=[] if not problem.store_acc else _epilogue_lines(
+                ops[:problem.acc_after - (1 if addmm else 0)], problem),
             epilogue=(torch_epilogue(problem_epilogue(problem)) if problem.epilogue_ir
-                      else torch_epilogue(epilogue_expr(ops, problem.epilogue_inputs)) if ops else []),
+                      else _epilogue_lines(ops[problem.acc_after - (1 if addmm else 0):] if problem.store_acc
+                                           else ops, problem)),
         )
         return RenderedKernel(template_id=self.id, params={}, target=target.name, source=source,
                               name="aten_gemm")

@@ -22,6 +22,7 @@ class RenderedEpilogue:
 
     code: str
     helpers: str
+    stored: str = ""  # the variable holding the stored product (store_acc), set by the code
 
 
 def _load(n: Node) -> str:
@@ -43,10 +44,15 @@ def _pointer_load(n: Node) -> str:
     return f"tl.load(E{k} + pid_b * stride_e{k}b)" if boff else f"tl.load(E{k})"
 
 
-def render_epilogue(value: Node, interpreted: bool) -> RenderedEpilogue:
+def render_epilogue(value: Node, interpreted: bool, stored: Node | None = None) -> RenderedEpilogue:
     """The epilogue expression ``value`` (:func:`tilewright.ir.epilogue.problem_epilogue`) as
-    Triton statements; see the module docstring."""
+    Triton statements; see the module docstring. ``stored``: a value on the way (the product a
+    store_acc problem also writes), emitted first and named in the result."""
     e = TritonExpr(interpreted=interpreted, load=_load, acc=lambda n: "acc", prefix="ep")
+    kept = e.emit(stored) if stored is not None else ""
+    if kept == "acc":  # the plain accumulator: keep it under a name the epilogue does not reuse
+        kept = e.fresh()
+        e.line(f"{kept} = acc")
     value = e.emit(value)
     lines = e.lines + ([f"acc = {value}"] if value != "acc" else [])
-    return RenderedEpilogue("\n".join(lines), e.helpers())
+    return RenderedEpilogue("\n".join(lines), e.helpers(), kept)

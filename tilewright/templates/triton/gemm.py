@@ -13,7 +13,7 @@ from typing import Any
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
 from tilewright.runtime.targets import Target, triton_can_target
-from tilewright.ir.epilogue import problem_epilogue
+from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.templates.triton.epilogue import render_epilogue
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support,
@@ -187,7 +187,9 @@ class TritonGemm(TemplateSpec):
         upcast = target.interpreted and problem.dtype not in ("fp32", "fp16")
         fp32_dot = problem.dtype == "fp32" or upcast
         tf32 = problem.dtype == "fp32" and tensor_core_dtype(problem, target)
-        epilogue = render_epilogue(problem_epilogue(problem), target.interpreted)
+        stored = (epilogue_expr(problem.epilogue[:problem.acc_after], problem.epilogue_inputs)
+                  if problem.store_acc else None)
+        epilogue = render_epilogue(problem_epilogue(problem), target.interpreted, stored)
         return dict(
             kernel_name=self.kernel_name, problem_text=shown,
             split_k=params.get("SPLIT_K", 1), swap_ab=bool(params.get("SWAP_AB")),
@@ -195,6 +197,7 @@ class TritonGemm(TemplateSpec):
             out_torch_dtype=TORCH_DTYPE[problem.out_dtype], n_inputs=len(problem.epilogue_inputs),
             epilogue_code=epilogue.code, epilogue_helpers=epilogue.helpers,
             store_acc=problem.store_acc, acc_torch_dtype=TORCH_DTYPE[problem.dtype],
+            epilogue_stored=epilogue.stored,
             index_64=needs_int64(problem),
             even_k="K" not in problem.dynamic and problem.K % params["BLOCK_K"] == 0,
             upcast=upcast,
