@@ -35,7 +35,8 @@ def reference(problem: GemmProblem, inputs: GemmInputs) -> torch.Tensor:
 
 @dataclass
 class Behaviour:
-    """What a scripted candidate does: ``kind`` in good, wrong, unwritten, build_error,
+    """What a scripted candidate does: ``kind`` in good, wrong, unwritten, scribble (right,
+    but writes into its input), scribble_late (the same, after its first run), build_error,
     run_error, oom, memory_error, segfault, abort, exit, hang_build, hang_run; ``ms`` its true
     time."""
 
@@ -62,6 +63,7 @@ class FakeFactory:
     build_log: str = ""
     hang_m: int = -1
     builds: list[str] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
     last_ms: float = 0.0
     last_name: str = ""
 
@@ -103,6 +105,11 @@ class FakeFactory:
             res = (a.double() @ b_.double()).to(out.dtype if out is not None else a.dtype)
             if b.kind == "wrong":
                 res = res * 1.1
+            if b.kind == "scribble":  # right answer, but it leaves garbage in its input
+                a.view(-1)[0] = float("nan") if a.is_floating_point() else 7
+            if b.kind == "scribble_late" and self.calls.setdefault(name, 0) >= 1:
+                a.view(-1)[-1] = 1234.5  # only after its checked first run
+            self.calls[name] = self.calls.get(name, 0) + 1
             if out is None:
                 return res
             if b.kind == "unwritten":

@@ -41,6 +41,7 @@ def rec(i: int = 0, **kw) -> Record:
     {"torch_version": "2.11.0"},
     {"triton_version": "3.6.0"},
     {"tilewright_version": "0.2.0"},
+    {"rules": "check=0 tf32=0 pdl=auto input_sets=3"},
 ], ids=lambda c: next(iter(c)) if "problem" not in c else str(c["problem"])[:40])
 def test_every_key_field_changes_the_digest(change):
     assert dataclasses.replace(KEY, **change).digest != KEY.digest
@@ -53,15 +54,15 @@ def test_store_and_lookup_round_trip(tmp_path):
     assert set(again) == {"c0", "c1"} and again["c1"].rel_err == 1e-7 and again["c1"].median_ms == 2.0
 
 
-@pytest.mark.parametrize("garbage", [b"{not json", b"", b'{"problems": {}}', b"[1, 2]",
-                                     b"\xff\xfe\x00binary"])
+@pytest.mark.parametrize("garbage", [b"", b'{"format": "tilewright-tuning/1", "problems": [1]}',
+                                     b'{\n "format": "tilewright-tuning/1",\n "problems": {\n  "ab'])
 def test_corrupt_file_is_quarantined_and_rebuilt(tmp_path, garbage, caplog):
     path = tmp_path / "t.json"
     path.write_bytes(garbage)
     cache = TuningCache(path)
     assert cache.lookup(KEY) == {}
     assert any(p.name.startswith("t.json.corrupt-") for p in tmp_path.iterdir())
-    assert "unreadable" in caplog.text
+    assert "damaged" in caplog.text
     cache.store(KEY, {"c0": rec()})
     assert TuningCache(path).lookup(KEY)["c0"].status == "ok"
 
@@ -99,8 +100,8 @@ def test_concurrent_writers_lose_no_record(tmp_path):
 def test_rewrite_keeps_only_what_is_asked(tmp_path):
     cache = TuningCache(tmp_path / "t.json")
     cache.store(KEY, {"c0": rec(0), "c1": dataclasses.replace(rec(1), template_hash="stale")})
-    removed = cache.rewrite(lambda entry, ck, r: r["template_hash"] != "stale")
-    assert removed == 1 and set(cache.lookup(KEY)) == {"c0"}
+    removed, invalid = cache.rewrite(lambda entry, ck, r: r["template_hash"] != "stale")
+    assert (removed, invalid) == (1, 0) and set(cache.lookup(KEY)) == {"c0"}
 
 
 SCRIPT = textwrap.dedent("""

@@ -77,7 +77,8 @@ def test_bundles_carry_choices_and_timings_never_code(filled, tmp_path):
 
 @pytest.mark.parametrize("content,match", [
     (b"{not json", "does not read"), (b'{"format": "x"}', "not a tuning bundle"),
-    (b'{"format": "tilewright-tuning-bundle/1", "problems": {"d": {"records": {}}}}', "does not parse"),
+    (b'{"format": "tilewright-tuning-bundle/1", "problems": [1]}', "no problems object"),
+    (b'{"format": "tilewright-tuning-bundle/2", "problems": {}}', "not a tuning bundle"),
 ])
 def test_bad_bundles_are_refused_clearly(tmp_path, content, match):
     path = tmp_path / "b.json"
@@ -107,7 +108,8 @@ def test_cli_cache_commands(filled, tmp_path, capsys):
     fresh = tmp_path / "fresh.json"
     assert main(["cache", "import", str(bundle), "--cache", str(fresh)]) == 0
     assert n_records(TuningCache(fresh)) == 6
-    assert main(["cache", "prune", "--cache", str(fresh)]) == 2, "prune needs a what"
+    assert main(["cache", "prune", "--cache", str(fresh)]) == 0
+    assert "removed 0 records" in capsys.readouterr().out, "without a flag only invalid records go"
     assert main(["cache", "prune", "--all", "--cache", str(fresh)]) == 0
     assert "removed 3 records" in capsys.readouterr().out
     assert main(["cache", "import", str(tmp_path / "nope.json"), "--cache", str(fresh)]) == 2

@@ -10,6 +10,7 @@ key, so a bundle cannot smuggle anything else in or file a record under a wrong 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -18,10 +19,12 @@ from typing import Any, Iterable
 
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.kinds import problem_from_json
-from tilewright.autotune.cache import FORMAT, ProblemKey, Record, TuningCache, current_versions
+from tilewright.autotune.cache import (FORMAT, ProblemKey, Record, TuningCache, current_versions,
+                                       entry_problem, record_problem)
 from tilewright.errors import TilewrightError
 from tilewright.problem import GemmProblem
 
+log = logging.getLogger("tilewright.autotune")
 BUNDLE_FORMAT = "tilewright-tuning-bundle/1"
 _SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 
@@ -31,21 +34,26 @@ class BundleError(TilewrightError):
 
 
 def _key_of(entry: dict[str, Any]) -> ProblemKey:
-    return ProblemKey(problem_from_json(entry["problem"]), entry["target"],
-                      entry["torch_version"], entry["triton_version"], entry["tilewright_version"])
+    return ProblemKey(problem_from_json(entry["problem"]), entry["target"], entry["torch_version"],
+                      entry["triton_version"], entry["tilewright_version"], entry.get("rules", ""))
 
 
-def clean_entry(entry: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(digest, entry) rebuilt from the entry's key fields and records' known fields only.
-
-    Raises:
-        BundleError: a key or record that does not parse.
-    """
-    try:
-        key = _key_of(entry)
-        records = {str(ck): Record.from_json(r).to_json() for ck, r in entry["records"].items()}
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise BundleError(f"a problem entry does not parse ({type(e).__name__}: {e})") from None
+def clean_entry(entry: dict[str, Any], where: str = "") -> tuple[str, dict[str, Any]] | None:
+    """(digest, entry) rebuilt from the entry's key fields and its valid records' known fields
+    only, or None when the entry itself is unusable. Each record or entry left out is named in
+    a warning (``where`` says which file it came from)."""
+    why = entry_problem(entry)
+    if why:
+        log.warning("%sskipped a problem entry: %s", where, why)
+        return None
+    key = _key_of(entry)
+    records = {}
+    for ck, r in entry["records"].items():
+        bad = record_problem(r)
+        if bad:
+            log.warning("%sskipped record %s of %s: %s", where, ck, key.problem.describe(), bad)
+            continue
+        records[str(ck)] = Record.from_json(r).to_json()
     return key.digest, {**key.to_json(), "records": records}
 
 
@@ -59,9 +67,24 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
+def _is_bundle(path: Path) -> bool:
+    try:
+        read_bundle(path)
+        return True
+    except BundleError:
+        return False
+
+
 def write_bundle(path: Path | str, problems: dict[str, dict[str, Any]]) -> None:
-    """Write ``problems`` (digest -> entry) to ``path``, SQLite when its suffix says so."""
+    """Write ``problems`` (digest -> entry) to ``path``, SQLite when its suffix says so.
+
+    Raises:
+        BundleError: ``path`` is an existing file that is not a tuning bundle (it is left as it is).
+    """
     path = Path(path)
+    if path.exists() and not _is_bundle(path):
+        raise BundleError(f"{path} exists and is not a tuning bundle; not overwriting it: export to "
+                          f"a new path, or delete it first")
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": BUNDLE_FORMAT, "created": time.time(), "exported_by": current_versions()}
     tmp = path.with_name(f".{path.name}.tmp")
@@ -114,7 +137,10 @@ def read_bundle(path: Path | str) -> dict[str, dict[str, Any]]:
             raw = data["problems"]
     except (sqlite3.Error, json.JSONDecodeError, UnicodeDecodeError, KeyError) as e:
         raise BundleError(f"{path} does not read as a tuning bundle ({type(e).__name__}: {e})") from None
-    return dict(clean_entry(entry) for entry in raw.values())
+    if not isinstance(raw, dict):
+        raise BundleError(f"{path} holds no problems object; export it again with `tilewright cache export`")
+    cleaned = (clean_entry(entry, f"{path}: ") for entry in raw.values())
+    return dict(c for c in cleaned if c is not None)
 
 
 def export_cache(cache: TuningCache, dest: Path | str, *, target: str | None = None,
@@ -127,7 +153,7 @@ def export_cache(cache: TuningCache, dest: Path | str, *, target: str | None = N
             continue
         if current_only and not is_current_entry(entry):
             continue
-        digest, clean = clean_entry(entry)
+        digest, clean = clean_entry(entry)  # entries() yields only valid ones
         if current_only:
             clean["records"] = {ck: r for ck, r in clean["records"].items() if not is_stale_record(r)}
         if clean["records"]:
@@ -161,23 +187,26 @@ def is_stale_record(record: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class PruneReport:
-    """Records removed, by reason."""
+    """Records removed, by reason (``invalid``: records and problem entries that did not
+    validate, always removed)."""
 
     stale_templates: int = 0
     failures: int = 0
     other_versions: int = 0
     older: int = 0
+    invalid: int = 0
 
     @property
     def total(self) -> int:
-        return self.stale_templates + self.failures + self.other_versions + self.older
+        return self.stale_templates + self.failures + self.other_versions + self.older + self.invalid
 
 
 def prune(cache: TuningCache, *, stale_templates: bool = False, failures: bool = False,
           other_versions: bool = False, older_than_days: float | None = None) -> PruneReport:
     """Remove records: of template sources no longer installed, of failed/wrong candidates (to
     retry them, e.g. after a driver update), of other torch/triton/tilewright versions, or
-    older than ``older_than_days``. Problems left without records go too."""
+    older than ``older_than_days``. Records and entries that do not validate always go;
+    problems left without records go too."""
     counts = {"stale_templates": 0, "failures": 0, "other_versions": 0, "older": 0}
     cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
 
@@ -195,8 +224,8 @@ def prune(cache: TuningCache, *, stale_templates: bool = False, failures: bool =
             counts[why] += 1
         return why is None
 
-    cache.rewrite(keep)
-    return PruneReport(**counts)
+    _, invalid = cache.rewrite(keep)
+    return PruneReport(**counts, invalid=invalid)
 
 
 def entry_rows(entries: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -8,10 +8,16 @@ Inputs are random normal tensors with the problem's layouts, made from ``seed`` 
 makes the same ones), in ``config.bench_input_sets`` sets that timing cycles through. Each
 candidate writes its own output buffers, freshly filled with NaN, so an element it fails to write
 shows up in the check, which compares with the float64 reference before any time counts.
+
+Candidates of one problem share the inputs, so each is verified to leave them as it found them
+(a fingerprint of every input's bytes, before and after): a kernel that writes into its inputs
+fails its own check, and the next candidate gets fresh ones, instead of that kernel passing and
+the next one failing against inputs it never saw.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -29,6 +35,7 @@ from tilewright.runtime.targets import get_target
 _FATAL_TYPES = ("OutOfMemoryError", "MemoryError", "AcceleratorError")
 _FATAL_TEXT = ("CUDA error", "HIP error", "illegal memory access", "out of memory",
                "device-side assert")
+_OOM_TYPES = ("OutOfMemoryError", "MemoryError")
 
 
 @dataclass(frozen=True)
@@ -51,17 +58,66 @@ class EvalTask:
 @dataclass
 class EvalOutcome:
     """A record, the seconds building plus the first (compiling) run took when it got that far,
-    and whether the process's device state is now suspect (CUDA error, OOM)."""
+    whether the process's device state is now suspect (CUDA error, OOM), and whether the failure
+    was this machine's state rather than the candidate's (out of memory: the record is not kept,
+    so the candidate is tried again another time)."""
 
     record: Record
     compile_s: float | None = None
     fatal: bool = False
+    transient: bool = False
 
 
 def is_fatal(e: BaseException) -> bool:
     """True for errors that may leave the device unusable in this process (CUDA errors, OOM)."""
     text = str(e)
     return type(e).__name__ in _FATAL_TYPES or any(t in text for t in _FATAL_TEXT)
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """True for host or device out-of-memory errors."""
+    return type(e).__name__ in _OOM_TYPES or "out of memory" in str(e)
+
+
+def _failed(base: dict[str, Any], stage: str, e: BaseException, compile_s: float | None = None) -> EvalOutcome:
+    return EvalOutcome(Record(**base, status="failed", reason=f"{stage}: {type(e).__name__}: {e}"[:500]),
+                       compile_s, fatal=is_fatal(e), transient=is_out_of_memory(e))
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
+    return []
+
+
+_CHUNK = 1 << 22  # words per step: fingerprinting a 1 GiB weight needs 32 MiB at a time
+
+
+def fingerprint(inputs: Any) -> tuple[int, ...]:
+    """A position-weighted sum (modulo 2^64) of the words of every storage the inputs view
+    (each storage once and all of it, so stride-0 and strided views are covered). The weights
+    are odd, so a change of any one word changes it; it reads each byte once (memory-bound)."""
+    out, seen = [], set()
+    for t in _tensors(inputs):
+        st = t.untyped_storage()
+        if st.data_ptr() in seen or st.nbytes() == 0:
+            continue
+        seen.add(st.data_ptr())
+        raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
+        words = next(raw.view(dt) for dt, n in ((torch.int64, 8), (torch.int32, 4), (torch.uint8, 1))
+                     if st.nbytes() % n == 0)
+        weights = torch.arange(min(_CHUNK, words.numel()), dtype=torch.int64, device=t.device) * 2 + 1
+        total = 0
+        for i in range(0, words.numel(), _CHUNK):
+            c = words[i:i + _CHUNK].to(torch.int64)
+            total += int((c * weights[:c.numel()]).sum())
+            total += 2 * i * int(c.sum())
+        out.append(total % (1 << 64))
+    return tuple(out)
 
 
 def input_set_count(problem: Any, target_name: str) -> int:
@@ -87,6 +143,7 @@ def _inputs_and_reference(task: EvalTask, factory: Any) -> tuple[list[Any], Call
         device = torch.device(task.device)
         make = kind_of(task.problem).make_inputs
         _last["inputs"] = [make(task.problem, device, task.seed + i) for i in range(key[3])]
+        _last["prints"] = [fingerprint(x) for x in _last["inputs"]]
         _last["key"] = key
 
     def ref() -> torch.Tensor:
@@ -102,8 +159,20 @@ def forget_inputs() -> None:
     _last.clear()
 
 
+def _scribbled(inputs: list[Any], upto: int) -> bool:
+    """Whether the first ``upto`` input sets differ from their fingerprints; if so the shared
+    inputs are dropped, so the next candidate gets fresh ones."""
+    if any(fingerprint(x) != p for x, p in zip(inputs[:upto], _last.get("prints", []))):
+        forget_inputs()
+        return True
+    return False
+
+
+_SCRIBBLED = "wrote into its input tensors (a kernel must leave its inputs as they were)"
+
+
 def evaluate(task: EvalTask, factory: Any,
-             on_compiled: Callable[[float], None] | None = None) -> EvalOutcome:
+             on_compiled: Callable[[float], None] | None = None, *, timed: bool = True) -> EvalOutcome:
     """Build, check and time ``task.candidate``; never raises for the candidate's faults.
 
     Args:
@@ -113,6 +182,7 @@ def evaluate(task: EvalTask, factory: Any,
             :func:`~tilewright.autotune.bench.time_callable`).
         on_compiled: called with the seconds build + first run took, before timing starts
             (the worker pool switches from its compile timeout to its run timeout there).
+        timed: False to stop after the check (autotune off): an "ok" record without a time.
     """
     cand, problem = task.candidate, task.problem
     base = dict(template_id=cand.template_id, template_hash=cand.template_hash,
@@ -123,8 +193,7 @@ def evaluate(task: EvalTask, factory: Any,
     try:
         launch = factory.build(problem, cand, get_target(task.target))
     except Exception as e:  # noqa: BLE001 - any build failure disqualifies the candidate
-        return EvalOutcome(Record(**base, status="failed",
-                                  reason=f"build: {type(e).__name__}: {e}"[:500]), fatal=is_fatal(e))
+        return _failed(base, "build", e)
     try:
         inputs, ref = _inputs_and_reference(task, factory)
         kind = kind_of(problem)
@@ -133,21 +202,32 @@ def evaluate(task: EvalTask, factory: Any,
         results: list[torch.Tensor] = []
         # the first run compiles (Triton JITs on first launch) and is the correctness check; on
         # the CPU it is also a fair first sample of the candidate's time
-        first = timer(lambda: results.append(runs[0]()), device, warmup=0, rep=1, budget_ms=0.0)
+        if timed:
+            first = timer(lambda: results.append(runs[0]()), device, warmup=0, rep=1, budget_ms=0.0)
+        else:
+            results.append(runs[0]())
         result = results[0]
     except BaseException as e:  # noqa: BLE001 - MemoryError and friends included
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        return EvalOutcome(Record(**base, status="failed",
-                                  reason=f"run: {type(e).__name__}: {e}"[:500]), fatal=is_fatal(e))
+        return _failed(base, "run", e)
     compile_s = time.perf_counter() - t0
     if on_compiled is not None:
         on_compiled(compile_s)
-    err, tol = kind_of(problem).error(problem, result, ref(), config.allow_tf32) if config.check_candidates \
-        else (None, 0.0)
+    if _scribbled(inputs, 1):
+        return EvalOutcome(Record(**base, status="wrong", reason=_SCRIBBLED), compile_s)
+    try:
+        err, tol = kind.error(problem, result, ref(), config.allow_tf32) if config.check_candidates \
+            else (None, 0.0)
+    except BaseException as e:  # noqa: BLE001 - the reference ran out of memory, say
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return _failed(base, "reference", e, compile_s)
     if err is not None and not err <= tol:
         return EvalOutcome(Record(**base, status="wrong", rel_err=err,
                                   reason=f"relative error {err:.3g} > tolerance {tol:.0e}"), compile_s)
+    if not timed:
+        return EvalOutcome(Record(**base, status="ok", rel_err=err, reason="checked, untimed"), compile_s)
     best = task.best_ms
     abort_at = best * config.bench_abort_ratio if best is not None else None
     if device.type == "cpu" and abort_at is not None and first.median_ms > abort_at:
@@ -162,9 +242,9 @@ def evaluate(task: EvalTask, factory: Any,
     except BaseException as e:  # noqa: BLE001
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        return EvalOutcome(Record(**base, status="failed",
-                                  reason=f"timing: {type(e).__name__}: {e}"[:500]),
-                           compile_s, fatal=is_fatal(e))
+        return _failed(base, "timing", e, compile_s)
+    if _scribbled(inputs, len(inputs)):  # a kernel that writes its inputs only now and then
+        return EvalOutcome(Record(**base, status="wrong", rel_err=err, reason=_SCRIBBLED), compile_s)
     status = "aborted" if timing.aborted else "ok"
     return EvalOutcome(Record(
         **base, status=status, median_ms=timing.median_ms, spread_ms=timing.spread_ms,

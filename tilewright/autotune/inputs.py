@@ -39,18 +39,31 @@ class GemmInputs:
                           [e.to(dtype) for e in self.epilogue_inputs], self.a_scale, self.b_scale)
 
 
+_GEN_CHUNK = 1 << 24  # elements drawn at a time: a 1 GiB bf16 weight never exists in fp32 whole
+
+
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+           gen: torch.Generator) -> torch.Tensor:
+    """Normal samples of ``shape`` in ``dtype`` on ``device``, drawn in float32 on the host a
+    slab of rows at a time, so the peak extra memory is one slab, not the whole tensor in
+    float32. The same values as one ``torch.randn(shape)`` when it fits in one slab."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    flat = out.view(-1, shape[-1]) if out.numel() else out
+    rows = max(1, _GEN_CHUNK // max(1, shape[-1]))
+    for r in range(0, flat.shape[0] if out.numel() else 0, rows):
+        part = flat[r:r + rows]
+        part.copy_(torch.randn(part.shape, generator=gen, dtype=torch.float32))
+    return out
+
+
 def _matrix(rows: int, cols: int, layout: str, batch: int | None, dtype: torch.dtype,
             device: torch.device, gen: torch.Generator) -> torch.Tensor:
     lead = (batch,) if batch is not None else ()
     if layout == "col":
-        base = torch.randn(*lead, cols, rows, generator=gen, dtype=torch.float32)
-        t = base.transpose(-1, -2)
-    elif layout == "strided":
-        base = torch.randn(*lead, rows, 2 * cols, generator=gen, dtype=torch.float32)
-        t = base[..., ::2]
-    else:
-        t = torch.randn(*lead, rows, cols, generator=gen, dtype=torch.float32)
-    return t.to(device=device, dtype=dtype)
+        return _randn((*lead, cols, rows), dtype, device, gen).transpose(-1, -2)
+    if layout == "strided":
+        return _randn((*lead, rows, 2 * cols), dtype, device, gen)[..., ::2]
+    return _randn((*lead, rows, cols), dtype, device, gen)
 
 
 def output_shape(problem: GemmProblem) -> tuple[int, ...]:

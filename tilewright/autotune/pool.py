@@ -102,7 +102,7 @@ def _worker_main(conn: mpc.Connection, device: str, parent_pid: int) -> None:
             c = task.candidate
             out = EvalOutcome(Record(c.template_id, c.template_hash, c.param_dict, "failed",
                                      reason=f"worker: {type(e).__name__}: {e}"[:500]), fatal=True)
-        conn.send(("result", out.record.to_json(), out.compile_s, out.fatal))
+        conn.send(("result", out.record.to_json(), out.compile_s, out.fatal, out.transient))
         if out.fatal:
             return  # device state is suspect: the pool starts a fresh worker
 
@@ -292,8 +292,8 @@ class WorkerPool:
             limit = config.bench_timeout_s
             job.phase, job.deadline, job.limit_s = "running", now + limit, limit
             return None
-        _, record, compile_s, fatal = msg
-        results[job.index] = EvalOutcome(Record.from_json(record), compile_s, fatal)
+        _, record, compile_s, fatal, transient = msg
+        results[job.index] = EvalOutcome(Record.from_json(record), compile_s, fatal, transient)
         w.job = None
         if fatal:
             self._retire(slot)

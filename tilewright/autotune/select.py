@@ -32,7 +32,7 @@ import torch
 from tilewright._config import config
 from tilewright.autotune.cache import ProblemKey, Record, TuningCache, default_cache
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.evaluate import EvalTask, evaluate, forget_inputs
+from tilewright.autotune.evaluate import EvalOutcome, EvalTask, evaluate, forget_inputs
 from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.policy import policy_for
 from tilewright.autotune.pool import WorkerPool, acquire_pool
@@ -244,10 +244,33 @@ def leaves_no_record(problem: Any, target: Target) -> bool:
     return _untimed(problem, candidates)
 
 
+def _first_choice(problem: Any, target: Target, factory: KernelFactory, candidates: list[Candidate],
+                  proposed: list[Candidate], device: torch.device, seed: int, t_start: float,
+                  reason: str) -> Selection:
+    """Autotune off: the policy's first choice (of ``candidates``, after forcing), untimed and
+    unrecorded. A generated kernel is still checked against the reference once (unless
+    checking is off), and ATen (from ``proposed``, forced off or not) replaces it if it fails."""
+    first = min(candidates, key=lambda c: c.rank)
+    reason = reason or "autotune off: the policy's first choice, untimed"
+    results: list[CandidateResult] = []
+    if first.backend != "aten" and config.check_candidates:
+        out = evaluate(EvalTask(problem, first, target.name, str(device), seed), factory, timed=False)
+        results.append(CandidateResult(first, out.record))
+        if out.record.status != "ok":
+            aten = [c for c in proposed if c.backend == "aten"]
+            if not aten:
+                raise NoValidCandidateError(f"no candidate works for {problem.describe()}: "
+                                            f"{first.name}: {out.record.reason}")
+            first, reason = aten[0], f"autotune off and {first.name} failed its check; ATen is the fallback"
+    return Selection(problem, target, first, results, reason, measured=False,
+                     seconds=time.perf_counter() - t_start)
+
+
 def _select(problem: Any, target: Target, factory: KernelFactory, *,
             cache: TuningCache | None, seed: int, pool: WorkerPool | None) -> Selection:
     t_start = time.perf_counter()
-    candidates, reason = filter_forced(policy_for(kind_name(problem), target).candidates(problem, target))
+    proposed = policy_for(kind_name(problem), target).candidates(problem, target)
+    candidates, reason = filter_forced(proposed)
     if _untimed(problem, candidates):
         return Selection(problem, target, candidates[0], [], reason or "only candidate", measured=False,
                          seconds=time.perf_counter() - t_start)
@@ -257,9 +280,8 @@ def _select(problem: Any, target: Target, factory: KernelFactory, *,
         winner = min(generated, key=lambda c: (c.predicted_ms or 0.0, c.rank))
         return Selection(problem, target, winner, [], reason or "predicted (target not local)",
                          measured=False, seconds=time.perf_counter() - t_start)
-    if not config.autotune or len(candidates) == 1:
-        candidates = candidates[:1]
-        reason = reason or ("autotune off: policy's first choice" if not config.autotune else "")
+    if not config.autotune:
+        return _first_choice(problem, target, factory, candidates, proposed, device, seed, t_start, reason)
 
     cache = cache if cache is not None else default_cache()
     key = ProblemKey.for_problem(problem, target.name)
@@ -277,29 +299,41 @@ def _select(problem: Any, target: Target, factory: KernelFactory, *,
 
     new: dict[str, Record] = {}
 
-    def done(cand: Candidate, rec: Record) -> None:
-        records[cand.key] = new[cand.key] = rec
+    def done(cand: Candidate, out: EvalOutcome) -> None:
+        rec = out.record
+        records[cand.key] = rec
+        if not out.transient:  # out of memory here says nothing about the candidate
+            new[cand.key] = rec
         if rec.status != "ok":
             log.info("candidate %s for %s: %s (%s)", cand.name, problem.describe(), rec.status,
                      rec.reason)
 
     for cand in here:  # ATen first (rank 0): its time is the bar the others must beat
         task = EvalTask(problem, cand, target.name, str(device), seed, best_ms())
-        done(cand, evaluate(task, factory).record)
+        done(cand, evaluate(task, factory))
     if away:
         tasks = [EvalTask(problem, c, target.name, str(device), seed, best_ms()) for c in away]
         by_key = {c.key: c for c in away}
-        cb = lambda task, out: done(by_key[task.candidate.key], out.record)  # noqa: E731
+        cb = lambda task, out: done(by_key[task.candidate.key], out)  # noqa: E731
         if pool is not None:
             pool.evaluate(tasks, factory, cb)
         else:
             with acquire_pool(local_devices(target) or [str(device)]) as p:
                 p.evaluate(tasks, factory, cb)
-    if new:
-        cache.store(key, new)
 
+    def decide(stored: dict[str, Record]) -> str | None:
+        mine = [CandidateResult(c, stored[c.key]) for c in ordered if c.key in stored]
+        chosen = pick_winner(mine)
+        return chosen.candidate.key if chosen else None
+
+    # the decision comes from the stored records of every process, and the first one recorded
+    # stands: ranks of one job that tuned the same problem run the same kernel
+    decided = cache.store(key, new, decide) if new else cache.decision(key)
+    records.update({ck: r for ck, r in cache.lookup(key).items() if ck in records})
     results = [CandidateResult(c, records[c.key], from_cache=c.key in known) for c in ordered]
-    chosen = pick_winner(results)
+    chosen = next((r for r in results if r.candidate.key == decided and r in _timed(results)), None)
+    adopted = chosen is not None and chosen is not pick_winner(results)
+    chosen = chosen or pick_winner(results)
     if chosen is None:
         aten = [r for r in results if r.candidate.backend == "aten" and r.record.status != "failed"]
         if not aten:
@@ -307,6 +341,8 @@ def _select(problem: Any, target: Target, factory: KernelFactory, *,
             raise NoValidCandidateError(f"no candidate works for {problem.describe()}: {reasons}")
         chosen = aten[0]
         reason = "no candidate passed its check; ATen is the fallback"
+    elif adopted:
+        reason = reason or "the decision recorded in the tuning cache (another process decided first)"
     elif not reason:
         reason = why_winner(results, chosen)
     return Selection(problem, target, chosen.candidate, results, reason, measured=True,

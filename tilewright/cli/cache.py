@@ -9,17 +9,27 @@ from rich.table import Table
 from tilewright.cli.common import console, target_name
 
 
-def open_cache(args: argparse.Namespace):
-    """The cache named by ``--cache FILE``, else the one under ``config.cache_dir``."""
-    from tilewright.autotune.cache import TuningCache, default_cache
+def open_cache(args: argparse.Namespace, *, read_only: bool = False):
+    """The cache named by ``--cache FILE``, else the one under ``config.cache_dir``; strict (a
+    file that is not a tuning cache is refused before any work) and, for commands that only
+    read, read-only (nothing is written, locked or moved).
 
-    return TuningCache(args.cache) if getattr(args, "cache", None) else default_cache()
+    Raises:
+        CacheFileError: the file is not a tuning cache or cannot be read.
+    """
+    from tilewright._config import config
+    from tilewright.autotune.cache import TuningCache
+
+    path = getattr(args, "cache", None) or config.cache_path / "autotune" / "tuning.json"
+    cache = TuningCache(path, read_only=read_only)
+    cache.check()
+    return cache
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     from tilewright.autotune.cache_io import entry_rows
 
-    cache = open_cache(args)
+    cache = open_cache(args, read_only=True)
     rows = [r for r in entry_rows(cache.entries())
             if (args.target is None or r["target"] == args.target) and (args.all or r["current"])]
     table = Table(title=f"tuning cache {cache.path} ({len(rows)} problems"
@@ -37,7 +47,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tilewright.autotune.cache_io import export_cache
 
-    n = export_cache(open_cache(args), args.file, target=args.target, current_only=args.current_only)
+    n = export_cache(open_cache(args, read_only=True), args.file, target=args.target, current_only=args.current_only)
     console.print(f"exported {n} records to {args.file}")
     return 0
 
@@ -58,14 +68,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
                  failures=args.failures or args.all,
                  other_versions=args.other_versions or args.all,
                  older_than_days=args.older_than_days)
-    if not any(flags.values()) and args.older_than_days is None:
-        console.print("say what to prune: --stale-templates, --failures, --other-versions, "
-                      "--older-than-days N, or --all", style="red")
-        return 2
     report = prune(open_cache(args), **flags)
-    console.print(f"removed {report.total} records: {report.stale_templates} of changed templates, "
-                  f"{report.failures} failures, {report.other_versions} of other versions, "
-                  f"{report.older} older")
+    console.print(f"removed {report.total} records: {report.invalid} invalid, "
+                  f"{report.stale_templates} of changed templates, {report.failures} failures, "
+                  f"{report.other_versions} of other versions, {report.older} older")
+    if not any(flags.values()):
+        console.print("(only invalid records go without a flag: add --stale-templates, --failures, "
+                      "--other-versions, --older-than-days N or --all for more)")
     return 0
 
 
@@ -90,7 +99,8 @@ def add_parser(sub) -> None:
     im = common(csub.add_parser("import", help="merge a .json or .sqlite bundle into the cache"))
     im.add_argument("file")
     im.set_defaults(fn=cmd_import)
-    pr = common(csub.add_parser("prune", help="remove stale or failed records"))
+    pr = common(csub.add_parser("prune", help="remove invalid, stale or failed records (invalid "
+                                              "ones always; the flags say what else)"))
     pr.add_argument("--stale-templates", action="store_true",
                     help="records of template sources no longer installed")
     pr.add_argument("--failures", action="store_true",

@@ -12,7 +12,6 @@ from tilewright.cli.common import console
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from tilewright import config
-    from tilewright.autotune.cache import TuningCache
     from tilewright.autotune.cost_model import estimate_gemm, roofline_ms
     from tilewright.autotune.policy import policy_for
     from tilewright.autotune.select import select_gemm, tied_with_best
@@ -23,7 +22,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     target = get_target(args.target)
     problem = GemmProblem(M=args.M, N=args.N, K=args.K, dtype=args.dtype, layout_b=args.layout_b,
                           op="mm")
-    cache = TuningCache(args.cache) if args.cache else None
+    from tilewright.cli.cache import open_cache
+
+    cache = open_cache(args)
     with config.patch(isolate=args.isolate):
         sel = select_gemm(problem, target, default_factory, cache=cache)
     _, ties = tied_with_best(sel.results)

@@ -74,13 +74,13 @@ def gather_problems(args: argparse.Namespace):
 def cmd_warm(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tilewright.autotune.cache import TuningCache, default_cache
     from tilewright.autotune.warm import expand_buckets, warm
+    from tilewright.cli.cache import open_cache
     from tilewright.runtime.targets import get_target
 
     target = get_target(args.target)
     problems = expand_buckets(gather_problems(args), args.max_m)
-    cache = TuningCache(args.cache) if args.cache else default_cache()
+    cache = open_cache(args)
     factory = load_factory(args.factory)
     if args.ray is None:
         from tilewright.autotune.select import local_devices

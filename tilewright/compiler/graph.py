@@ -33,14 +33,30 @@ def to_sympy(x: Any) -> sympy.Expr:
     return sympy.Integer(int(x))
 
 
+# what a data-dependent size (unbacked: nonzero, a boolean mask) counts as in estimates; it is
+# never a problem size, since nodes with such sizes stay ATen's (Inductor's fallback is the same)
+UNBACKED_HINT = 8192
+
+
 def size_hint(x: Any) -> int:
-    """The concrete value a (possibly symbolic) size had when the graph was traced."""
+    """The concrete value a (possibly symbolic) size had when the graph was traced
+    (:data:`UNBACKED_HINT` for a data-dependent one)."""
     if isinstance(x, torch.SymInt):
         hint = x.node.hint
         if hint is not None:
             return int(hint)
-        return int(x.node.shape_env.size_hint(x.node.expr))
+        env = x.node.shape_env
+        if hasattr(env, "optimization_hint"):  # torch >= 2.13
+            return int(env.optimization_hint(x.node.expr, fallback=UNBACKED_HINT))
+        value = env.size_hint(x.node.expr, allow_none=True)
+        return int(value) if value is not None else UNBACKED_HINT
     return int(x)
+
+
+def _data_dependent(val: torch.Tensor) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(isinstance(s, torch.SymInt) and free_unbacked_symbols(s) for s in (*val.shape, *val.stride()))
 
 
 @dataclass(frozen=True)
@@ -55,8 +71,10 @@ class TensorMeta:
 
     @staticmethod
     def of(node: Any) -> "TensorMeta | None":
+        """The meta of a tensor-valued node; None for other values and for tensors with a
+        data-dependent size (``nonzero``, boolean masks), which stay ATen's to run."""
         val = node.meta.get("val") if isinstance(node, fx.Node) else None
-        if not isinstance(val, torch.Tensor):
+        if not isinstance(val, torch.Tensor) or _data_dependent(val):
             return None
         return TensorMeta(tuple(to_sympy(s) for s in val.shape),
                           tuple(to_sympy(s) for s in val.stride()),

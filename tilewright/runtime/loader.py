@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +22,8 @@ from typing import Iterator
 
 from tilewright._config import config
 from tilewright.errors import EnvironmentMismatchError, KernelCompileError
+
+log = logging.getLogger("tilewright.runtime")
 
 _lock = threading.RLock()
 _modules: dict[tuple[str, bool], ModuleType] = {}
@@ -152,8 +156,28 @@ def _route_launches_through_interpreter_language(module: ModuleType) -> None:
             obj.run = run_interpreted
 
 
+_fallback_root: list[Path] = []  # a private folder, once the cache dir proved unwritable
+
+
 def _write(source: str, name: str, digest: str) -> Path:
-    folder = config.cache_path / "kernels" / digest[:2]
+    """The kernel's module file under ``<cache_dir>/kernels/``; when that cannot be written (a
+    read-only or mistyped cache dir) a private temporary folder, after one warning, so an
+    unusable cache dir costs the reuse across processes, never the kernel."""
+    roots = _fallback_root or [config.cache_path / "kernels"]
+    try:
+        return _write_under(roots[0], source, name, digest)
+    except OSError as e:
+        if _fallback_root:
+            raise
+        _fallback_root.append(Path(tempfile.mkdtemp(prefix="tilewright-kernels-")))
+        log.warning("cannot write kernel modules under %s (%s: %s); using %s for this process "
+                    "(set TILEWRIGHT_CACHE_DIR to a writable folder)", roots[0], type(e).__name__,
+                    e.strerror or e, _fallback_root[0])
+        return _write_under(_fallback_root[0], source, name, digest)
+
+
+def _write_under(root: Path, source: str, name: str, digest: str) -> Path:
+    folder = root / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}_{digest}.py"
     if not path.exists():
