@@ -378,3 +378,29 @@ def test_fail_small_peak_memory_while_tuning_is_bounded(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 2.5
+
+
+# -- 3 (cont.). a template's hash covers every file it renders through -------------------------
+def test_a_record_only_counts_under_its_rules_template_hash_covers_what_it_renders_through(monkeypatch):
+    import re
+
+    from tilewright.templates import all_templates
+    from tilewright.templates.base import TEMPLATES_ROOT
+
+    for t in all_templates():
+        names = {str(p.relative_to(TEMPLATES_ROOT.parent)) for p in t.render_sources}
+        assert "templates/base.py" in names
+        if t.jinja:
+            text = (t.folder / t.jinja).read_text()
+            for ref in re.findall(r"{%-?\s*(?:include|import|from|extends)\s+['\"]([^'\"]+)['\"]", text):
+                assert any(n.endswith(ref) for n in names), f"{t.id} includes {ref}"
+    gemm = next(t for t in all_templates() if t.id == "triton.gemm")
+    names = {p.name for p in gemm.render_sources}
+    assert {"epilogue.py", "emit.py", "ops.py", "gemm.py.jinja"} <= names
+    # a change to any of those files (here: the IR epilogue, two imports away) changes the hash
+    target = next(p for p in gemm.render_sources if p.parts[-2:] == ("ir", "epilogue.py"))
+    before = gemm.source_hash
+    real = type(target).read_bytes
+    monkeypatch.setattr(type(target), "read_bytes",
+                        lambda self: real(self) + (b"# edited" if self == target else b""))
+    assert type(gemm)().source_hash != before

@@ -158,6 +158,55 @@ def jinja_env(folder: Path) -> jinja2.Environment:
     )
 
 
+# the packages whose code shapes rendered kernel text (an import of anything else, say the
+# autotuner, does not change what a template renders)
+_RENDER_PACKAGES = ("tilewright.templates", "tilewright.ir")
+
+
+def _imported_render_modules(start: set[Path]) -> set[Path]:
+    """The files of the template and IR modules that ``start`` imports, transitively (imports
+    inside functions included: templates import lazily)."""
+    import ast
+    import importlib.util
+
+    seen: set[Path] = set()
+    todo = list(start)
+    while todo:
+        path = todo.pop()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] + [f"{node.module}.{a.name}" for a in node.names] \
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for name in names:
+                if not name.startswith(_RENDER_PACKAGES):
+                    continue
+                try:
+                    spec = importlib.util.find_spec(name)
+                except (ImportError, ValueError):
+                    continue
+                origin = Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
+                if origin and origin not in seen and origin not in start:
+                    seen.add(origin)
+                    todo.append(origin)
+    return seen
+
+
+def _jinja_closure(folder: Path, name: str) -> set[Path]:
+    """The jinja file and every file it includes, imports or extends, transitively."""
+    from jinja2 import meta
+
+    env = jinja_env(folder)
+    found: set[Path] = set()
+    todo = [name]
+    while todo:
+        source, filename, _ = env.loader.get_source(env, todo.pop())
+        if Path(filename) in found:
+            continue
+        found.add(Path(filename))
+        todo += [r for r in meta.find_referenced_templates(env.parse(source)) if r]
+    return found
+
+
 class TemplateSpec(ABC):
     """Base of every kernel template.
 
@@ -179,8 +228,6 @@ class TemplateSpec(ABC):
     op: ClassVar[str] = "gemm"
     space: ClassVar[ParamSpace] = ParamSpace(())
     jinja: ClassVar[str | None] = None
-    # shared jinja files (relative to templates/) the source includes: part of its hash
-    includes: ClassVar[tuple[str, ...]] = ()
     # whether the kernel can also store the product before its epilogue (GemmProblem.store_acc)
     stores_acc: ClassVar[bool] = False
 
@@ -189,17 +236,25 @@ class TemplateSpec(ABC):
         return Path(inspect.getfile(type(self))).parent
 
     @cached_property
-    def source_hash(self) -> str:
-        """Hash of the template's jinja text, the modules of its class hierarchy (a subclass
-        renders through its bases' code) and the files it includes: changes when any does."""
-        h = hashlib.sha256()
-        for cls in type(self).__mro__:
-            if cls.__module__.startswith("tilewright.templates"):
-                h.update(Path(inspect.getfile(cls)).read_bytes())
+    def render_sources(self) -> tuple[Path, ...]:
+        """Every file the rendered source comes from, found rather than listed: the modules of
+        the class hierarchy (``base.py`` included), the tilewright template and IR modules they
+        import (transitively), the jinja file and every jinja file it includes or imports."""
+        files = {Path(inspect.getfile(cls)) for cls in type(self).__mro__
+                 if cls.__module__.startswith("tilewright.templates")}
+        files |= _imported_render_modules(files)
         if self.jinja:
-            h.update((self.folder / self.jinja).read_bytes())
-        for rel in self.includes:
-            h.update((TEMPLATES_ROOT / rel).read_bytes())
+            files |= _jinja_closure(self.folder, self.jinja)
+        return tuple(sorted(files))
+
+    @cached_property
+    def source_hash(self) -> str:
+        """Hash of :attr:`render_sources`: changes when any file the source comes from does."""
+        h = hashlib.sha256()
+        root = TEMPLATES_ROOT.parent
+        for path in self.render_sources:
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
         return h.hexdigest()[:16]
 
     def render_jinja(self, **context: Any) -> str:

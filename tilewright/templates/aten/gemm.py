@@ -53,7 +53,6 @@ class AtenGemm(TemplateSpec):
     backend = "aten"
     op = "gemm"
     jinja = "gemm.py.jinja"
-    includes = ("../ir/epilogue.py", "../ir/ops.py")  # the epilogue is rendered through these
 
     def supports(self, problem: GemmProblem, target: Target) -> Support:
         if problem.block_scaled and (problem.dtype != "nvfp4" or problem.scale_layout != "row"):

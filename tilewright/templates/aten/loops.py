@@ -40,7 +40,6 @@ def render_torch(problem: LoopProblem) -> str:
 class _AtenLoops(TemplateSpec):
     backend = "aten"
     jinja = "loops.py.jinja"
-    includes = ("aten/emit.py", "../ir/ops.py")  # the body comes from the emitter and the ops table
 
     def supports(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:

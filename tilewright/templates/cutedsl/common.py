@@ -74,7 +74,6 @@ class CuteDslGemm(TemplateSpec):
     backend = "cutedsl"
     op = "gemm"
     arch: ClassVar[str]
-    includes = ("cutedsl/common.jinja", "cutedsl/runtime.jinja")
     host_fn = "gemm_host"
 
     # -- what can run ------------------------------------------------------------------------

@@ -29,7 +29,6 @@ class GluonGemmTdm(TritonGemm):
     id = "gluon.gemm_tdm"
     backend = "gluon"
     jinja = "gemm_tdm.py.jinja"
-    includes = ("common/epilogue.jinja",)
     kernel_name = "tw_gemm_tdm_kernel"
     space = ParamSpace((
         Knob("BLOCK_M", (32, 64, 128, 256), 128, "rows of C per program"),

@@ -391,7 +391,6 @@ class _TritonLoops(TemplateSpec):
     backend = "triton"
     jinja = "loops.py.jinja"
     # the body comes from the emitter: a change there must retire the tuning records
-    includes = ("triton/emit.py", "../ir/ops.py")
 
     def supports(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
