@@ -109,12 +109,22 @@ def _measurable(target: Target) -> torch.device | None:
     if target.backend == "cpu":
         return torch.device("cpu")
     if target.backend in ("cuda", "hip") and torch.cuda.is_available():
-        from tilewright.runtime.targets import detect_target
-
         dev = torch.device("cuda", torch.cuda.current_device())
-        if detect_target(dev).name == target.name:
+        if _local_target_name(dev) == target.name:
             return dev
     return None
+
+
+def _local_target_name(dev: torch.device) -> str | None:
+    """The target a local GPU is, or None for one tilewright has no target for (it can then
+    measure nothing, and chooses as for a remote target)."""
+    from tilewright.errors import UnknownTargetError
+    from tilewright.runtime.targets import detect_target
+
+    try:
+        return detect_target(dev).name
+    except UnknownTargetError:
+        return None
 
 
 def _timed(results: list[CandidateResult]) -> list[CandidateResult]:
@@ -181,10 +191,8 @@ def local_devices(target: Target) -> list[str]:
         return ["cpu"]
     if target.backend not in ("cuda", "hip") or not torch.cuda.is_available():
         return []
-    from tilewright.runtime.targets import detect_target
-
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())
-            if detect_target(torch.device("cuda", i)).name == target.name]
+            if _local_target_name(torch.device("cuda", i)) == target.name]
 
 
 def isolated(device: torch.device) -> bool:

@@ -96,6 +96,28 @@ FEATURES = {
 _NV = "https://www.nvidia.com/en-us/data-center/"
 _TARGETS = [
     Target(
+        "cuda:sm_80", "cuda", "sm_80", "NVIDIA A100 SXM4 80 GB", num_sms=108, warp_size=32,
+        smem_per_block=163 * KiB, regs_per_sm=65536, l2_bytes=40 * MiB,
+        peak_tflops=(("bf16", 312.0), ("fp16", 312.0), ("tf32", 156.0), ("fp32", 19.5)),
+        hbm_gbps=2039.0,
+        features=frozenset({"mma_sync"}),
+        triton=("cuda", 80, 32),
+        source=f"{_NV}a100/ A100 datasheet (dense = half the sparse figure; 2,039 GB/s is the "
+               "80 GB SXM4 part); 108 SMs, 40 MB L2, 164 KB shared memory per SM (163 KB per "
+               "block) from the NVIDIA Ampere architecture whitepaper"),
+    Target(
+        "cuda:sm_89", "cuda", "sm_89", "NVIDIA L4 (Ada)", num_sms=58, warp_size=32,
+        smem_per_block=99 * KiB, regs_per_sm=65536, l2_bytes=48 * MiB,
+        peak_tflops=(("bf16", 121.0), ("fp16", 121.0), ("tf32", 60.0), ("fp32", 30.3),
+                     ("fp8", 242.0)),
+        hbm_gbps=300.0,
+        features=frozenset({"mma_sync", "fp8_e4m3"}),
+        triton=("cuda", 89, 32),
+        source=f"{_NV}l4/ L4 datasheet (dense = half the sparse figure: 242 fp16/bf16, 485 "
+               "fp8, 120 tf32 sparse); 58 SMs (7,424 CUDA cores), 48 MB L2; compute "
+               "capability 8.9 gives 100 KB shared memory per SM (99 KB per block). RTX 4090 "
+               "(128 SMs, 1,008 GB/s) and L40S are 8.9 too: same code, other figures"),
+    Target(
         "cuda:sm_90a", "cuda", "sm_90a", "NVIDIA H200 SXM (also H100 SXM)", num_sms=132,
         warp_size=32, smem_per_block=227 * KiB, regs_per_sm=65536, l2_bytes=50 * MiB,
         peak_tflops=(("bf16", 989.4), ("fp16", 989.4), ("tf32", 494.7), ("fp32", 66.9),
@@ -116,6 +138,34 @@ _TARGETS = [
         triton=("cuda", 100, 32),
         source=f"{_NV}hgx/ HGX B200 datasheet (dense = half the sparse figure)"),
     Target(
+        "cuda:sm_103a", "cuda", "sm_103a", "NVIDIA B300 (HGX, Blackwell Ultra)", num_sms=148,
+        warp_size=32, smem_per_block=227 * KiB, regs_per_sm=65536, l2_bytes=126 * MiB,
+        peak_tflops=(("bf16", 2250.0), ("fp16", 2250.0), ("tf32", 1125.0), ("fp32", 75.0),
+                     ("fp8", 4500.0), ("fp4", 13500.0)),
+        hbm_gbps=8000.0,
+        features=frozenset({"tcgen05", "mma_sync", "tma", "pdl", "fp8_e4m3", "clusters",
+                            "block_scaled_mma", "nvfp4", "mxfp4"}),
+        triton=("cuda", 103, 32),
+        source=f"{_NV}hgx/ HGX B300 datasheet, per GPU of 8 (dense: 36 PF bf16 and 108 PF fp4 "
+               "per board / 8); SM count is the enabled part's (NVIDIA's Blackwell Ultra blog "
+               "gives 160 for the full die); L2 and shared memory as B200 (same SM design). "
+               "sm_103a cubins are its own: sm_100a ones do not load here"),
+    Target(
+        "cuda:sm_110a", "cuda", "sm_110a", "NVIDIA Jetson AGX Thor (T5000)", num_sms=20,
+        warp_size=32, smem_per_block=227 * KiB, regs_per_sm=65536, l2_bytes=32 * MiB,
+        peak_tflops=(("bf16", 259.0), ("fp16", 259.0), ("tf32", 129.0), ("fp32", 8.0),
+                     ("fp8", 517.0), ("fp4", 1035.0)),
+        hbm_gbps=273.0,
+        features=frozenset({"tcgen05", "mma_sync", "tma", "pdl", "fp8_e4m3", "clusters",
+                            "block_scaled_mma", "nvfp4", "mxfp4"}),
+        triton=("cuda", 110, 32),
+        source="NVIDIA Jetson AGX Thor module data sheet: 2,070 fp4 TFLOPS sparse (1,035 "
+               "dense), 2,560 CUDA cores, 128 GB LPDDR5X at 273 GB/s; 20 SMs, 32 MiB L2 and "
+               "228 KiB shared memory per SM as the CUDA driver reports them (NVIDIA developer "
+               "forum, 'CUDA core and Tensor Core counts for Jetson AGX Thor'); fp8/bf16 rates "
+               "derived from fp4 at the Blackwell tensor-core ratio (1/2, 1/4), fp32 from "
+               "2,560 cores at 1.57 GHz: estimates"),
+    Target(
         "cuda:sm_120", "cuda", "sm_120", "NVIDIA GeForce RTX 5090", num_sms=170, warp_size=32,
         smem_per_block=99 * KiB, regs_per_sm=65536, l2_bytes=96 * MiB,
         peak_tflops=(("bf16", 209.5), ("fp16", 209.5), ("tf32", 104.8), ("fp32", 104.8),
@@ -126,6 +176,22 @@ _TARGETS = [
         triton=("cuda", 120, 32),
         source="NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090, dense, "
                "fp32 accumulate)"),
+    Target(
+        "cuda:sm_121", "cuda", "sm_121", "NVIDIA GB10 (DGX Spark)", num_sms=48, warp_size=32,
+        smem_per_block=99 * KiB, regs_per_sm=65536, l2_bytes=24 * MiB,
+        peak_tflops=(("bf16", 125.0), ("fp16", 125.0), ("tf32", 62.5), ("fp32", 31.0),
+                     ("fp8", 250.0), ("fp4", 500.0)),
+        hbm_gbps=273.0,
+        features=frozenset({"mma_sync", "tma", "pdl", "fp8_e4m3", "block_scaled_mma",
+                            "nvfp4", "mxfp4"}),
+        triton=("cuda", 121, 32),
+        source="NVIDIA DGX Spark data sheet: 1 PFLOP fp4 with sparsity (500 dense), 31 TFLOP/s "
+               "fp32, 6,144 CUDA cores (48 SMs), 128 GB LPDDR5X at 273 GB/s; 100 KB shared "
+               "memory per SM and 24 MB L2 as reported on the device (huggingface/kernels PR "
+               "283, which also measured ~92 TFLOP/s bf16); fp8/bf16 peaks derived from fp4 "
+               "at 1/2 and 1/4: estimates. sm_121 runs sm_120-family code, but triton builds "
+               "arch-specific sm_121a cubins that an sm_120 device does not load (nor the "
+               "reverse)"),
     Target(
         "hip:gfx942", "hip", "gfx942", "AMD Instinct MI300X", num_sms=304, warp_size=64,
         smem_per_block=64 * KiB, regs_per_sm=4 * 512 * 64, l2_bytes=256 * MiB,
@@ -174,9 +240,14 @@ _TARGETS = [
 
 TARGETS: dict[str, Target] = {t.name: t for t in _TARGETS}
 ALIASES = {
+    "sm_80": "cuda:sm_80", "a100": "cuda:sm_80",
+    "sm_89": "cuda:sm_89", "l4": "cuda:sm_89",
     "sm_90a": "cuda:sm_90a", "sm_90": "cuda:sm_90a", "h100": "cuda:sm_90a", "h200": "cuda:sm_90a",
     "sm_100a": "cuda:sm_100a", "sm_100": "cuda:sm_100a", "b200": "cuda:sm_100a",
+    "sm_103a": "cuda:sm_103a", "sm_103": "cuda:sm_103a", "b300": "cuda:sm_103a",
+    "sm_110a": "cuda:sm_110a", "sm_110": "cuda:sm_110a", "thor": "cuda:sm_110a",
     "sm_120": "cuda:sm_120", "rtx5090": "cuda:sm_120",
+    "sm_121": "cuda:sm_121", "gb10": "cuda:sm_121", "dgx-spark": "cuda:sm_121",
     "gfx942": "hip:gfx942", "mi300x": "hip:gfx942",
     "gfx950": "hip:gfx950", "mi355x": "hip:gfx950",
     "gfx1250": "hip:gfx1250", "mi450": "hip:gfx1250",
@@ -200,14 +271,46 @@ def get_target(name: str | Target) -> Target:
             f"(aliases: {', '.join(ALIASES)})") from None
 
 
+# CUDA compute capability -> target. Only exact (major, minor) pairs: Triton and CuTeDSL build
+# arch-specific cubins (sm_90a, sm_100a, sm_120a, ...) that load only on the capability they
+# were built for, and the figures (shared memory, SMs) differ within a major version too, so a
+# capability not listed here is refused rather than mapped onto a neighbour's target.
+CUDA_CAPABILITIES: dict[tuple[int, int], str] = {
+    (8, 0): "cuda:sm_80", (8, 9): "cuda:sm_89", (9, 0): "cuda:sm_90a", (10, 0): "cuda:sm_100a",
+    (10, 3): "cuda:sm_103a", (11, 0): "cuda:sm_110a", (12, 0): "cuda:sm_120", (12, 1): "cuda:sm_121",
+}
+
+
+def cuda_target(major: int, minor: int, name: str = "") -> Target:
+    """The target for CUDA compute capability ``major.minor``.
+
+    Raises:
+        UnknownTargetError: a capability the registry does not describe; the message names it,
+            the capabilities that are known, and what happens instead.
+    """
+    key = CUDA_CAPABILITIES.get((major, minor))
+    if key is not None:
+        return TARGETS[key]
+    known = ", ".join(f"{a}.{b} ({t.split(':')[1]})" for (a, b), t in CUDA_CAPABILITIES.items())
+    part = f" ({name})" if name else ""
+    raise UnknownTargetError(
+        f"no tilewright target for CUDA compute capability {major}.{minor}{part}: kernels are "
+        f"built per architecture (an arch-specific 'a' cubin loads only on its own capability) "
+        f"and tuned to the chip's figures, so no other chip's target is borrowed. Known: "
+        f"{known}. torch.compile(backend='tilewright') runs this device's kernels on ATen "
+        f"(tilewright.kernels.gemm raises this error); to generate kernels for it, add a "
+        f"Target for sm_{major}{minor} to tilewright/runtime/targets.py and CUDA_CAPABILITIES")
+
+
 def detect_target(device: torch.device | str) -> Target:
     """The target for the device a tensor lives on.
 
-    CUDA devices map by compute capability (9.x → sm_90a, 10.x → sm_100a, 12.x → sm_120),
-    ROCm devices by ``gcnArchName``.
+    CUDA devices map by exact compute capability (``CUDA_CAPABILITIES``: 8.0 → sm_80, 8.9 →
+    sm_89, 9.0 → sm_90a, 10.0 → sm_100a, 10.3 → sm_103a, 11.0 → sm_110a, 12.0 → sm_120,
+    12.1 → sm_121), ROCm devices by ``gcnArchName``.
 
     Raises:
-        UnknownTargetError: a GPU this registry does not describe.
+        UnknownTargetError: a GPU this registry does not describe (see :func:`cuda_target`).
     """
     device = torch.device(device)
     if device.type == "cpu":
@@ -219,13 +322,7 @@ def detect_target(device: torch.device | str) -> Target:
         if getattr(torch.version, "hip", None):
             arch = props.gcnArchName.split(":")[0]
             return get_target(f"hip:{arch}")
-        major = props.major
-        by_major = {9: "cuda:sm_90a", 10: "cuda:sm_100a", 12: "cuda:sm_120"}
-        if major in by_major:
-            return TARGETS[by_major[major]]
-        raise UnknownTargetError(
-            f"no target for CUDA compute capability {props.major}.{props.minor} ({props.name}); "
-            f"tilewright knows {', '.join(t for t in TARGETS if t.startswith('cuda'))}")
+        return cuda_target(props.major, props.minor, props.name)
     raise UnknownTargetError(f"no target for device type {device.type!r}")
 
 

@@ -5,6 +5,11 @@ The rendered statements update ``acc``, the fp32 accumulator tile, in place. The
 scope: ``offs_m``, ``offs_n`` (the tile's row and column indices), ``mask_m``, ``mask_n``,
 ``c_mask``, ``pid_b``, and for each epilogue input ``k`` its pointer ``E{k}`` and strides
 ``stride_e{k}b/m/n``. Masked-off lanes read 1.0, so no 0/0 appears in lanes never stored.
+
+The templates store ``out_value`` (and ``stored_value``) converted to the output's element type.
+On a GPU that conversion rounds to nearest even and the values are ``acc`` itself; under the
+Triton interpreter, whose fp32 -> bf16 conversion truncates (twice eager's error), they are
+rounded to nearest even first, as the loop kernels' stores are (``TritonExpr.convert``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ class RenderedEpilogue:
     code: str
     helpers: str
     stored: str = ""  # the variable holding the stored product (store_acc), set by the code
+    out_value: str = "acc"  # what the template converts to C's element type and stores
+    stored_value: str = ""  # the same for the stored product (store_acc)
 
 
 def _load(n: Node) -> str:
@@ -44,10 +51,21 @@ def _pointer_load(n: Node) -> str:
     return f"tl.load(E{k} + pid_b * stride_e{k}b)" if boff else f"tl.load(E{k})"
 
 
-def render_epilogue(value: Node, interpreted: bool, stored: Node | None = None) -> RenderedEpilogue:
+def _for_store(e: TritonExpr, var: str, dtype: str) -> str:
+    """``var`` (an fp32 tile) ready to be converted to ``dtype`` by a store: rounded to nearest
+    even first under the interpreter (its own fp32 -> bf16 conversion truncates); unchanged on
+    a GPU, whose conversion already rounds to nearest even."""
+    if e.interpreted and dtype in ("bf16", "fp16"):
+        return e.convert(var, "fp32", dtype)
+    return var
+
+
+def render_epilogue(value: Node, interpreted: bool, stored: Node | None = None, *,
+                    out_dtype: str = "fp32", stored_dtype: str = "fp32") -> RenderedEpilogue:
     """The epilogue expression ``value`` (:func:`tilewright.ir.epilogue.problem_epilogue`) as
     Triton statements; see the module docstring. ``stored``: a value on the way (the product a
-    store_acc problem also writes), emitted first and named in the result."""
+    store_acc problem also writes), emitted first and named in the result. ``out_dtype`` /
+    ``stored_dtype``: the element types those values are stored as."""
     e = TritonExpr(interpreted=interpreted, load=_load, acc=lambda n: "acc", prefix="ep")
     kept = e.emit(stored) if stored is not None else ""
     if kept == "acc":  # the plain accumulator: keep it under a name the epilogue does not reuse
@@ -55,4 +73,6 @@ def render_epilogue(value: Node, interpreted: bool, stored: Node | None = None) 
         e.line(f"{kept} = acc")
     value = e.emit(value)
     lines = e.lines + ([f"acc = {value}"] if value != "acc" else [])
-    return RenderedEpilogue("\n".join(lines), e.helpers(), kept)
+    out_value = _for_store(e, "acc", out_dtype)
+    stored_value = _for_store(e, kept, stored_dtype) if kept else ""
+    return RenderedEpilogue("\n".join(lines), e.helpers(), kept, out_value, stored_value)

@@ -85,7 +85,13 @@ def mma_checks(problem: GemmProblem, params: Params, target: Target) -> list[Ins
         if big and target.has("tcgen05"):
             kind = r"kind::f8f6f4" if fp8 else r"kind::(f16|tf32)"
             return [InstructionCheck("ptx", (rf"tcgen05\.mma\S*{kind}",), (r"wgmma",), "5th-gen tensor cores")]
-        return [InstructionCheck("ptx", (rf"mma\.sync\S*\.{ptx}",), (), "warp-level MMA")]
+        if fp8 and (target.has("wgmma") or target.has("tcgen05")):
+            # measured (triton 3.9, sm_90a/sm_100a/sm_103a/sm_110a): a small fp8 tile is
+            # converted to f16 (cvt.rn.f16x2.e4m3x2) for mma.sync; sm_89 and sm_12x keep e4m3
+            return [InstructionCheck("ptx", (r"mma\.sync\S*\.f16", r"cvt\.rn\.f16x2\.e4m3x2"),
+                                     (r"wgmma", r"tcgen05\.mma"), "warp-level MMA on fp8 converted to f16")]
+        return [InstructionCheck("ptx", (rf"mma\.sync\S*\.{ptx}",), (r"wgmma", r"tcgen05\.mma"),
+                                 "warp-level MMA")]
     if target.backend == "hip":
         suffix = r"\w*(f8|fp8)" if fp8 else ""
         if target.has("wmma"):
@@ -117,7 +123,6 @@ class TritonGemm(TemplateSpec):
     stores_acc = True
     jinja = "gemm.py.jinja"
     # the epilogue is rendered through these (part of the source hash)
-    includes = ("triton/epilogue.py", "triton/emit.py", "../ir/epilogue.py", "../ir/ops.py")
     kernel_name = "tw_gemm_kernel"
     space = ParamSpace(CORE_KNOBS + (
         Knob("SPLIT_K", (1, 2, 4, 8, 16), 1, "programs sharing one tile's K range"),
@@ -189,7 +194,8 @@ class TritonGemm(TemplateSpec):
         tf32 = problem.dtype == "fp32" and tensor_core_dtype(problem, target)
         stored = (epilogue_expr(problem.epilogue[:problem.acc_after], problem.epilogue_inputs)
                   if problem.store_acc else None)
-        epilogue = render_epilogue(problem_epilogue(problem), target.interpreted, stored)
+        epilogue = render_epilogue(problem_epilogue(problem), target.interpreted, stored,
+                                   out_dtype=problem.out_dtype, stored_dtype=problem.dtype)
         return dict(
             kernel_name=self.kernel_name, problem_text=shown,
             split_k=params.get("SPLIT_K", 1), swap_ab=bool(params.get("SWAP_AB")),
@@ -197,7 +203,8 @@ class TritonGemm(TemplateSpec):
             out_torch_dtype=TORCH_DTYPE[problem.out_dtype], n_inputs=len(problem.epilogue_inputs),
             epilogue_code=epilogue.code, epilogue_helpers=epilogue.helpers,
             store_acc=problem.store_acc, acc_torch_dtype=TORCH_DTYPE[problem.dtype],
-            epilogue_stored=epilogue.stored,
+            epilogue_stored=epilogue.stored, epilogue_out_value=epilogue.out_value,
+            epilogue_stored_value=epilogue.stored_value,
             index_64=needs_int64(problem),
             even_k="K" not in problem.dynamic and problem.K % params["BLOCK_K"] == 0,
             upcast=upcast,

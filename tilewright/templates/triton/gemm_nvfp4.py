@@ -38,6 +38,10 @@ class TritonGemmNvfp4(TritonGemm):
             return Support(False, why)
         if problem.dtype != "nvfp4":
             return Support(False, "this template dequantises NVFP4 operands")
+        if target.backend == "cuda" and not target.has("fp8_e4m3"):
+            # measured (triton 3.9, sm_80): "type fp8e4nv not supported in this architecture"
+            return Support(False, f"{target.name} has no e4m3 conversions for the block scales "
+                                  "(triton needs sm_89 or later)")
         if problem.scale_layout != "row":
             return Support(False, "needs row-major block scales (scale_layout='row')")
         if problem.batched or problem.layout_a != "row" or problem.layout_b != "col":
