@@ -40,7 +40,9 @@ class Config:
     """Settings for the backend, the autotuner and the runtime.
 
     Read a setting as an attribute (``tilewright.config.force_backend``); change one for a block
-    with ``with tilewright.config.patch(force_backend="triton"): ...``.
+    with ``with tilewright.config.patch(force_backend="triton"): ...``. A compiled model reads
+    the settings when a graph compiles (its first call, a recompile), the ops
+    (``tilewright.kernels.gemm``) at every call: docs/config.md, "When settings take effect".
     """
 
     force_backend: str = _setting(
@@ -145,9 +147,11 @@ class Config:
         object.__setattr__(self, name, value)
 
     def raise_env_error(self) -> None:
-        """Raise the ConfigError a ``TILEWRIGHT_*`` variable caused at import, if any."""
+        """Raise the ConfigError a ``TILEWRIGHT_*`` variable caused at import, if any: a fresh
+        one each time, whose traceback starts at the caller (not at the import, and not growing
+        with every call that raises it)."""
         if self._env_error is not None:
-            raise self._env_error
+            raise ConfigError(*self._env_error.args) from None
 
     # -- environment ---------------------------------------------------------------------------
     @classmethod
@@ -256,7 +260,9 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
         if kind == "float":
             return float(raw)
     except ValueError:
-        raise ConfigError(f"{env}={raw!r} is not a valid {kind}; unset it or give a {kind}") from None
+        example = {"bool": "1/0, true/false, yes/no or on/off", "int": "an integer such as 4",
+                   "float": "a number such as 2.5"}.get(kind, f"a {kind}")
+        raise ConfigError(f"{env}={raw!r} is not a valid {kind}; unset it or set it to {example}") from None
     return raw.strip()
 
 

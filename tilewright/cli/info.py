@@ -33,15 +33,42 @@ In code, change settings for a block with `tilewright.config.patch(...)`:
 import tilewright
 
 with tilewright.config.patch(force_backend="triton", autotune=False):
-    compiled(x)
+    compiled = torch.compile(model, backend="tilewright")
+    compiled(x)          # the first call compiles: its kernels are chosen under the block's settings
 ```
+
+## When settings take effect
+
+* **Compiled models apply settings when a graph compiles, not at every call.** A graph compiles
+  at the first call of the `torch.compile`d model and again whenever Dynamo recompiles it (a new
+  shape, dtype or grad mode, or after `torch._dynamo.reset()`); its kernels are chosen under the
+  settings in force then. A training graph's backward, compiled at the first `backward()`, uses
+  the settings its forward compiled under. Calling a graph that is already compiled inside a
+  later `config.patch(...)` block does not change its kernels, and neither does compiling the
+  same model again (Dynamo reuses the graphs it has): call `torch._dynamo.reset()` inside the
+  block (it drops every compiled graph of the process) to recompile under the block's settings.
+  Read at every call of a compiled graph all the same: `strict` (whether a run-time failure
+  raises or falls back to ATen) and `bucket_max` (which bucket a dynamic size runs in); a bucket
+  first seen at run time is tuned under the settings of that call.
+* **The ops apply settings at every call.** `tilewright.kernels.gemm` (`torch.ops.tilewright.gemm`)
+  and `torch.ops.tilewright.nvfp4_mm` run the kernel chosen under the `force_backend`, `autotune`,
+  `max_candidates`, `allow_tf32`, `pdl`, `check_candidates` and `cache_dir` in force at the call:
+  inside a `config.patch(...)` block, the block's; at the next call after it, the old ones again.
+  Each problem is tuned once per process and combination of those (timing under the `bench_*`
+  settings of that first call), and a problem already in the tuning cache is not timed again.
+* **Environment variables are read once**, when tilewright is imported (or at
+  `tilewright.config.reload_env()`). A bad value does not stop the import; the first compile,
+  op call or command raises one `ConfigError` line naming the variable and the values it takes.
+
+## Settings
 
 | setting | environment variable | default | meaning |
 | --- | --- | --- | --- |
 """
 CONFIG_DOC_TAIL = """
 Booleans accept `1/0`, `true/false`, `yes/no`, `on/off`. A value that does not parse stops
-the program with a `ConfigError` naming the variable.
+the program with a `ConfigError` naming the variable (a `torch.compile`d model raises it from
+its first call, as itself: one line, not a `BackendCompilerFailed`).
 
 (This page is generated: `tilewright config --markdown > docs/config.md`.)
 """

@@ -6,6 +6,13 @@ ATen forward and backward graphs (or one inference graph under ``no_grad``); eac
 :func:`tilewright.compiler.pipeline.compile_graph`. A graph tilewright fails to compile runs
 unchanged on ATen, with a warning; so does a compiled graph that fails when it runs. With
 ``config.strict`` set, both errors are raised instead.
+
+The user's own mistakes are not tilewright's failures and are reported as such, once, in one
+line: a bad ``TILEWRIGHT_*`` value or another :data:`USER_ERRORS` raised while compiling comes out
+of ``torch.compile``'s call as itself (a ``ConfigError``, not Dynamo's 40-line
+``BackendCompilerFailed``, see :func:`shorten`), and a graph that fails at run time and fails the
+same way on ATen (a dtype mismatch, a bad shape) raises ATen's error, as eager would, once and
+without switching the graph to ATen.
 """
 
 from __future__ import annotations
@@ -24,15 +31,76 @@ from tilewright._config import config
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.pipeline import compile_graph
 from tilewright.compiler.report import GraphReport, publish
+from tilewright.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger("tilewright.compiler")
 
+USER_ERRORS = (ConfigError, InvalidInputError)
+"""Errors that are the user's to fix (the message says how): never a reason to fall back."""
+
+_short_types: dict[type, type] = {}
+
+
+def shorten(e: BaseException) -> BaseException:
+    """``e`` as an exception Dynamo lets through unwrapped, for the backend to raise.
+
+    Dynamo wraps whatever a backend raises in ``BackendCompilerFailed``: the message twice over,
+    "report a bug to PyTorch", and some 40 lines of compiler frames. It lets an exception that is
+    a ``ShortenTraceback`` through instead and, where the user's call enters Dynamo, re-raises it
+    after ``remove_dynamo_frames()``. The returned exception is an instance of a subclass of both
+    ``type(e)`` (so ``except ConfigError`` still catches it, and it prints as
+    ``tilewright.errors.ConfigError: ...``) and ``ShortenTraceback``, whose
+    ``remove_dynamo_frames`` drops every frame below that call (``TORCHDYNAMO_VERBOSE=1`` keeps
+    them) and the text Dynamo appends to the message. Where the installed torch has no
+    ``ShortenTraceback``, ``e`` comes back unchanged (and Dynamo wraps it as before).
+    """
+    try:
+        from torch._dynamo.exc import ShortenTraceback
+    except ImportError:  # pragma: no cover - torch without it
+        return e
+    if isinstance(e, ShortenTraceback):
+        return e
+    cls = _short_types.get(type(e))
+    if cls is None:
+        base = type(e)
+
+        def __init__(self, *args: Any) -> None:
+            ShortenTraceback.__init__(self, *args, first_useful_frame=None)
+            self._tilewright_args = args
+
+        def remove_dynamo_frames(self):  # called by Dynamo where the user's call entered it
+            import torch._dynamo.config as dynamo_config
+
+            self.args = self._tilewright_args  # without what Dynamo appended
+            return self if dynamo_config.verbose else self.with_traceback(None)
+
+        def __reduce__(self):  # pickles (a worker's report) as the plain error
+            return base, self._tilewright_args
+
+        try:
+            cls = type(base.__name__, (base, ShortenTraceback),
+                       {"__init__": __init__, "remove_dynamo_frames": remove_dynamo_frames,
+                        "__reduce__": __reduce__, "__module__": base.__module__,
+                        "__qualname__": base.__qualname__, "__doc__": base.__doc__})
+        except TypeError:  # pragma: no cover - a base whose layout cannot mix with RuntimeError
+            return e
+        _short_types[base] = cls
+    short = cls(*e.args)
+    short.__dict__.update({k: v for k, v in vars(e).items() if k not in vars(short)})
+    return short
+
 
 def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Callable:
-    """The compiled graph, guarded: if it raises at run time (a tilewright bug the compile-time
-    checks missed), warn, switch this graph to ATen for good and rerun the call there, so the
-    model still gets its answer. An error the graph itself raises (bad user input) raises
-    again from ATen, unchanged. ``config.strict`` lets the first error through instead."""
+    """The compiled graph, guarded: if it raises at run time, the call is rerun on ATen.
+
+    * ATen raises too: the input is at fault (a dtype mismatch, a bad shape), not tilewright;
+      ATen's error (what eager raises) is raised, once, without the frames of the graph or the
+      compiled graph's error chained to it, and the graph stays compiled for the next call.
+    * ATen succeeds: a tilewright bug the compile-time checks missed. One warning line (its
+      traceback goes to the ``tilewright.compiler`` log at info level), the graph runs on ATen
+      for good and the model gets its answer; ``config.strict`` raises the compiled graph's
+      error instead.
+    """
     aten: list[Callable] = []
 
     def call(args: list) -> Any:
@@ -42,28 +110,53 @@ def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Call
         try:
             return compiled(args)
         except Exception as e:
-            if config.strict:
-                raise
-            msg = (f"a tilewright-compiled {kind} graph failed at run time ({type(e).__name__}: {e}); "
-                   "running it on ATen from now on")
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
-            log.warning(msg, exc_info=True)
-            aten.append(make_boxed_func(gm.forward))
-            return aten[0](saved)
+            error = e
+        fallback = make_boxed_func(gm.forward)
+        try:
+            out = fallback(list(saved))
+        except Exception as again:
+            del error
+            raise again.with_traceback(None) from None  # the user's error, as eager has it
+        if config.strict:
+            raise error
+        msg = (f"a tilewright-compiled {kind} graph failed at run time ({type(error).__name__}: "
+               f"{_first_line(error)}); running it on ATen from now on")
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        log.info("the compiled %s graph's error", kind, exc_info=error)
+        aten.append(fallback)
+        return out
 
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
 
 
-def _compile_or_fallback(gm: fx.GraphModule, example_inputs: list[Any], *, kind: str) -> Callable:
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _compile_or_fallback(gm: fx.GraphModule, example_inputs: list[Any], *, kind: str,
+                         settings: dict[str, Any] | None = None) -> Callable:
+    """Compile one aot_autograd graph under ``settings`` (the config when Dynamo handed the model
+    to the backend: a training graph's backward compiles at its first ``backward()``, maybe
+    outside the ``config.patch`` block its forward compiled in, and must choose alike)."""
+    changed = {k: v for k, v in (settings or {}).items() if getattr(config, k) != v}
+    with config.patch(**changed):
+        return _compile_under_settings(gm, example_inputs, kind)
+
+
+def _compile_under_settings(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> Callable:
     try:
         return _run_or_fall_back(compile_graph(gm, example_inputs, kind), gm, kind)
+    except USER_ERRORS:
+        raise  # the user's to fix: falling back would hide it (tilewright_backend shortens it)
     except Exception as e:
         if config.strict:
             raise
-        msg = f"tilewright could not compile a {kind} graph ({type(e).__name__}: {e}); running it on ATen"
+        msg = (f"tilewright could not compile a {kind} graph ({type(e).__name__}: {_first_line(e)}); "
+               "running it on ATen")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
-        log.warning(msg, exc_info=True)
+        log.info("the %s graph's compile error", kind, exc_info=True)
         publish(GraphReport(-1, kind, fallback=f"{type(e).__name__}: {e}"))
         return make_boxed_func(gm.forward)
 
@@ -86,15 +179,21 @@ def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw
     """Dynamo backend entry point (``backend="tilewright"``).
 
     Raises:
-        ConfigError: a ``TILEWRIGHT_*`` environment variable has a bad value.
+        ConfigError: a ``TILEWRIGHT_*`` environment variable has a bad value (raised as itself,
+            in one line, not wrapped by Dynamo: see :func:`shorten`).
     """
-    config.raise_env_error()
-    extra = partition_options()
-    backend = aot_autograd(
-        fw_compiler=functools.partial(_compile_or_fallback, kind="forward"),
-        bw_compiler=functools.partial(_compile_or_fallback, kind="backward"),
-        inference_compiler=functools.partial(_compile_or_fallback, kind="inference"),
-        decompositions=decomposition_table(),
-        **extra,
-    )
-    return backend(gm, example_inputs, **kwargs)
+    try:
+        config.raise_env_error()
+        extra = partition_options()
+        settings = config.as_dict()  # the backward, compiled later, chooses under these too
+        backend = aot_autograd(
+            fw_compiler=functools.partial(_compile_or_fallback, kind="forward", settings=settings),
+            bw_compiler=functools.partial(_compile_or_fallback, kind="backward", settings=settings),
+            inference_compiler=functools.partial(_compile_or_fallback, kind="inference",
+                                                 settings=settings),
+            decompositions=decomposition_table(),
+            **extra,
+        )
+        return backend(gm, example_inputs, **kwargs)
+    except USER_ERRORS as e:
+        raise shorten(e) from None

@@ -45,6 +45,7 @@ from tilewright.templates import get_template
 
 log = logging.getLogger("tilewright.compiler")
 _graph_ids = itertools.count()
+_unknown_warned: set[str] = set()  # UnknownTargetError messages already logged
 
 
 def make_call(n: GemmNode | FusedNode) -> KernelCall:
@@ -55,7 +56,10 @@ def make_call(n: GemmNode | FusedNode) -> KernelCall:
     try:
         target = detect_target(n.device)
     except UnknownTargetError as e:
-        log.warning("%s; %s runs on ATen", e, n.name)
+        if str(e) not in _unknown_warned:  # once per device kind, not once per kernel
+            _unknown_warned.add(str(e))
+            log.warning("%s (first kernel: %s)", e, n.name)
+        log.debug("%s runs on ATen: no target for %s", n.name, n.device)
         target = get_target("cpu") if n.device.type == "cpu" else get_target("cuda:sm_90a")
         aten = get_template(f"aten.{kind}")
         fixed = Candidate.of(aten.id, aten.source_hash)
@@ -93,10 +97,11 @@ def _or_aten(call: KernelCall, what: str, fn: Callable[[], Any], fallback: Calla
     except Exception as e:  # noqa: BLE001 - any failure of one kernel is contained
         if config.strict:
             raise
+        text = str(e).strip()
         msg = (f"tilewright: {what} for {call.name} ({call.problem.describe()}) failed "
-               f"({type(e).__name__}: {e}); that kernel runs on ATen")
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
-        log.warning(msg, exc_info=True)
+               f"({type(e).__name__}: {text.splitlines()[0] if text else '-'}); that kernel runs on ATen")
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)  # one line; the traceback only in the log
+        log.info("%s", msg, exc_info=True)
         return fallback()
 
 

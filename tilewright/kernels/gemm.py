@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from tilewright._config import config
 from tilewright.errors import InvalidInputError
 from tilewright.kernels.build import tuned_launcher
 from tilewright.problem import (
@@ -140,9 +141,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     Returns:
         (M, N) or (batch, M, N) tensor of ``out_dtype``.
 
+    The kernel is the one the autotuner chose for this problem under the settings in force at
+    this call (``tilewright.config``; inside ``config.patch(...)`` those of the block), tuned at
+    the first call under them (see docs/config.md, "When settings take effect").
+
     Raises:
         InvalidInputError: shapes, dtypes or devices that do not fit, with the fix in the message.
+        ConfigError: a ``TILEWRIGHT_*`` environment variable has a bad value.
     """
+    config.raise_env_error()  # here, not under the dispatcher: the traceback stays the caller's
     # validate here too: mixed devices (say cpu and meta) would otherwise dispatch to the fake
     validate(a, b, {"bias": bias, "residual": residual})
     activation = "none" if activation is None else activation

@@ -2,7 +2,10 @@
 quantised to NVFP4 on the fly (W4A4), as ModelOpt's NVFP4 linear layers do.
 
 For inference: the weight, its scales and the bias are buffers, not parameters, and the ops have
-no backward (quantisation-aware training is out of scope).
+no backward (quantisation-aware training is out of scope). A layer whose input requires grad
+while grad mode is on (a model with trainable layers before it, called outside ``torch.no_grad()``)
+raises :class:`~tilewright.errors.InvalidInputError` at once, in eager and compiled models alike,
+instead of a backward that cannot run; with grad mode on but no gradient needed it just runs.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ import torch.nn as nn
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_*
 from tilewright.errors import InvalidInputError
 from tilewright.quant import nvfp4
+
+
+INFERENCE_ONLY = ("NVFP4Linear layers are inference-only (their input requires grad, and they have no "
+                  "backward); call the model under torch.no_grad() or torch.inference_mode()")
 
 
 class NVFP4Linear(nn.Module):
@@ -60,6 +67,8 @@ class NVFP4Linear(nn.Module):
                                 self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise InvalidInputError(INFERENCE_ONLY)
         lead = x.shape[:-1]
         xq, xs, xg = torch.ops.tilewright.nvfp4_quantize(x.reshape(-1, self.in_features),
                                                          self.input_global_scale)
