@@ -53,7 +53,9 @@ class Config:
         FORCE_BACKENDS)
     autotune: bool = _setting(
         True, "TILEWRIGHT_AUTOTUNE",
-        "Benchmark candidates. When off, the policy's top-ranked candidate is used untimed.")
+        "Benchmark candidates. When off, the policy's top-ranked candidate is used untimed and "
+        "unrecorded (a generated kernel is still checked once against the reference; ATen "
+        "replaces it if it fails).")
     cache_dir: str = _setting(
         _default_cache_dir, "TILEWRIGHT_CACHE_DIR",
         "Folder of the persistent autotune cache and of compiled kernel modules "
