@@ -18,20 +18,23 @@ _PAGE = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=True).fr
 <html><head><meta charset="utf-8"><title>tilewright bench compare</title>
 <style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}.regression{background:#fcc}.improvement{background:#cfc}
-.missing,.error{background:#fdb}</style></head><body>
+.missing,.error{background:#fdb}.noisy{background:#ffc}</style></head><body>
 <h1>tilewright: {{ 'PASS' if cmp.passed else 'FAIL' }}</h1>
 <p>baseline: {{ cmp.base_env.device }} ({{ cmp.base_env.target }}),
 tilewright {{ cmp.base_env.versions.tilewright }},
 torch {{ cmp.base_env.versions.torch }}, triton {{ cmp.base_env.versions.triton }}<br>
 new: {{ cmp.new_env.device }} ({{ cmp.new_env.target }}), tilewright {{ cmp.new_env.versions.tilewright }},
 torch {{ cmp.new_env.versions.torch }}, triton {{ cmp.new_env.versions.triton }}<br>
-max regression {{ '%.1f' % (cmp.max_regression * 100) }}% beyond noise;
+{{ cmp.rule() }};
 {% for v in verdicts %}{{ v }}: {{ cmp.count(v) }} {% endfor %}</p>
 {% if png %}<img alt="speed-up over ATen per shape" src="data:image/png;base64,{{ png }}">{% endif %}
-<table><tr><th>problem</th><th>base ms</th><th>new ms</th><th>change</th><th>noise</th>
-<th>speed-up vs ATen (base → new)</th><th>choice</th><th>verdict</th></tr>
-{% for r in cmp.rows %}<tr class="{{ r.verdict }}"><td>{{ r.id }}</td><td>{{ fmt(r.base_ms) }}</td>
-<td>{{ fmt(r.new_ms) }}</td><td>{{ pct(r.change) }}</td><td>{{ pct(r.noise) }}</td>
+{% for which, fraction in cmp.injected.items() %}<p>note: the {{ which }} results were measured
+with an injected {{ '%.0f' % (fraction * 100) }}% slowdown of tilewright (a test run)</p>{% endfor %}
+<table><tr><th>problem</th><th>metric</th><th>base</th><th>new</th><th>change</th><th>threshold</th>
+<th>ms (base → new)</th><th>speed-up vs ATen (base → new)</th><th>choice</th><th>verdict</th></tr>
+{% for r in cmp.rows %}<tr class="{{ r.verdict }}"><td>{{ r.id }}</td><td>{{ r.metric or '-' }}</td>
+<td>{{ fmt(r.base) }}</td><td>{{ fmt(r.new) }}</td><td>{{ pct(r.change) }}</td>
+<td>{{ pct(r.threshold) }} {{ r.threshold_source }}</td><td>{{ fmt(r.base_ms) }} → {{ fmt(r.new_ms) }}</td>
 <td>{{ fmt(r.base_speedup) }} → {{ fmt(r.new_speedup) }}</td><td>{{ r.new_choice or r.base_choice }}</td>
 <td>{{ r.verdict }}</td></tr>
 {% endfor %}</table></body></html>
