@@ -17,7 +17,13 @@ fastest count as tied, and a tie goes to the lowest policy rank (ATen, then the 
 order; equal ranks by candidate key). "Within noise" means a median difference of at most twice
 the larger of the two spreads (half interquartile ranges), and never less than
 ``config.bench_tie_pct`` percent of the best median. Near-equal kernels therefore do not flip
-between processes: the same ranking wins.
+between processes: the same ranking wins. Beyond that, the winner is picked from the records
+every process stored, and the first decision recorded for a problem stands
+(:meth:`~tilewright.autotune.cache.TuningCache.store`): the ranks of one job that tuned the same
+problem at once run the same kernel.
+
+With ``config.autotune`` off nothing is timed or recorded: the policy's first choice is used, a
+generated one after a single check against the reference.
 """
 
 from __future__ import annotations
