@@ -323,18 +323,19 @@ def test_fail_small_an_unwritable_cache_keeps_results_in_memory(tmp_path, sim, m
         TuningCache(tmp_path / "u.json").store(ProblemKey.for_problem(PROBLEM, "cpu"), {})
 
 
-def test_fail_small_a_data_dependent_size_costs_only_its_gemm(fresh_cache, monkeypatch):
+def test_fail_small_a_data_dependent_size_costs_only_its_gemm(fresh_cache):
     """The GEMM whose M comes from a boolean mask stays ATen's; the graph is still compiled
     (tests run with TILEWRIGHT_STRICT=1, so a graph that fell back to ATen would raise)."""
     assert tilewright.config.strict
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
     w = torch.randn(8, 16)
 
     def f(x):
         return torch.relu(x[x[:, 0] > 0] @ w.T + 1)  # M is data-dependent
 
     x = torch.randn(64, 16)
-    torch.testing.assert_close(torch.compile(f, backend="tilewright")(x), f(x))
+    # (Dynamo's config.patch, not monkeypatch: undoing a monkeypatch deletes the setting)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        torch.testing.assert_close(torch.compile(f, backend="tilewright")(x), f(x))
 
 
 def test_fail_small_with_autotune_off_nothing_is_timed(tmp_path, sim, monkeypatch):
