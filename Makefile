@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
-	$(PY) -m pip install --quiet -e '.[demo,test,cutedsl]'
+	$(PY) -m pip install --quiet -e '.[demo,test,cutedsl,sycl]'
 	touch $@
 
 setup: $(VENV)/.installed

@@ -86,7 +86,9 @@ class LoopPolicy:
                ) -> list[tuple[float, dict[str, Any]]]:
         """(predicted ms, params) for one template, best first: the proposals it accepts."""
         seen, scored = set(), []
-        for p in self.proposals(problem, target):
+        # a template whose knobs are its own (Metal's simdgroups per threadgroup) seeds them
+        seed = getattr(template, "seed_params", None)
+        for p in seed(problem, target) if seed is not None else self.proposals(problem, target):
             params = template.space.complete({k: v for k, v in p.items() if k in template.space.names()})
             key = tuple(sorted(params.items()))
             if key in seen or template.check(params, problem, target):

@@ -114,6 +114,10 @@ def _measurable(target: Target) -> torch.device | None:
     """The local device to benchmark ``target`` on, or None when it is not this machine."""
     if target.backend == "cpu":
         return torch.device("cpu")
+    if target.name == "mps" and torch.backends.mps.is_available():
+        # on a Mac the Metal candidates are checked and timed like any other, never picked
+        # unmeasured (they are compile-checked only until one has run there)
+        return torch.device("mps")
     if target.backend in ("cuda", "hip") and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())
         if _local_target_name(dev) == target.name:

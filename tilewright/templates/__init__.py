@@ -58,10 +58,13 @@ def register(manifest: BackendManifest) -> None:
 
 
 def _load_builtin() -> None:
-    from tilewright.templates import aten, cutedsl, gluon, triton
+    from tilewright.templates import aten, cutedsl, gluon, metal, triton
 
-    for backend in (aten, triton, gluon, cutedsl):
+    for backend in (aten, triton, gluon, cutedsl, metal):
         register(backend.MANIFEST)
+    from tilewright.templates import sycl  # renders without the SYCL runtime; refuses to run without it
+
+    register(sycl.MANIFEST)
 
 
 def manifests() -> dict[str, BackendManifest]:

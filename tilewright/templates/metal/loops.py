@@ -1,0 +1,537 @@
+"""Metal templates for loop kernels (:class:`~tilewright.problem.LoopProblem`) on the ``mps``
+target: ``metal.pointwise`` and ``metal.reduction``.
+
+Pointwise: one thread per element, grid-stride (the grid is capped at a few threadgroups per
+GPU core, so each thread walks ``xnumel / threads`` elements). Reduction: one threadgroup per
+row (``xindex`` = the threadgroup's position); each thread combines its share of the row, then
+:mod:`tilewright.templates.metal.reduce` combines across the threadgroup. ``PERSISTENT``: the
+row fits the threadgroup (``rnumel <= threads``), one element per thread, held in registers
+across dependent reductions (softmax's max, then its sum); otherwise the row is looped over in
+threadgroup-sized steps, one pass per level of dependent reductions and one more for values
+stored per element (Welford's online update for mean/variance).
+
+Loads and stores index buffers through run-time strides, sizes and element counts, passed in
+one ``constant long*`` array after the tensors (Metal allows 31 buffer arguments, so one per
+stride would run out). Each rendered kernel is a Python module: the shader text (``SHADER``),
+its launch geometry (``grid``) and ``launch``, which on macOS compiles the shader once with
+``torch.mps.compile_shader`` and calls ``lib.<kernel>(*tensors, meta, threads=...,
+group_size=...)``; elsewhere it refuses in one line (see
+:func:`tilewright.runtime.metal_check.require_metal_runtime`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sympy
+
+from tilewright.errors import UnsupportedProblemError
+from tilewright.ir import dtypes
+from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
+from tilewright.ir.index import code, offset
+from tilewright.ir.kernel import LoopKernel, Store
+from tilewright.problem import LoopProblem
+from tilewright.runtime.targets import Target
+from tilewright.templates.base import (
+    SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
+)
+from tilewright.templates.metal.emit import (
+    HELPERS, MSL_TYPE, MetalExpr, ctype, index_code, unsupported_dtype, zero,
+)
+from tilewright.templates.metal.reduce import SIMD_WIDTH, Reduction
+
+INT32_MAX = 2**31 - 1
+# 32-bit indices below this: a grid-stride step (at most the grid, well under 2**24 threads) past
+# the last element must not wrap either
+INDEX_LIMIT = INT32_MAX - 2**24
+MAX_THREADS_PER_GROUP = 1024  # Metal's limit per threadgroup on Apple GPUs
+MAX_BUFFERS = 31  # Metal's buffer argument table
+# pointwise grid cap: threadgroups per GPU core (enough resident work to hide latency; beyond
+# it threads loop over the elements)
+GROUPS_PER_CORE = 8
+
+
+def needs_int64(problem: LoopProblem) -> bool:
+    """64-bit index math when a buffer may span about 2**31 elements (always for dynamic sizes)."""
+    if problem.dynamic:
+        return True
+    sizes = problem.size_map
+    for b in problem.kernel.inputs + problem.kernel.outputs:
+        span = sum(max(int(s.xreplace(sizes)) - 1, 0) * abs(int(st.xreplace(sizes)))
+                   for s, st in zip(b.shape, b.stride))
+        if span > INDEX_LIMIT:
+            return True
+    return problem.xnumel * max(problem.rnumel, 1) > INDEX_LIMIT
+
+
+class _Body:
+    """The kernel body of one loop problem, as MSL lines."""
+
+    def __init__(self, kernel: LoopKernel, idx: str, threads: int, persistent: bool):
+        self.k = kernel
+        self.idx = idx  # "int" or "long": the index type
+        self.threads = threads
+        self.reduction = kernel.kind == "reduction"
+        self.persistent = persistent
+        self.xvars, self.rvars = kernel.x_vars, kernel.r_vars
+        self.names = {s: s.name for s in kernel.size_symbols()}
+        self.e = MetalExpr(load=self._load, index=self._index, reduce=self._reduce)
+        self.reductions: dict[str, Reduction] = {}  # helper name -> reduction (rendered once)
+        self.slots: dict[tuple[str, int], int] = {}  # (MSL type, size) -> arrays needed at once
+        self.welford: dict[int, tuple[str, str]] = {}
+        self.in_loop = False  # inside a loop over the row: every element is in range
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def _on_r(self, exprs) -> bool:
+        rv = set(self.rvars)
+        return any(sympy.sympify(e).free_symbols & rv for e in exprs)
+
+    def _load(self, n: Node) -> str:
+        name, idx, _ = n.arg
+        buf = self.k.buffer(name)
+        names = dict(self.names)
+        indirect = load_indirect(n)
+        for k, v in enumerate(indirect):  # gathered indices: the values computed for them
+            names[indirect_symbol(k)] = self.e.names[id(v)]
+        strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
+        off = index_code(offset(idx, strides), names)
+        value = f"{name}[{off}]"
+        if buf.dtype != "bool":
+            value = f"static_cast<{ctype(n.dtype)}>({value})"
+        guards = []
+        # a persistent row's threads past its end must not read: the address may be outside
+        if self.reduction and self.persistent and not self.in_loop and (
+                self._on_r(idx) or any(self.k.depends_on_r(v) for v in indirect)):
+            guards.append("rmask")
+        own = load_mask(n)
+        if own is not None:  # a masked load (cat, pad): only where the mask holds
+            guards.append(self.e.names[id(own)])
+        if not guards:
+            return value
+        return f"(({' && '.join(guards)}) ? {value} : {zero(n.dtype)})"
+
+    def _index(self, n: Node) -> str:
+        return f"static_cast<{ctype(n.dtype)}>({index_code(n.arg, self.names)})"
+
+    def _reduction_of(self, n: Node) -> Reduction:
+        kind = "welford" if n.arg.startswith("welford") else n.arg
+        red = Reduction(kind, dtypes.compute_type(n.src[0].dtype))
+        if red.name not in self.reductions:
+            self.reductions[red.name] = red
+        need: dict[tuple[str, int], int] = {}
+        for slot in red.slots(self.threads):
+            need[slot] = need.get(slot, 0) + 1
+        for slot, count in need.items():
+            self.slots[slot] = max(self.slots.get(slot, 0), count)
+        return red
+
+    def _arrays(self, red: Reduction) -> list[str]:
+        used: dict[tuple[str, int], int] = {}
+        out = []
+        for t, size in red.slots(self.threads):
+            j = used.get((t, size), 0)
+            used[(t, size)] = j + 1
+            out.append(self.slot_name(t, size, j))
+        return out
+
+    def slot_name(self, t: str, size: int, j: int) -> str:
+        return f"tw_tg_{t}{'' if size == SIMD_WIDTH else '_t'}{j}"
+
+    def _call(self, red: Reduction, accs: list[str]) -> None:
+        self.e.line(f"{red.name}({', '.join(accs + self._arrays(red))}, tid, lane, sg, nsg, ntg);")
+
+    def _reduce(self, n: Node, v: str) -> str:
+        """Persistent rows: this thread's element (or the identity past the row's end), then
+        the threadgroup combine."""
+        if not self.persistent:
+            raise AssertionError("looped reductions are computed by _loop_level, not inline")
+        if n.arg.startswith("welford"):
+            mean, m2 = self._welford_persistent(n.src[0], v)
+            return mean if n.arg == "welford_mean" else m2
+        red = self._reduction_of(n)
+        ident = red.identity()
+        accs = [self.e.fresh() for _ in red.types]
+        types = red.msl_types
+        if red.kind in ("argmax", "argmin"):
+            self.e.line(f"{types[0]} {accs[0]} = rmask ? {v} : {ident[0]};")
+            self.e.line(f"{types[1]} {accs[1]} = rmask ? static_cast<int>(rindex) : {ident[1]};")
+            self._call(red, accs)
+            return f"static_cast<long>({accs[1]})"
+        value = f"({v} != 0)" if red.kind in ("any", "all") and n.src[0].dtype != "bool" else v
+        self.e.line(f"{types[0]} {accs[0]} = rmask ? {value} : {ident[0]};")
+        self._call(red, accs)
+        return accs[0]
+
+    def _welford_persistent(self, src: Node, v: str) -> tuple[str, str]:
+        """The exact two-pass mean and M2 of a row held in registers."""
+        if id(src) not in self.welford:
+            red = self._reduction_of_sum()
+            mean, m2 = self.e.fresh(), self.e.fresh()
+            self.e.line(f"float {mean} = rmask ? {v} : 0.0f;")
+            self._call(red, [mean])
+            self.e.line(f"{mean} = {mean} / static_cast<float>(rnumel);")
+            self.e.line(f"float {m2} = rmask ? ({v} - {mean}) * ({v} - {mean}) : 0.0f;")
+            self._call(red, [m2])
+            self.welford[id(src)] = (mean, m2)
+        return self.welford[id(src)]
+
+    def _reduction_of_sum(self) -> Reduction:
+        red = Reduction("sum", "fp32")
+        self.reductions.setdefault(red.name, red)
+        slot = red.slots(self.threads)[0]
+        self.slots[slot] = max(self.slots.get(slot, 0), 1)
+        return red
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def _used_vars(self) -> set[sympy.Symbol]:
+        used: set[sympy.Symbol] = set()
+        for s in self.k.stores:
+            for e in s.index:
+                used |= sympy.sympify(e).free_symbols
+        for node in self.k.nodes():
+            if node.op == "load":
+                for e in node.arg[1]:
+                    used |= e.free_symbols
+            elif node.op == "index":
+                used |= node.arg.free_symbols
+        return used
+
+    def decompose(self, flat: str, vars_, ranges) -> None:
+        """Lines defining each used variable from the flat index (row-major)."""
+        used = self._used_vars()
+        inner = sympy.Integer(1)
+        for v, size in reversed(list(zip(vars_, ranges))):
+            if v in used:
+                size_code = index_code(size, self.names)
+                inner_code = index_code(inner, self.names)
+                if inner == 1 and v is vars_[0]:
+                    text = flat
+                elif inner == 1:
+                    text = f"{flat} % ({size_code})"
+                elif v is vars_[0]:
+                    text = f"{flat} / ({inner_code})"
+                else:
+                    text = f"({flat} / ({inner_code})) % ({size_code})"
+                self.e.line(f"const {self.idx} {v.name} = {text};")
+            inner = inner * size
+
+    def _on_r_store(self, s: Store) -> bool:
+        return self.reduction and (self.k.depends_on_r(s.value)
+                                   or s.mask is not None and self.k.depends_on_r(s.mask))
+
+    def store(self, s: Store, guard: str | None) -> None:
+        """``buffer[index] = value``, under ``guard`` and the store's own mask (a combo part's
+        share). The value is computed before the conditional: it may hold a threadgroup
+        reduction, whose barriers every thread must reach."""
+        buf = self.k.buffer(s.buffer)
+        node = s.value
+        if node.op == "cast" and node.dtype == buf.dtype and dtypes.is_float(node.dtype):
+            node = node.src[0]  # the store rounds once; no need to round before it too
+        value = self.e.emit(node)
+        conds = [guard] if guard else []
+        if s.mask is not None:
+            conds.append(self.e.emit(s.mask))
+        strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
+        off = index_code(offset(s.index, strides), self.names)
+        line = f"{buf.name}[{off}] = {self.e.store_value(value, node.dtype, buf.dtype)};"
+        self.e.line(f"if ({' && '.join(conds)}) {line}" if conds else line)
+
+    def pointwise(self) -> None:
+        self.e.open(f"for ({self.idx} xindex = gid; xindex < xnumel; xindex += gsize)")
+        self.decompose("xindex", self.xvars, self.k.ranges)
+        for s in self.k.stores:
+            self.store(s, None)
+        self.e.close()
+
+    def reduction_persistent(self) -> None:
+        self.decompose("xindex", self.xvars, self.k.ranges)
+        self.e.line(f"const {self.idx} rindex = tid;")
+        self.e.line("const bool rmask = rindex < rnumel;")
+        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
+        for s in self.k.stores:
+            self.store(s, "rmask" if self._on_r_store(s) else "tid == 0")
+
+    def reduction_looped(self) -> None:
+        k = self.k
+        self.decompose("xindex", self.xvars, k.ranges)
+        reduces = k.reductions()
+        level: dict[int, int] = {}
+        for n in toposort(k.values() + [s.mask for s in k.stores if s.mask is not None]):
+            below = max((level.get(id(s), 0) for s in n.src), default=0)
+            level[id(n)] = below + (1 if n.is_reduce else 0)
+        for lv in sorted({level[id(r)] for r in reduces}):
+            self._loop_level([r for r in reduces if level[id(r)] == lv])
+        r_stores = [s for s in k.stores if self._on_r_store(s)]
+        for s in k.stores:
+            if s not in r_stores:
+                self.store(s, "tid == 0")
+        if r_stores:
+            self._open_loop()
+            for s in r_stores:
+                self.store(s, None)
+            self._close_loop()
+
+    def _open_loop(self) -> None:
+        self.e.open(f"for ({self.idx} rindex = tid; rindex < rnumel; rindex += ntg)")
+        self.in_loop = True
+        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
+
+    def _close_loop(self) -> None:
+        self.e.close()
+        self.in_loop = False
+
+    def _loop_level(self, reduces: list[Node]) -> None:
+        """One pass over the row accumulating ``reduces`` per thread (their operands need only
+        earlier levels), then each one's threadgroup combine."""
+        plan: list[tuple[Node, Reduction, list[str]]] = []
+        welford: dict[int, list[str]] = {}
+        for r in reduces:
+            red = self._reduction_of(r)
+            if red.kind == "welford":
+                if id(r.src[0]) not in welford:
+                    accs = welford[id(r.src[0])] = [self.e.fresh() for _ in range(3)]
+                    for a in accs:
+                        self.e.line(f"float {a} = 0.0f;")
+                    plan.append((r, red, accs))
+                continue
+            accs = [self.e.fresh() for _ in red.types]
+            for t, a, ident in zip(red.msl_types, accs, red.identity()):
+                self.e.line(f"{t} {a} = {ident};")
+            plan.append((r, red, accs))
+        self._open_loop()
+        for r, red, accs in plan:
+            v = self.e.emit(r.src[0])
+            if red.kind == "welford":  # Welford's online update of this thread's elements
+                self.e.line(f"{accs[2]} += 1.0f;")
+                self.e.open("")
+                self.e.line(f"const float delta = {v} - {accs[0]};")
+                self.e.line(f"{accs[0]} += delta / {accs[2]};")
+                self.e.line(f"{accs[1]} += delta * ({v} - {accs[0]});")
+                self.e.close()
+                continue
+            if red.kind in ("argmax", "argmin"):
+                b = [v, "static_cast<int>(rindex)"]
+            elif red.kind in ("any", "all") and r.src[0].dtype != "bool":
+                b = [f"({v} != 0)"]
+            else:
+                b = [v]
+            self.e.open("")
+            bn = [f"b{i}" for i in range(len(b))]
+            for t, name, val in zip(red.msl_types, bn, b):
+                self.e.line(f"const {t} {name} = {val};")
+            for st in red.combine(accs, bn):
+                self.e.line(st)
+            self.e.close()
+        self._close_loop()
+        for r, red, accs in plan:
+            self._call(red, accs)
+        for r in reduces:
+            red = self._reduction_of(r)
+            if red.kind == "welford":
+                accs = welford[id(r.src[0])]
+                self.e.bind(r, accs[0] if r.arg == "welford_mean" else accs[1])
+            else:
+                accs = next(a for rr, _, a in plan if rr is r)
+                self.e.bind(r, f"static_cast<long>({accs[1]})" if red.kind in ("argmax", "argmin") else accs[0])
+
+    def smem_bytes(self) -> int:
+        return sum(count * size * _MSL_SIZE[t] for (t, size), count in self.slots.items())
+
+    def smem_decls(self) -> list[str]:
+        return [f"threadgroup {t} {self.slot_name(t, size, j)}[{size}];"
+                for (t, size), count in sorted(self.slots.items()) for j in range(count)]
+
+    def helpers(self) -> str:
+        parts = [self.e.helpers()] if self.e.helpers_used else []
+        needs_minmax = any(r.kind in ("max", "min") and dtypes.is_float(r.dtype) for r in self.reductions.values())
+        if needs_minmax:  # the reduction combine uses the NaN-propagating helpers
+            for h in ("tw_max", "tw_min"):
+                if h not in self.e.helpers_used:
+                    parts.append(HELPERS[h].strip("\n"))
+        parts += [r.helper() for _, r in sorted(self.reductions.items())]
+        return "\n\n".join(parts)
+
+
+_MSL_SIZE = {MSL_TYPE[k]: v for k, v in dtypes.ITEMSIZE.items() if k in MSL_TYPE}
+
+
+def launch_geometry(kind: str, xnumel: int, threads: int, target: Target) -> tuple[int, int]:
+    """(threads in the grid, threads per threadgroup) for a launch: pointwise, one thread per
+    element up to ``GROUPS_PER_CORE`` threadgroups per GPU core (a grid-stride loop does the
+    rest); reduction, one threadgroup of ``threads`` per row."""
+    if kind == "reduction":
+        return xnumel * threads, threads
+    cap = target.num_sms * GROUPS_PER_CORE * threads
+    return max(1, min(xnumel, cap)), threads
+
+
+class _MetalLoops(TemplateSpec):
+    backend = "metal"
+    jinja = "loops.metal.jinja"
+    launcher = "launcher.py.jinja"
+
+    @property
+    def render_sources(self) -> tuple[Path, ...]:  # the launcher template shapes the output too
+        from tilewright.templates.base import _jinja_closure
+
+        return tuple(sorted(set(super().render_sources) | _jinja_closure(self.folder, self.launcher)))
+
+    def supports(self, problem: Any, target: Target) -> Support:
+        if not isinstance(problem, LoopProblem) or problem.kind != self.op:
+            return Support(False, f"{self.id} runs {self.op} loop kernels")
+        if target.backend != "mps":
+            return Support(False, "Metal kernels run on the mps target only")
+        k = problem.kernel
+        for b in k.inputs + k.outputs:
+            if (why := unsupported_dtype(b.dtype)) is not None:
+                return Support(False, f"{b.name}: {why}")
+        for n in k.nodes():
+            if (why := unsupported_dtype(dtypes.compute_type(n.dtype))) is not None:
+                return Support(False, why)
+        if len(k.inputs) + len(k.outputs) + 1 > MAX_BUFFERS:
+            return Support(False, f"{len(k.inputs) + len(k.outputs)} tensors and the size array exceed "
+                                  f"Metal's {MAX_BUFFERS} buffer arguments: split the kernel")
+        if problem.kind == "reduction" and problem.rnumel > INT32_MAX:
+            return Support(False, "a row over 2**31 elements (positions are 32-bit in the combine)")
+        return SUPPORTED
+
+    def threads(self, params: Params) -> int:
+        return int(params["num_warps"]) * SIMD_WIDTH
+
+    def check(self, params: Params, problem: Any, target: Target) -> str | None:
+        params = self.space.complete(params)
+        if (why := self.space_refusal(params)) is not None:
+            return why
+        return self.check_tile(params, problem, target)
+
+    def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
+        return None
+
+    def _body(self, problem: LoopProblem, params: Params) -> _Body:
+        threads = self.threads(params)
+        body = _Body(problem.kernel, "long" if needs_int64(problem) else "int", threads,
+                     bool(params.get("PERSISTENT", False)))
+        if problem.kind == "pointwise":
+            body.pointwise()
+        elif body.persistent:
+            body.reduction_persistent()
+        else:
+            body.reduction_looped()
+        return body
+
+    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
+        params = self.space.complete(params)
+        support = self.supports(problem, target)
+        if not support:
+            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
+        if (why := self.check(params, problem, target)) is not None:
+            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+        k = problem.kernel
+        body = self._body(problem, params)
+        names = {s: s.name for s in k.size_symbols()}
+        buffers = list(k.inputs) + list(k.outputs)
+        strides = [f"{b.name}_s{d}" for b in buffers for d in range(len(b.shape))]
+        sizes = [s.name for s in k.size_symbols()]
+        reduction = problem.kind == "reduction"
+        meta = strides + sizes + ["xnumel"] + (["rnumel"] if reduction else [])
+        kernel_name = f"tw_{problem.kind}"
+        args = [f"device const {MSL_TYPE[b.dtype]}* {b.name} [[buffer({i})]]" for i, b in enumerate(k.inputs)]
+        args += [f"device {MSL_TYPE[b.dtype]}* {b.name} [[buffer({len(k.inputs) + i})]]"
+                 for i, b in enumerate(k.outputs)]
+        args.append(f"constant long* meta [[buffer({len(buffers)})]]")
+        if reduction:
+            args += ["uint xid [[threadgroup_position_in_grid]]", "uint tid [[thread_position_in_threadgroup]]",
+                     "uint ntg [[threads_per_threadgroup]]", "uint lane [[thread_index_in_simdgroup]]",
+                     "uint sg [[simdgroup_index_in_threadgroup]]", "uint nsg [[simdgroups_per_threadgroup]]"]
+        else:
+            args += ["uint gid [[thread_position_in_grid]]", "uint gsize [[threads_per_grid]]"]
+        threads = self.threads(params)
+        shader = self.render_jinja(
+            problem_text=problem.describe(), params_text=self.space.encode(params), target=target.name,
+            kernel_name=kernel_name, args=args, meta=meta, idx=body.idx, reduction=reduction,
+            helpers=body.helpers(), smem=body.smem_decls(), body=body.e.lines,
+        )
+        cap = target.num_sms * GROUPS_PER_CORE * threads
+        launcher = self.render_jinja_file(
+            self.launcher, problem_text=problem.describe(), params_text=self.space.encode(params),
+            target=target.name, shader=shader, kernel_name=kernel_name, reduction=reduction,
+            persistent=body.persistent,
+            inputs=[b.name for b in k.inputs], sizes=sizes, buffers=[b.name for b in buffers],
+            outputs=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),
+                      "shape": [code(s, names) for s in b.shape], "stride": [code(s, names) for s in b.stride]}
+                     for b in k.outputs],
+            xnumel=code(k.xnumel, names), rnumel=code(k.rnumel, names), threads=threads, grid_cap=cap,
+        )
+        grid, group = launch_geometry(problem.kind, problem.xnumel, threads, target)
+        return RenderedKernel(
+            template_id=self.id, params=dict(params), target=target.name, source=launcher,
+            name=f"metal_{problem.kind}",
+            meta={"kind": problem.kind, "shader": shader, "kernel": kernel_name, "meta_args": meta,
+                  "threads": grid, "group_size": group, "threadgroup_bytes": body.smem_bytes(),
+                  "persistent": body.persistent})
+
+    def render_jinja_file(self, name: str, **context: Any) -> str:
+        from tilewright.templates.base import jinja_env
+
+        return jinja_env(self.folder).get_template(name).render(**context)
+
+
+class MetalPointwise(_MetalLoops):
+    """Pointwise kernels: one thread per element, grid-stride."""
+
+    id = "metal.pointwise"
+    op = "pointwise"
+    space = ParamSpace((
+        Knob("num_warps", (1, 2, 4, 8, 16, 32), 8, "simdgroups (32 threads each) per threadgroup"),
+    ))
+
+    def seed_params(self, problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
+        n = max(problem.xnumel, 1)
+        out = []
+        for threads in (128, 256, 512, 1024):
+            warps = max(1, min(threads, 1 << max(n - 1, 0).bit_length()) // SIMD_WIDTH)
+            if {"num_warps": warps} not in out:
+                out.append({"num_warps": warps})
+        return out
+
+
+class MetalReduction(_MetalLoops):
+    """Reduction kernels: one threadgroup per row; the row in registers (``PERSISTENT``) or
+    looped over in threadgroup-sized steps."""
+
+    id = "metal.reduction"
+    op = "reduction"
+    space = ParamSpace((
+        Knob("XBLOCK", (1,), 1, "rows per threadgroup"),
+        Knob("num_warps", (1, 2, 4, 8, 16, 32), 8, "simdgroups (32 threads each) per threadgroup"),
+        Knob("PERSISTENT", (False, True), True, "one element per thread, the row held in registers"),
+    ))
+
+    def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
+        threads = self.threads(params)
+        r = max(problem.rnumel, 1)
+        if params["PERSISTENT"] and r > threads:
+            return (f"a persistent row of {r} elements needs {r} threads, over the {threads} of "
+                    f"this threadgroup: loop over the row (PERSISTENT=False) or use more simdgroups")
+        if not params["PERSISTENT"] and threads >= 2 * r:
+            return f"a threadgroup of {threads} threads is over twice the row ({r}): use the persistent form"
+        if problem.xnumel * threads > 2**32 - 1:
+            return f"{problem.xnumel} rows of {threads} threads exceed Metal's 32-bit grid"
+        body = self._body(problem, params)
+        if body.smem_bytes() > target.smem_per_block:
+            return (f"the reductions need {body.smem_bytes()} bytes of threadgroup memory, over the "
+                    f"{target.smem_per_block} a threadgroup may use: fewer threads")
+        return None
+
+    def seed_params(self, problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
+        r = max(problem.rnumel, 1)
+        row = max(SIMD_WIDTH, 1 << max(r - 1, 0).bit_length())
+        out = []
+        if row <= MAX_THREADS_PER_GROUP:
+            out.append({"XBLOCK": 1, "num_warps": row // SIMD_WIDTH, "PERSISTENT": True})
+        if r >= 512:  # long rows: the looped form beside (or instead of) the persistent one
+            for threads in (256, 512, 1024):
+                if threads < 2 * r:
+                    out.append({"XBLOCK": 1, "num_warps": threads // SIMD_WIDTH, "PERSISTENT": False})
+        return out
