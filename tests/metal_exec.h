@@ -63,6 +63,12 @@ float copysign(float a, float b) { return __builtin_copysignf(a, b); }
 bool isnan(float x) { return __builtin_isnan(x); }
 bool isinf(float x) { return __builtin_isinf(x); }
 bool signbit(float x) { return __builtin_signbit(x); }
+template <class D, class S> D as_type(S s) {  // a bit cast, as Metal's as_type
+    static_assert(sizeof(D) == sizeof(S), "as_type between types of one size");
+    D d;
+    __builtin_memcpy(&d, &s, sizeof d);
+    return d;
+}
 template <class T> T abs(T x) { return x < 0 ? -x : x; }
 template <class T> T min(T a, T b) { return b < a ? b : a; }
 template <class T> T max(T a, T b) { return a < b ? b : a; }

@@ -577,3 +577,77 @@ def test_the_gemm_refuses_what_it_cannot_run():
     stored = GemmProblem(M=8, N=8, K=8, dtype="bf16", store_acc=True)
     assert "store_acc" in GEMM.supports(stored, MPS).reason
     assert "do not split" in GEMM.check({"BLOCK_M": 8, "BLOCK_N": 8, "num_warps": 2}, gemm_problems()[0], MPS)
+
+
+# -- policies respect the threadgroup limits (32 KiB of threadgroup memory, 1024 threads) ----------
+_TG_BYTES = {"float": 4, "int": 4, "uint": 4, "long": 8, "ulong": 8, "half": 2, "bfloat": 2,
+             "short": 2, "ushort": 2, "char": 1, "uchar": 1, "bool": 1}
+
+
+def declared_threadgroup_bytes(shader: str) -> int:
+    """Bytes of the ``threadgroup T name[N];`` arrays a shader declares, read off its text (so
+    the template's own count, ``meta["threadgroup_bytes"]``, is checked against the shader)."""
+    import re
+
+    return sum(_TG_BYTES[t] * int(n) for t, n in re.findall(r"threadgroup (\w+) \w+\[(\d+)\];", shader))
+
+
+def test_metal_limits_are_the_targets_and_an_oversized_tile_is_refused_with_the_reason():
+    import dataclasses
+
+    from tilewright.problem import GemmProblem
+
+    assert (MPS.smem_per_block, MPS.max_threads_per_block) == (32 * 1024, 1024)
+    p = GemmProblem(M=256, N=256, K=256, dtype="fp32")
+    biggest = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 8}  # exactly 32 KiB: fits
+    assert GEMM.check(biggest, p, MPS) is None
+    r = GEMM.render(p, biggest, MPS)
+    assert r.meta["threadgroup_bytes"] == declared_threadgroup_bytes(r.meta["shader"]) == 32 * 1024
+    # a part with half the threadgroup memory and threads (the limits come from the target)
+    small = dataclasses.replace(MPS, name="mps-small", smem_per_block=16 * 1024, max_threads_per_block=512)
+    why = GEMM.check(biggest, p, small)
+    assert why == ("32768 bytes of threadgroup memory, over the 16384 a threadgroup may use on mps-small: "
+                   "smaller BLOCK_M, BLOCK_N or BLOCK_K")
+    with pytest.raises(UnsupportedProblemError, match="over the 16384 a threadgroup may use"):
+        GEMM.render(p, biggest, small)
+    row = row_reduction("sum", row=1000)
+    assert REDUCTION.check({"num_warps": 32, "PERSISTENT": True}, row, MPS) is None
+    assert REDUCTION.check({"num_warps": 32, "PERSISTENT": True}, row, small) == (
+        "1024 threads per threadgroup, over the 512 mps-small allows: lower num_warps")
+    assert "over the 512" in POINTWISE.check({"num_warps": 32}, every_op_problems()[0], small)
+    tiny = dataclasses.replace(small, max_threads_per_block=256)
+    assert "512 threads per threadgroup, over the 256" in get_template("metal.gemv").check(
+        {"BLOCK_N": 16, "num_warps": 16}, GemmProblem(M=4, N=64, K=64, dtype="fp32"), tiny)
+    # and the policies propose only what fits the smaller part
+    from tilewright.autotune.policy import policy_for
+
+    tiles = policy_for("gemm", small).tile_params(p, GEMM, small)
+    assert tiles and all(4 * (t["BLOCK_M"] * t["BLOCK_K"] + t["BLOCK_K"] * t["BLOCK_N"] + t["BLOCK_M"] * t["BLOCK_N"])
+                         <= 16 * 1024 for t in tiles)
+    assert all(q["num_warps"] * 32 <= 512 for q in REDUCTION.seed_params(row, small))
+
+
+def test_every_metal_candidate_the_policies_propose_for_the_demo_fits_the_threadgroup_limits(demo_problems):
+    from tilewright._config import config
+    from tilewright.autotune.loop_policy import LoopPolicy
+    from tilewright.autotune.policy import policy_for
+    from tilewright.problem import GemmProblem
+
+    seen = 0
+    with config.patch(force_backend="auto"):
+        for problems in demo_problems.values():
+            for p in problems:
+                if isinstance(p, GemmProblem):
+                    cands = policy_for("gemm", MPS).candidates(p, MPS)
+                else:
+                    cands = LoopPolicy(p.kind).candidates(p, MPS)
+                for c in (c for c in cands if c.template_id.startswith("metal.")):
+                    t = get_template(c.template_id)
+                    assert t.check(c.param_dict, p, MPS) is None
+                    r = t.render(p, c.param_dict, MPS)
+                    group, tg_bytes = r.meta["group_size"], r.meta["threadgroup_bytes"]
+                    assert group % 32 == 0 and group <= MPS.max_threads_per_block, (c.name, group)
+                    assert tg_bytes == declared_threadgroup_bytes(r.meta["shader"]), c.name
+                    assert tg_bytes <= MPS.smem_per_block, (c.name, tg_bytes)
+                    seen += 1
+    assert seen >= 100

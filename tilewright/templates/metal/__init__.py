@@ -1,14 +1,16 @@
-"""Metal templates: loop kernels and a simdgroup_matrix GEMM for Apple GPUs (MPS), compiled on macOS by
+"""Metal templates for Apple GPUs (MPS): loop kernels, a simdgroup_matrix GEMM (also fp8 e4m3),
+a gemv and a grouped GEMM, compiled on macOS by
 ``torch.mps.compile_shader``; elsewhere rendered and syntax-checked only
 (:mod:`tilewright.runtime.metal_check`)."""
 
 from tilewright.templates import BackendManifest
 from tilewright.templates.metal.gemm import MetalGemm, MetalGemv
+from tilewright.templates.metal.grouped import MetalGroupedGemm
 from tilewright.templates.metal.loops import MetalPointwise, MetalReduction
 
 MANIFEST = BackendManifest(
     name="metal",
     description="Metal Shading Language kernels for MPS (compile_shader on macOS; syntax-checked elsewhere)",
     target_backends=("mps",),
-    templates=(MetalPointwise(), MetalReduction(), MetalGemm(), MetalGemv()),
+    templates=(MetalPointwise(), MetalReduction(), MetalGemm(), MetalGemv(), MetalGroupedGemm()),
 )

@@ -8,8 +8,14 @@ layout, any batch broadcast), zero past the edges; each simdgroup owns ``(BLOCK_
 ``BLOCK_K/8`` sub-steps. The accumulators go through threadgroup memory to the epilogue, which
 is the problem's expression IR (:func:`tilewright.ir.epilogue.problem_epilogue`) rendered by the
 Metal emitter on each element, then stored with the output's element type. Decode shapes
-(M <= 8) take ``BLOCK_M = 8`` tiles, so no rows are wasted; a dedicated gemv kernel (one
-simdgroup per column block, ``simd_sum`` over K) is not written yet.
+(M <= 8) take ``BLOCK_M = 8`` tiles, so no rows are wasted (``metal.gemv`` below is the
+other decode candidate).
+
+fp8 (``dtype == "fp8e4m3"``, as ``compiler/lower.py`` builds it from ``aten._scaled_mm``): the
+operands are bound as bytes and decoded exactly to fp32 where they are staged (``tw_e4m3``);
+the tensor-wise (``""``) or row-wise (``"M"`` for scale_a, ``"N"`` for scale_b) fp32 scales
+are the epilogue's multiplies, applied to the fp32 accumulator, which is exact algebra for
+these scale shapes: ``(A * sa) @ (B * sb) == sa * sb * (A @ B)``.
 
 Epilogue inputs come broadcast to the output shape (stride 0 where they do not vary), as for
 the other GEMM templates: ``launch(a, b, *epilogue_inputs, out=None)``.
@@ -30,10 +36,41 @@ from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, jinja_env,
 )
 from tilewright.templates.metal.emit import MSL_TYPE, MetalExpr, ctype, unsupported_dtype
+from tilewright.templates.metal.limits import threadgroup_refusal
 from tilewright.templates.metal.loops import INDEX_LIMIT, MAX_BUFFERS
 from tilewright.templates.metal.reduce import SIMD_WIDTH
 
 FLOATS = ("fp32", "fp16", "bf16")
+FP8 = ("fp8e4m3",)  # operands decoded in the shader (below); e5m2 is not written yet
+
+# MSL has no fp8 type: e4m3 operands are bound as bytes and decoded to float where they are
+# staged. The decode is exact (every e4m3 value is a float), by bits rather than arithmetic so
+# no exp2/ldexp rounding under fast math can touch it.
+E4M3_DECODE = """// torch.float8_e4m3fn (OCP e4m3fn) byte -> float, exactly: sign, 4 exponent bits (bias 7),
+// 3 mantissa bits; exponent 0 is subnormal (m * 2^-9); S.1111.111 is NaN; no infinities
+inline float tw_e4m3(uchar v) {
+    const uint e = (uint(v) >> 3) & 15u;
+    const uint m = uint(v) & 7u;
+    float mag = e == 0u ? float(m) * 0.001953125f : as_type<float>(((e + 120u) << 23) | (m << 20));
+    if (e == 15u && m == 7u) mag = NAN;
+    return (uint(v) & 128u) != 0u ? -mag : mag;
+}"""
+
+
+def operand_type(dtype: str) -> str:
+    """The MSL element type an A/B buffer of ``dtype`` is bound as (bytes for fp8)."""
+    return "uchar" if dtype in FP8 else MSL_TYPE[dtype]
+
+
+def operand_load(dtype: str) -> str:
+    """The MSL function turning one A/B element into float (the fp8 decode, or a cast)."""
+    return "tw_e4m3" if dtype in FP8 else "static_cast<float>"
+
+
+def tile_bytes(bm: int, bn: int, bk: int) -> int:
+    """Threadgroup memory of one GEMM tile, bytes: the staged A (bm x bk) and B (bk x bn) tiles
+    and the accumulator tile (bm x bn) handed to the epilogue, all fp32."""
+    return 4 * (bm * bk + bk * bn + bm * bn)
 
 
 def _needs_int64(p: GemmProblem) -> bool:
@@ -69,8 +106,9 @@ class MetalGemm(TemplateSpec):
             return Support(False, "metal.gemm runs GEMMs")
         if target.backend != "mps":
             return Support(False, "Metal kernels run on the mps target only")
-        if problem.dtype in SCALED_FORMATS or problem.dtype not in FLOATS:
-            return Support(False, f"{problem.dtype} operands: the Metal GEMM takes fp32, fp16 and bf16")
+        if problem.dtype in SCALED_FORMATS or problem.dtype not in FLOATS + FP8:
+            return Support(False, f"{problem.dtype} operands: the Metal GEMM takes fp32, fp16, bf16 and "
+                                  f"fp8e4m3 (tensor- or row-wise scales as epilogue multiplies); run it on ATen")
         if problem.out_dtype not in FLOATS:
             return Support(False, f"{problem.out_dtype} output: the Metal GEMM writes fp32, fp16 and bf16")
         if problem.store_acc:
@@ -94,9 +132,10 @@ class MetalGemm(TemplateSpec):
         tiles = (bm // 8) * (bn // 8)
         if tiles % w:
             return f"{tiles} 8x8 tiles do not split over {w} simdgroups"
-        smem = 4 * (bm * bk + bk * bn + bm * bn)
-        if smem > target.smem_per_block:
-            return f"{smem} bytes of threadgroup memory, over the {target.smem_per_block} a threadgroup may use"
+        if (why := threadgroup_refusal(w * SIMD_WIDTH, tile_bytes(bm, bn, bk), target,
+                                       fewer_threads="lower num_warps",
+                                       less_memory="smaller BLOCK_M, BLOCK_N or BLOCK_K")) is not None:
+            return why
         groups = -(-problem.M // bm) * -(-problem.N // bn) * problem.batch
         if groups * w * SIMD_WIDTH > 2**32 - 1:
             return "the grid exceeds Metal's 32-bit thread count"
@@ -136,8 +175,8 @@ class MetalGemm(TemplateSpec):
         value = e.emit(problem_epilogue(problem))
         meta = ["M", "N", "K", "sab", "sam", "sak", "sbb", "sbk", "sbn", "sob", "som", "son"]
         meta += [f"se{k}{d}" for k in range(n_inputs) for d in "bmn"]
-        args = [f"device const {MSL_TYPE[problem.dtype]}* a [[buffer(0)]]",
-                f"device const {MSL_TYPE[problem.dtype]}* b [[buffer(1)]]",
+        args = [f"device const {operand_type(problem.dtype)}* a [[buffer(0)]]",
+                f"device const {operand_type(problem.dtype)}* b [[buffer(1)]]",
                 f"device {MSL_TYPE[problem.out_dtype]}* out [[buffer(2)]]"]
         args += [f"device const {MSL_TYPE[inp.dtype]}* e{k} [[buffer({3 + k})]]"
                  for k, inp in enumerate(problem.epilogue_inputs)]
@@ -152,17 +191,19 @@ class MetalGemm(TemplateSpec):
                                  f"{problem.describe_epilogue()}",
                     params_text=self.space.encode(params), target=target.name)
         shader = self.render_jinja(
-            **text, kernel_name=kernel, args=args, meta=meta, idx=idx, helpers=e.helpers(),
+            **text, kernel_name=kernel, args=args, meta=meta, idx=idx,
+            helpers="\n\n".join(h for h in ((E4M3_DECODE if problem.dtype in FP8 else ""), e.helpers()) if h),
+            load=operand_load(problem.dtype),
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, per_sg=(bm // 8) * (bn // 8) // w,
             epilogue=e.lines, value=value, out_type=MSL_TYPE[problem.out_dtype])
         threads = w * SIMD_WIDTH
         launcher = jinja_env(self.folder).get_template(self.launcher).render(
             **text, shader=shader, kernel_name=kernel, threads=threads,
             BLOCK_M=per_group_m if per_group_m is not None else 0, BLOCK_N=per_group_n,
-            out_dtype=str(dtypes.TORCH[problem.out_dtype]))
+            out_dtype=str(dtypes.TORCH[problem.out_dtype]), fp8=problem.dtype in FP8)
         rows = -(-problem.M // per_group_m) if per_group_m is not None else 1
         groups = rows * -(-problem.N // per_group_n) * problem.batch
-        smem = 4 * (bm * bk + bk * bn + bm * bn) if per_group_m is not None else 0
+        smem = tile_bytes(bm, bn, bk) if per_group_m is not None else 0
         return RenderedKernel(
             template_id=self.id, params=dict(params), target=target.name, source=launcher,
             name=f"metal_{kernel[3:]}",
@@ -197,6 +238,9 @@ class MetalGemv(MetalGemm):
             return why
         if params["num_warps"] != params["BLOCK_N"]:
             return "one simdgroup per column: num_warps must equal BLOCK_N"
+        if (why := threadgroup_refusal(params["num_warps"] * SIMD_WIDTH, 0, target,
+                                       fewer_threads="lower BLOCK_N and num_warps", less_memory="")) is not None:
+            return why
         groups = -(-problem.N // params["BLOCK_N"]) * problem.batch
         if groups * params["num_warps"] * SIMD_WIDTH > 2**32 - 1:
             return "the grid exceeds Metal's 32-bit thread count"

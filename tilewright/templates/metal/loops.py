@@ -39,6 +39,7 @@ from tilewright.templates.base import (
 from tilewright.templates.metal.emit import (
     HELPERS, MSL_TYPE, MetalExpr, ctype, index_code, unsupported_dtype, zero,
 )
+from tilewright.templates.metal.limits import threadgroup_refusal
 from tilewright.templates.metal.reduce import SIMD_WIDTH, Reduction
 
 INT32_MAX = 2**31 - 1
@@ -403,6 +404,11 @@ class _MetalLoops(TemplateSpec):
         params = self.space.complete(params)
         if (why := self.space_refusal(params)) is not None:
             return why
+        # the thread limit first: a pointwise kernel has no threadgroup memory; a reduction's
+        # is checked in check_tile, which builds the body to count it
+        if (why := threadgroup_refusal(self.threads(params), 0, target,
+                                       fewer_threads="lower num_warps", less_memory="")) is not None:
+            return why
         return self.check_tile(params, problem, target)
 
     def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
@@ -519,19 +525,17 @@ class MetalReduction(_MetalLoops):
         if problem.xnumel * threads > 2**32 - 1:
             return f"{problem.xnumel} rows of {threads} threads exceed Metal's 32-bit grid"
         body = self._body(problem, params)
-        if body.smem_bytes() > target.smem_per_block:
-            return (f"the reductions need {body.smem_bytes()} bytes of threadgroup memory, over the "
-                    f"{target.smem_per_block} a threadgroup may use: fewer threads")
-        return None
+        return threadgroup_refusal(threads, body.smem_bytes(), target, fewer_threads="lower num_warps",
+                                   less_memory="the reductions' partials need fewer threads (lower num_warps)")
 
     def seed_params(self, problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
         r = max(problem.rnumel, 1)
         row = max(SIMD_WIDTH, 1 << max(r - 1, 0).bit_length())
         out = []
-        if row <= MAX_THREADS_PER_GROUP:
+        if row <= min(MAX_THREADS_PER_GROUP, target.max_threads_per_block):
             out.append({"XBLOCK": 1, "num_warps": row // SIMD_WIDTH, "PERSISTENT": True})
         if r >= 512:  # long rows: the looped form beside (or instead of) the persistent one
             for threads in (256, 512, 1024):
-                if threads < 2 * r:
+                if threads < 2 * r and threads <= target.max_threads_per_block:
                     out.append({"XBLOCK": 1, "num_warps": threads // SIMD_WIDTH, "PERSISTENT": False})
         return out
