@@ -36,7 +36,8 @@ def reference(problem: GemmProblem, inputs: GemmInputs) -> torch.Tensor:
 @dataclass
 class Behaviour:
     """What a scripted candidate does: ``kind`` in good, wrong, unwritten, scribble (right,
-    but writes into its input), scribble_late (the same, after its first run), build_error,
+    but writes into its input), scribble_late (the same, after its first run), scribble_raise
+    (writes into its input, then raises), build_error,
     run_error, oom, memory_error, segfault, abort, exit, hang_build, hang_run; ``ms`` its true
     time."""
 
@@ -107,6 +108,9 @@ class FakeFactory:
                 res = res * 1.1
             if b.kind == "scribble":  # right answer, but it leaves garbage in its input
                 a.view(-1)[0] = float("nan") if a.is_floating_point() else 7
+            if b.kind == "scribble_raise":  # writes into its input, then fails
+                a.view(-1)[0] = 99.0
+                raise RuntimeError("simulated failure after a stray write")
             if b.kind == "scribble_late" and self.calls.setdefault(name, 0) >= 1:
                 a.view(-1)[-1] = 1234.5  # only after its checked first run
             self.calls[name] = self.calls.get(name, 0) + 1

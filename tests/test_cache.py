@@ -54,7 +54,7 @@ def test_store_and_lookup_round_trip(tmp_path):
     assert set(again) == {"c0", "c1"} and again["c1"].rel_err == 1e-7 and again["c1"].median_ms == 2.0
 
 
-@pytest.mark.parametrize("garbage", [b"", b'{"format": "tilewright-tuning/1", "problems": [1]}',
+@pytest.mark.parametrize("garbage", [b'{"format": "tilewright-tuning/1", "problems": [1]}',
                                      b'{\n "format": "tilewright-tuning/1",\n "problems": {\n  "ab'])
 def test_corrupt_file_is_quarantined_and_rebuilt(tmp_path, garbage, caplog):
     path = tmp_path / "t.json"

@@ -405,3 +405,111 @@ def test_a_record_only_counts_under_its_rules_template_hash_covers_what_it_rende
     monkeypatch.setattr(type(target), "read_bytes",
                         lambda self: real(self) + (b"# edited" if self == target else b""))
     assert type(gemm)().source_hash != before
+
+
+# -- found by a new-user trial -----------------------------------------------------------------
+@pytest.fixture
+def real_cache(tmp_path, sim):
+    path = tmp_path / "tuning.json"
+    sim({"aten": Behaviour("good", 5.0), "good": Behaviour("good", 1.0)}, TuningCache(path))
+    return path
+
+
+def test_files_are_never_destroyed_export_never_overwrites_a_tuning_cache(real_cache, tmp_path, capsys):
+    before = real_cache.read_bytes()
+    other = tmp_path / "other.json"
+    other.write_bytes(before)
+    for dest in (real_cache, other):  # its own cache, or another one (a typo in the path)
+        assert main(["cache", "export", str(dest), "--cache", str(real_cache)]) == 2
+        assert "not overwriting" in capsys.readouterr().out
+        assert dest.read_bytes() == before
+    bundle = tmp_path / "b.json"  # an earlier export is replaced, as asked
+    assert main(["cache", "export", str(bundle), "--cache", str(real_cache)]) == 0
+    assert main(["cache", "export", str(bundle), "--cache", str(real_cache)]) == 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_files_are_never_destroyed_special_files_are_refused_not_read_or_moved(tmp_path, capsys, kind):
+    import os
+    import stat
+
+    node = tmp_path / "node"
+    if kind == "fifo":
+        os.mkfifo(node)
+    else:
+        try:
+            os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a private /dev/null
+        except PermissionError:
+            pytest.skip("making a device node needs root")
+    for cmd in (["cache", "list"], ["cache", "prune"], ["cache", "export", str(tmp_path / "o.json")]):
+        assert main([*cmd, "--cache", str(node)]) == 2  # a FIFO would hang a reader
+        assert "not a regular file" in capsys.readouterr().out
+    mode = node.stat().st_mode
+    assert (stat.S_ISFIFO(mode) if kind == "fifo" else stat.S_ISCHR(mode))
+    assert [p.name for p in tmp_path.iterdir()] == ["node"]
+
+
+def test_files_are_never_destroyed_a_symlinked_cache_stays_a_link(real_cache, tmp_path, sim):
+    link = tmp_path / "link.json"
+    link.symlink_to(real_cache)
+    sim({"aten": Behaviour("good", 5.0), "new": Behaviour("good", 2.0)}, TuningCache(link))
+    assert link.is_symlink(), "the cache it points to is updated, the link stays"
+    assert "new" in real_cache.read_text()
+
+
+def test_files_are_never_destroyed_an_empty_file_is_an_empty_cache(tmp_path, sim):
+    path = tmp_path / "touched.json"
+    path.touch()
+    sim({"aten": Behaviour("good", 5.0), "a": Behaviour("good", 1.0)}, TuningCache(path))
+    assert [p.name for p in tmp_path.iterdir() if "corrupt" in p.name] == []
+    assert TuningCache(path).lookup(ProblemKey.for_problem(PROBLEM, "cpu"))
+
+
+@pytest.mark.parametrize("flag", ["--state", "--json"])
+def test_files_are_never_destroyed_by_warm_progress_or_report_files(tmp_path, capsys, flag):
+    readme = tmp_path / "README.md"
+    readme.write_bytes(FOREIGN["readme"])
+    args = ["warm", str(SHAPES), "--models", "all-minilm-l6-v2", "--m", "1", "--target", "cpu",
+            "--cache", str(tmp_path / "c.json"), flag, str(readme)]
+    for extra in ([], ["--restart"]):
+        assert main(args + extra) == 2
+        assert "not overwriting" in capsys.readouterr().out
+    assert readme.read_bytes() == FOREIGN["readme"]
+
+
+def test_a_record_only_counts_under_its_rules_even_moved_under_another_id(real_cache, sim, caplog):
+    """A record measured unchecked, moved by hand under the checked problem's id, is not trusted:
+    every entry's id is recomputed from its own key."""
+    data = json.loads(real_cache.read_text())
+    (digest, entry), = data["problems"].items()
+    with tilewright.config.patch(check_candidates=False):
+        unchecked = ProblemKey.for_problem(PROBLEM, "cpu").digest
+    data["problems"] = {unchecked: entry}  # the checked entry, filed under the unchecked id
+    real_cache.write_text(json.dumps(data))
+    with tilewright.config.patch(check_candidates=False), caplog.at_level(logging.WARNING):
+        _, factory = sim({"aten": Behaviour("good", 5.0), "good": Behaviour("good", 1.0)},
+                         TuningCache(real_cache))
+    assert "good" in factory.builds, "the misfiled entry is a miss"
+    assert any("hashes to" in r.getMessage() for r in caplog.records)
+
+
+def test_candidates_do_not_share_mutable_state_even_when_the_vandal_fails(tmp_path, sim):
+    behaviours = {"aten": Behaviour("good", 5.0), "vandal": Behaviour("scribble_raise", 0.5),
+                  "next": Behaviour("good", 1.0)}
+    sel, _ = sim(behaviours, TuningCache(tmp_path / "t.json"))
+    status = {r.candidate.param_dict.get("name", "aten"): r.record.status for r in sel.results}
+    assert status == {"aten": "ok", "vandal": "failed", "next": "ok"}
+
+
+def test_fail_small_an_edited_kernel_module_is_rewritten_before_it_runs(fresh_cache, caplog):
+    from tilewright.runtime import loader
+
+    src = "def launch(x):\n    return x + 1\n"
+    mod = loader.load_module(src, name="trust_probe", interpret=False)
+    path = next((fresh_cache / "kernels").rglob("trust_probe_*.py"))
+    path.write_text("def launch(x):\n    return x * 2  # edited by hand\n")
+    loader._modules.clear()  # a new process: only the file is left
+    with caplog.at_level(logging.WARNING):
+        fresh = loader.load_module(src, name="trust_probe", interpret=False)
+    assert path.read_text() == src and mod.launch(1) == 2 and fresh.launch(1) == 2
+    assert any("did not hold the source" in r.getMessage() for r in caplog.records)

@@ -45,3 +45,8 @@ class TuningWorkerError(TilewrightError):
 class CacheFileError(TilewrightError):
     """A file given as the tuning cache is something else (a bundle, a database, another
     format): refused, never overwritten or moved."""
+
+
+class OutputFileError(TilewrightError):
+    """A file tilewright was asked to write (an export, a progress file, a report) exists and is
+    something else: refused, never overwritten."""

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator
 
 import filelock
 
+from tilewright.autotune.files import special_file_reason
 from tilewright.errors import CacheFileError
 from tilewright.problem import GemmProblem
 
@@ -108,6 +109,14 @@ class ProblemKey:
     rules: str = ""
 
     @staticmethod
+    def from_entry(entry: dict[str, Any]) -> "ProblemKey":
+        """The key an entry's JSON holds (its own fields, never the id it is filed under)."""
+        from tilewright.autotune.kinds import problem_from_json
+
+        return ProblemKey(problem_from_json(entry["problem"]), entry["target"], entry["torch_version"],
+                          entry["triton_version"], entry["tilewright_version"], entry.get("rules", ""))
+
+    @staticmethod
     def for_problem(problem: GemmProblem, target: str) -> "ProblemKey":
         v = current_versions()
         return ProblemKey(problem, target, v["torch"], v["triton"], v["tilewright"], measurement_rules())
@@ -175,12 +184,11 @@ def record_problem(d: Any) -> str | None:
     return None
 
 
-def entry_problem(entry: Any) -> str | None:
+def entry_problem(entry: Any, digest: str | None = None) -> str | None:
     """Why a problem entry's JSON is unusable as a whole (None when it is usable): its key
-    fields are missing or of the wrong type, its problem does not parse, or ``records`` is not
-    an object."""
-    from tilewright.autotune.kinds import problem_from_json
-
+    fields are missing or of the wrong type, its problem does not parse, ``records`` is not an
+    object, or (given the ``digest`` it is filed under) its key does not hash to that digest: a
+    record moved under another problem's id, or a problem edited in place, never counts for it."""
     if not isinstance(entry, dict):
         return f"the entry is a {type(entry).__name__}, not an object"
     for name in ("target", "torch_version", "triton_version", "tilewright_version"):
@@ -191,9 +199,11 @@ def entry_problem(entry: Any) -> str | None:
     if not isinstance(entry.get("records"), dict):
         return f"records is {type(entry.get('records')).__name__}, not an object"
     try:
-        problem_from_json(entry["problem"])
+        key = ProblemKey.from_entry(entry)
     except Exception as e:  # noqa: BLE001 - any way a problem fails to parse makes it unusable
         return f"its problem does not parse ({type(e).__name__}: {e})"
+    if digest is not None and key.digest != digest:
+        return f"it is filed under {digest} but its key hashes to {key.digest}"
     return None
 
 
@@ -245,10 +255,9 @@ def _first_file_above(path: Path) -> Path | None:
 
 
 def _looks_like_ours(raw: bytes) -> bool:
-    """Whether bytes that do not parse were a tuning cache (the file starts as one, or is
-    empty: a tuning cache that lost its contents)."""
+    """Whether bytes that do not parse were a tuning cache (the file starts as one)."""
     head = raw[:256].lstrip()
-    return not head or (head.startswith(b"{") and _FORMAT_FAMILY.encode() in head)
+    return head.startswith(b"{") and _FORMAT_FAMILY.encode() in head
 
 
 class TuningCache:
@@ -264,7 +273,9 @@ class TuningCache:
     """
 
     def __init__(self, path: Path | str, *, read_only: bool = False, strict: bool = True):
-        self.path = Path(path)
+        # a symlinked cache is the file it points to: it is replaced there (the link stays) and
+        # locked beside it, so two links to one shared file share one lock
+        self.path = Path(os.path.realpath(Path(path).expanduser()))
         self.read_only = read_only
         self.strict = strict
         self._lock = filelock.FileLock(str(self.path) + ".lock")
@@ -295,6 +306,10 @@ class TuningCache:
             CacheFileError: the file is something else (a README, an exported bundle, an SQLite
                 database, another format) or cannot be read: refuse it and leave it alone.
         """
+        special = special_file_reason(self.path)
+        if special:  # never read (a FIFO would hang) and never moved: /dev/null stays /dev/null
+            raise CacheFileError(f"{special}, so it cannot be a tuning cache; point --cache or "
+                                 f"TILEWRIGHT_CACHE_DIR at a file path")
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -313,6 +328,8 @@ class TuningCache:
         if raw.startswith(b"SQLite format 3\x00"):
             raise CacheFileError(f"{self.path} is an SQLite file (an exported tuning bundle?), not a "
                                  f"tuning cache; load it with `tilewright cache import {self.path}`")
+        if not raw.strip():  # an empty file (touched, or a cache that lost everything) holds nothing
+            return {"format": FORMAT, "problems": {}}
         try:
             data = json.loads(raw.decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -332,7 +349,8 @@ class TuningCache:
             raise CacheFileError(f"{self.path} is a {fmt} tuning cache, which this tilewright "
                                  f"(reading {FORMAT}) does not understand; upgrade tilewright, or "
                                  f"use another cache file")
-        raise CacheFileError(f"{self.path} is not a tuning cache ({FORMAT}); left it as it is: {fix}")
+        raise CacheFileError(f"{self.path} is not a tuning cache (it has no \"format\": \"{FORMAT}\"); "
+                             f"left it as it is: {fix}")
 
     def _read_file(self) -> dict[str, Any]:
         """The file's contents, or an empty cache after quarantining a damaged one (a read-only
@@ -406,7 +424,7 @@ class TuningCache:
     def _valid(self, digest: str, entry: Any) -> dict[str, Record] | None:
         """An entry's valid records, or None for an unusable entry; each invalid record (or
         entry) is reported once per process."""
-        why = entry_problem(entry)
+        why = entry_problem(entry, digest)
         if why:
             self._warn_once((digest, ""), "tuning cache %s: problem %s is invalid (%s); it counts as "
                             "a miss. `tilewright cache prune` removes it.", self.path, digest, why)
@@ -472,7 +490,7 @@ class TuningCache:
             out, n = {}, 0
             for digest, entry in problems.items():
                 dest = data["problems"].get(digest)
-                if entry_problem(dest) is not None:  # absent, or unusable: this entry replaces it
+                if entry_problem(dest, digest) is not None:  # absent, or unusable: this entry replaces it
                     dest = data["problems"][digest] = {k: v for k, v in entry.items()
                                                        if k not in ("records", "decision")} | {"records": {}}
                 added = False
@@ -526,7 +544,7 @@ class TuningCache:
                 data = self._read_file()
                 for digest in list(data["problems"]):
                     entry = data["problems"][digest]
-                    if entry_problem(entry) is not None:
+                    if entry_problem(entry, digest) is not None:
                         del data["problems"][digest]
                         invalid += 1
                         continue

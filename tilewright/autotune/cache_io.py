@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.files import check_replaceable, json_object
 from tilewright.autotune.kinds import problem_from_json
 from tilewright.autotune.cache import (FORMAT, ProblemKey, Record, TuningCache, current_versions,
                                        entry_problem, record_problem)
@@ -33,20 +34,15 @@ class BundleError(TilewrightError):
     """A tuning bundle that cannot be read; the message says what is wrong with it."""
 
 
-def _key_of(entry: dict[str, Any]) -> ProblemKey:
-    return ProblemKey(problem_from_json(entry["problem"]), entry["target"], entry["torch_version"],
-                      entry["triton_version"], entry["tilewright_version"], entry.get("rules", ""))
-
-
 def clean_entry(entry: dict[str, Any], where: str = "") -> tuple[str, dict[str, Any]] | None:
     """(digest, entry) rebuilt from the entry's key fields and its valid records' known fields
-    only, or None when the entry itself is unusable. Each record or entry left out is named in
+    only, or None when the entry itself is unusable or has no valid record. Each record or entry left out is named in
     a warning (``where`` says which file it came from)."""
     why = entry_problem(entry)
     if why:
         log.warning("%sskipped a problem entry: %s", where, why)
         return None
-    key = _key_of(entry)
+    key = ProblemKey.from_entry(entry)
     records = {}
     for ck, r in entry["records"].items():
         bad = record_problem(r)
@@ -54,6 +50,8 @@ def clean_entry(entry: dict[str, Any], where: str = "") -> tuple[str, dict[str, 
             log.warning("%sskipped record %s of %s: %s", where, ck, key.problem.describe(), bad)
             continue
         records[str(ck)] = Record.from_json(r).to_json()
+    if not records:
+        return None  # nothing left to bring in: no empty problem either
     return key.digest, {**key.to_json(), "records": records}
 
 
@@ -67,24 +65,35 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
-def _is_bundle(path: Path) -> bool:
-    try:
-        read_bundle(path)
-        return True
-    except BundleError:
-        return False
+def _is_bundle(raw: bytes) -> bool:
+    """Whether bytes are an exported bundle (JSON or SQLite): what an export may replace. A
+    tuning cache is not one: exporting over it would destroy it."""
+    if raw.startswith(b"SQLite format 3\x00"):
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(suffix=".sqlite") as f:
+            f.write(raw)
+            f.flush()
+            try:
+                with sqlite3.connect(f"file:{f.name}?mode=ro", uri=True) as db:
+                    fmt = json.loads(dict(db.execute("SELECT key, value FROM meta"))["format"])
+                db.close()
+            except (sqlite3.Error, KeyError, json.JSONDecodeError):
+                return False
+        return fmt == BUNDLE_FORMAT
+    data = json_object(raw)
+    return data is not None and data.get("format") == BUNDLE_FORMAT
 
 
 def write_bundle(path: Path | str, problems: dict[str, dict[str, Any]]) -> None:
     """Write ``problems`` (digest -> entry) to ``path``, SQLite when its suffix says so.
 
     Raises:
-        BundleError: ``path`` is an existing file that is not a tuning bundle (it is left as it is).
+        OutputFileError: ``path`` exists and is not a tuning bundle (a tuning cache included):
+            it is left as it is.
     """
     path = Path(path)
-    if path.exists() and not _is_bundle(path):
-        raise BundleError(f"{path} exists and is not a tuning bundle; not overwriting it: export to "
-                          f"a new path, or delete it first")
+    check_replaceable(path, _is_bundle, "a tuning bundle")
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": BUNDLE_FORMAT, "created": time.time(), "exported_by": current_versions()}
     tmp = path.with_name(f".{path.name}.tmp")

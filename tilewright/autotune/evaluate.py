@@ -210,6 +210,7 @@ def evaluate(task: EvalTask, factory: Any,
     except BaseException as e:  # noqa: BLE001 - MemoryError and friends included
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
+        forget_inputs()  # it may have written into them before it failed: the next gets fresh ones
         return _failed(base, "run", e)
     compile_s = time.perf_counter() - t0
     if on_compiled is not None:
@@ -242,6 +243,7 @@ def evaluate(task: EvalTask, factory: Any,
     except BaseException as e:  # noqa: BLE001
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
+        forget_inputs()
         return _failed(base, "timing", e, compile_s)
     if _scribbled(inputs, len(inputs)):  # a kernel that writes its inputs only now and then
         return EvalOutcome(Record(**base, status="wrong", rel_err=err, reason=_SCRIBBLED), compile_s)

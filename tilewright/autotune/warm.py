@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 from tilewright._config import config
 from tilewright.autotune.buckets import all_buckets
 from tilewright.autotune.cache import ProblemKey, TuningCache, default_cache
+from tilewright.autotune.files import check_replaceable, json_object
 from tilewright.autotune.pool import pool_scope
 from tilewright.autotune.select import leaves_no_record, local_devices, select_gemm
 from tilewright.autotune.shapes import NamedProblem
@@ -78,7 +79,20 @@ class WarmState:
     failed: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
+    def is_state(raw: bytes) -> bool:
+        """Whether bytes are a warm progress file (what :meth:`save` may replace)."""
+        data = json_object(raw)
+        return data is not None and isinstance(data.get("plan"), str) and isinstance(data.get("done"), dict)
+
+    @staticmethod
     def load(path: Path, plan: str) -> "WarmState":
+        """The progress recorded at ``path`` for ``plan`` (empty for another plan or no file).
+
+        Raises:
+            OutputFileError: ``path`` holds something else (a README, a bundle, a folder): it
+                would be overwritten by the first save.
+        """
+        check_replaceable(path, WarmState.is_state, "a warm progress file")
         try:
             data = json.loads(path.read_text())
         except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
@@ -95,6 +109,9 @@ class WarmState:
         os.replace(tmp, self.path)
 
 
+REPORT_FORMAT = "tilewright-warm-report/1"
+
+
 @dataclass
 class WarmReport:
     """What one warmer run did. ``measured``: candidate records benchmarked in this run."""
@@ -108,7 +125,14 @@ class WarmReport:
     state_path: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {"format": REPORT_FORMAT, **self.__dict__}
+
+    @staticmethod
+    def is_report(raw: bytes) -> bool:
+        """Whether bytes are a warm report (what ``warm --json`` may replace)."""
+        data = json_object(raw)
+        return data is not None and (data.get("format") == REPORT_FORMAT
+                                     or {"total", "tuned", "skipped"} <= set(data))
 
 
 def default_state_path(cache: TuningCache, plan: str) -> Path:
@@ -139,6 +163,7 @@ def warm(problems: Sequence[NamedProblem], target: Target, factory: Any, *,
     cache = cache if cache is not None else default_cache()
     plan = plan_digest(problems, target.name)
     state = WarmState(state_path or default_state_path(cache, plan), plan)
+    check_replaceable(state.path, WarmState.is_state, "a warm progress file")  # --restart too
     if not restart:
         state = WarmState.load(state.path, plan)
     report = WarmReport(total=len(problems), state_path=str(state.path))

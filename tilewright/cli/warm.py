@@ -81,6 +81,11 @@ def cmd_warm(args: argparse.Namespace) -> int:
     target = get_target(args.target)
     problems = expand_buckets(gather_problems(args), args.max_m)
     cache = open_cache(args)
+    if args.json:  # refused now, not after an hour of tuning
+        from tilewright.autotune.files import check_replaceable
+        from tilewright.autotune.warm import WarmReport
+
+        check_replaceable(Path(args.json), WarmReport.is_report, "a warm report")
     factory = load_factory(args.factory)
     if args.ray is None:
         from tilewright.autotune.select import local_devices

@@ -156,31 +156,39 @@ def _route_launches_through_interpreter_language(module: ModuleType) -> None:
             obj.run = run_interpreted
 
 
-_fallback_root: list[Path] = []  # a private folder, once the cache dir proved unwritable
+_fallback_roots: dict[Path, Path] = {}  # an unwritable kernels folder -> this process's private one
 
 
 def _write(source: str, name: str, digest: str) -> Path:
     """The kernel's module file under ``<cache_dir>/kernels/``; when that cannot be written (a
     read-only or mistyped cache dir) a private temporary folder, after one warning, so an
     unusable cache dir costs the reuse across processes, never the kernel."""
-    roots = _fallback_root or [config.cache_path / "kernels"]
+    root = config.cache_path / "kernels"
+    if root in _fallback_roots:
+        return _write_under(_fallback_roots[root], source, name, digest)
     try:
-        return _write_under(roots[0], source, name, digest)
+        return _write_under(root, source, name, digest)
     except OSError as e:
-        if _fallback_root:
-            raise
-        _fallback_root.append(Path(tempfile.mkdtemp(prefix="tilewright-kernels-")))
+        private = _fallback_roots[root] = Path(tempfile.mkdtemp(prefix="tilewright-kernels-"))
         log.warning("cannot write kernel modules under %s (%s: %s); using %s for this process "
-                    "(set TILEWRIGHT_CACHE_DIR to a writable folder)", roots[0], type(e).__name__,
-                    e.strerror or e, _fallback_root[0])
-        return _write_under(_fallback_root[0], source, name, digest)
+                    "(set TILEWRIGHT_CACHE_DIR to a writable folder)", root, type(e).__name__,
+                    e.strerror or e, private)
+        return _write_under(private, source, name, digest)
 
 
 def _write_under(root: Path, source: str, name: str, digest: str) -> Path:
     folder = root / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}_{digest}.py"
-    if not path.exists():
+    # what runs is the source just rendered, never what a file under the cache dir says: a
+    # module edited, truncated or left half-written is written again before it is imported
+    try:
+        current = path.read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
+        current = None
+    if current != source:
+        if current is not None:
+            log.warning("kernel module %s did not hold the source it is named for; rewriting it", path)
         # write then rename, so a concurrent reader never imports half a file
         tmp = path.with_suffix(f".tmp{os.getpid()}_{threading.get_ident()}")
         tmp.write_text(source)
