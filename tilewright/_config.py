@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 from tilewright.errors import ConfigError
 
-FORCE_BACKENDS = ("auto", "triton", "aten", "cutedsl")
+FORCE_BACKENDS = ("auto", "triton", "aten", "cutedsl", "sycl")
+CPU_TARGETS = ("cpu", "xpu")
 PDL_MODES = ("off", "on", "auto")
 ISOLATE_MODES = ("auto", "on", "off")
 
@@ -49,8 +50,15 @@ class Config:
         "auto", "TILEWRIGHT_FORCE_BACKEND",
         "Restrict candidates to one backend: 'auto' (autotuner picks among all), 'triton' "
         "(generated Triton kernels only, GEMMs and loop kernels), 'aten' (ATen only; loop "
-        "kernels as PyTorch operators), 'cutedsl' (CuTeDSL GEMMs).",
+        "kernels as PyTorch operators), 'cutedsl' (CuTeDSL GEMMs), 'sycl' (SYCL GEMMs and loop "
+        "kernels, on the xpu target: see cpu_target).",
         FORCE_BACKENDS)
+    cpu_target: str = _setting(
+        "cpu", "TILEWRIGHT_CPU_TARGET",
+        "The target kernels on CPU tensors are generated for: 'cpu' (ATen, Triton interpreted "
+        "when forced) or 'xpu' (the SYCL templates, run on the OpenCL CPU device of the sycl "
+        "extra and timed against ATen there; without the SYCL runtime one warning and 'cpu').",
+        CPU_TARGETS)
     autotune: bool = _setting(
         True, "TILEWRIGHT_AUTOTUNE",
         "Benchmark candidates. When off, the policy's top-ranked candidate is used untimed and "

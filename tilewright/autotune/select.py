@@ -114,6 +114,9 @@ def _measurable(target: Target) -> torch.device | None:
     """The local device to benchmark ``target`` on, or None when it is not this machine."""
     if target.backend == "cpu":
         return torch.device("cpu")
+    if _sycl_here(target):
+        # SYCL kernels on CPU tensors (the OpenCL CPU device): checked and timed beside ATen
+        return torch.device("cpu")
     if target.name == "mps" and torch.backends.mps.is_available():
         # on a Mac the Metal candidates are checked and timed like any other, never picked
         # unmeasured (they are compile-checked only until one has run there)
@@ -123,6 +126,14 @@ def _measurable(target: Target) -> torch.device | None:
         if _local_target_name(dev) == target.name:
             return dev
     return None
+
+
+def _sycl_here(target: Target) -> bool:
+    """The ``xpu:opencl-cpu`` target with the SYCL runtime installed: its kernels run here."""
+    from tilewright.runtime import sycl
+    from tilewright.runtime.targets import sycl_on_cpu
+
+    return sycl_on_cpu(target) and sycl.available()
 
 
 def _local_target_name(dev: torch.device) -> str | None:
@@ -197,7 +208,7 @@ def why_winner(results: list[CandidateResult], winner: CandidateResult) -> str:
 
 def local_devices(target: Target) -> list[str]:
     """Devices of this machine that are ``target`` ("cuda:0", ...; ["cpu"] for the CPU)."""
-    if target.backend == "cpu":
+    if target.backend == "cpu" or _sycl_here(target):
         return ["cpu"]
     if target.backend not in ("cuda", "hip") or not torch.cuda.is_available():
         return []

@@ -23,15 +23,17 @@ def results_table(doc: dict) -> Table:
     env = doc["env"]
     table = Table(title=f"suite {doc['suite']} on {env['device']} ({env['target']}), "
                         f"torch {env['versions']['torch']} triton {env['versions']['triton']}")
+    sycl = any("sycl" in r.get("impls", {}) for r in doc["results"])  # xpu targets: SYCL's own time
     for col in ("problem", "choice", "tilewright ms", "±", "TFLOP/s", "GB/s", "ATen ms",
-                "speed-up", "inductor ms"):
+                "speed-up", "inductor ms") + (("SYCL ms", "SYCL vs ATen") if sycl else ()):
         table.add_column(col, overflow="fold")
     for r in doc["results"]:
-        tw, at, ind = (r.get("impls", {}).get(k, {}) for k in ("tilewright", "aten", "inductor"))
+        tw, at, ind, sy = (r.get("impls", {}).get(k, {}) for k in ("tilewright", "aten", "inductor", "sycl"))
+        extra = (_f(sy.get("ms")), _f(r.get("sycl_speedup_vs_aten"), ".2f")) if sycl else ()
         table.add_row(r["id"], r.get("choice", r.get("error", "-"))[:40], _f(tw.get("ms")),
                       _f(tw.get("spread_ms"), ".2g"), _f(tw.get("tflops"), ".1f"),
                       _f(tw.get("gbps"), ".0f"), _f(at.get("ms")),
-                      _f(r.get("speedup_vs_aten"), ".2f"), _f(ind.get("ms")) if ind else "-")
+                      _f(r.get("speedup_vs_aten"), ".2f"), _f(ind.get("ms")) if ind else "-", *extra)
     return table
 
 
@@ -39,12 +41,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tilewright.cli.warm import load_factory
     from tilewright.perf.compare import parse_percent
     from tilewright.perf.run import run_suite
-    from tilewright.perf.suites import suite_problems
+    from tilewright.perf.suites import SUITE_TARGETS, suite_problems
     from tilewright.runtime.targets import detect_target, get_target
 
     problems = suite_problems(args.suite, args.shapes)
-    if args.target:
-        target = get_target(args.target)
+    if args.target or args.suite in SUITE_TARGETS:
+        target = get_target(args.target or SUITE_TARGETS[args.suite])
     else:
         import torch
 
@@ -143,7 +145,7 @@ def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmark suites and the perf-regression gate")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     r = bsub.add_parser("run", help="time tilewright's choice vs ATen per problem of a suite")
-    r.add_argument("--suite", required=True, help="tiny, llm-decode, llm-prefill, llm, h200-check")
+    r.add_argument("--suite", required=True, help="tiny, sycl-cpu, llm-decode, llm-prefill, llm, h200-check")
     r.add_argument("--out", required=True, help="results JSON (rewritten after every problem)")
     r.add_argument("--target", help="default: this machine's GPU, else cpu")
     r.add_argument("--shapes", help="shapes file for the llm suites (default bench/cases/...)")

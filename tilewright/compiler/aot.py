@@ -25,6 +25,7 @@ from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.policy import policy_for
 from tilewright.compiler.capture import CapturedKernel, ModelSpec, capture_kernels, load_model
 from tilewright.compiler.aot_metal import build_metal, plan_metal
+from tilewright.compiler.aot_sycl import build_sycl, plan_sycl
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import GemmProblem
 from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
@@ -118,6 +119,10 @@ _TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_sta
 
 def describe_params(params: dict[str, Any]) -> str:
     """A kernel's parameters in a few characters ("128x128x64 w4 s3 pdl", "x1 r-row w1 desc")."""
+    if "WG" in params:  # a SYCL loop kernel: work-items per group
+        return f"wg{params['WG']}"
+    if "THREAD_M" in params:  # a SYCL GEMM: tile, and each work-item's sub-tile
+        return "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} t{THREAD_M}x{THREAD_N}".format(**params)
     if "BLOCK_M" not in params:  # a loop kernel
         text = f"x{params.get('XBLOCK', 1)}"
         if "RBLOCK" in params or "PERSISTENT" in params:  # Metal's looped rows have no RBLOCK
@@ -232,18 +237,22 @@ def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path
     spec = load_model(model) if isinstance(model, str) else model
     resolved = [get_target(t) for t in targets]
     metal = [t for t in resolved if t.backend == "mps"]  # written and syntax-checked: aot_metal.py
+    xpu = [t for t in resolved if t.backend == "xpu"]  # written and built to SPIR-V: aot_sycl.py
     for t in resolved:
-        if t.triton is None and t not in metal:
+        if t.triton is None and t not in metal and t not in xpu:
             raise UnsupportedProblemError(f"{t.name} has no ahead-of-time compiler in tilewright")
     captured = capture_kernels(spec, train=train)
-    kernels, refused = plan(captured, [t for t in resolved if t not in metal], per_template=per_template)
+    kernels, refused = plan(captured, [t for t in resolved if t not in metal and t not in xpu],
+                            per_template=per_template)
     metal_kernels, metal_refused, metal_rendered = plan_metal(captured, metal, per_template=per_template)
-    refused += metal_refused
+    sycl_kernels, sycl_refused, sycl_rendered = plan_sycl(captured, xpu, per_template=per_template)
+    refused += metal_refused + sycl_refused
     if on_planned:
-        on_planned(len(kernels) + len(metal_kernels))
+        on_planned(len(kernels) + len(metal_kernels) + len(sycl_kernels))
     out = Path(out_dir)
     root = out / "kernels"
     build_metal(metal_kernels, metal_rendered, root, on_result=on_result)
+    build_sycl(sycl_kernels, sycl_rendered, root, on_result=on_result)
     results = compile_jobs([k.job for k in kernels if k.job], root, workers=workers,
                            timeout_s=timeout_s, on_result=on_result)
     by_name = {r.name: r for r in results}
@@ -253,6 +262,6 @@ def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path
             checks = k.template.expected_instructions(k.captured.problem, k.params, k.target)
             v = verify({stage: root / rel for stage, rel in k.result.artifacts.items()}, checks)
             k.verified, k.verify_failures, k.verify_counts = v.ok, list(v.failures), dict(v.counts)
-    report = AotReport(out, spec.name or "model", resolved, kernels + metal_kernels, refused, train)
+    report = AotReport(out, spec.name or "model", resolved, kernels + metal_kernels + sycl_kernels, refused, train)
     (out / "manifest.json").write_text(json.dumps(report.manifest(), indent=1))
     return report

@@ -40,12 +40,29 @@ from tilewright.compiler.traffic import compiled_cost, eager_cost
 from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
 from tilewright.errors import UnknownTargetError
 from tilewright.kernels.build import default_factory
-from tilewright.runtime.targets import detect_target, get_target
+from tilewright.runtime.targets import Target, detect_target, get_target
 from tilewright.templates import get_template
 
 log = logging.getLogger("tilewright.compiler")
 _graph_ids = itertools.count()
 _unknown_warned: set[str] = set()  # UnknownTargetError messages already logged
+
+
+def cpu_target(target: Target) -> Target:
+    """``target``, or for the ``cpu`` target under ``config.cpu_target == "xpu"`` the
+    ``xpu:opencl-cpu`` target (the SYCL templates on CPU tensors, run on the OpenCL CPU device).
+    Without the SYCL runtime that costs one warning per process and stays ``cpu``."""
+    if target.name != "cpu" or config.cpu_target == "cpu":
+        return target
+    from tilewright.runtime import sycl
+
+    why = sycl.unavailable_reason()
+    if why is not None:
+        if why not in _unknown_warned:
+            _unknown_warned.add(why)
+            log.warning("cpu_target='xpu' but %s; CPU kernels use the cpu target (ATen)", why)
+        return target
+    return get_target("xpu:opencl-cpu")
 
 
 def make_call(n: GemmNode | FusedNode) -> KernelCall:
@@ -54,7 +71,7 @@ def make_call(n: GemmNode | FusedNode) -> KernelCall:
     kind = "gemm" if isinstance(n, GemmNode) else problem.kind
     fixed = None
     try:
-        target = detect_target(n.device)
+        target = cpu_target(detect_target(n.device))
     except UnknownTargetError as e:
         if str(e) not in _unknown_warned:  # once per device kind, not once per kernel
             _unknown_warned.add(str(e))

@@ -40,7 +40,7 @@ from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
 from tilewright.perf.launch import launch_overhead
 from tilewright.problem import GemmProblem
-from tilewright.runtime.targets import Target
+from tilewright.runtime.targets import Target, sycl_on_cpu
 
 FORMAT = "tilewright-bench/1"
 
@@ -277,6 +277,10 @@ def run_suite(suite: str, problems: Sequence[NamedProblem], target: Target, fact
             or ``cpu_threads`` is negative.
     """
     devices = local_devices(target)
+    if not devices and sycl_on_cpu(target):
+        from tilewright.runtime import sycl
+
+        raise TilewrightError(f"target {target.name} needs the SYCL runtime: {sycl.unavailable_reason()}")
     if not devices:
         raise TilewrightError(f"target {target.name} is not on this machine; run the suite "
                               f"where it is (bench/device_check.sh on a GPU machine)")
@@ -335,6 +339,12 @@ def _bench_one(item: NamedProblem, target: Target, factory: Any, device: torch.d
     builders: dict[str, Callable[[], Callable]] = {
         "tilewright": lambda: factory.build(p, sel.winner, target),
         "aten": lambda: factory.build(p, aten, target)}
+    sycl = _best_sycl(sel) if target.backend == "xpu" else None
+    if sycl is not None:
+        # the fastest SYCL candidate the tuner timed, beside its choice: on a CPU the choice is
+        # often ATen, and the SYCL kernel's own time is what this comparison is for
+        row["sycl_candidate"] = sycl.name
+        builders["sycl"] = lambda: factory.build(p, sycl, target)
     if inductor:
         builders["inductor"] = lambda: _inductor_launch(p)
     with _torch_threads(cpu_threads if device.type == "cpu" else 0):
@@ -353,7 +363,17 @@ def _bench_one(item: NamedProblem, target: Target, factory: Any, device: torch.d
     tw, at = row["impls"].get("tilewright", {}), row["impls"].get("aten", {})
     if tw.get("ms") and at.get("ms"):
         row["speedup_vs_aten"] = at["ms"] / tw["ms"]
+    sy = row["impls"].get("sycl", {})
+    if sy.get("ms") and at.get("ms"):
+        row["sycl_speedup_vs_aten"] = at["ms"] / sy["ms"]
     return row
+
+
+def _best_sycl(sel: Any) -> Candidate | None:
+    """The SYCL candidate with the lowest measured time in a selection (None if none ran)."""
+    timed = [r for r in sel.results if r.candidate.backend == "sycl"
+             and r.record.status in ("ok", "aborted") and r.record.median_ms is not None]
+    return min(timed, key=lambda r: r.record.median_ms).candidate if timed else None
 
 
 @contextlib.contextmanager

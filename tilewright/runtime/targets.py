@@ -38,6 +38,8 @@ class Target:
         features: capability names (see ``FEATURES``).
         triton: (backend, arch, warp_size) for ``triton.backends.compiler.GPUTarget``, or None.
         source: where the figures come from.
+        max_threads_per_block: threads one block (threadgroup, work-group) may hold; 1024 on
+            every registered GPU (CUDA, ROCm, Apple's ``maxTotalThreadsPerThreadgroup``, PVC).
     """
 
     name: str
@@ -54,6 +56,7 @@ class Target:
     features: frozenset[str] = field(default_factory=frozenset)
     triton: tuple[str, str | int, int] | None = None
     source: str = ""
+    max_threads_per_block: int = 1024
 
     @property
     def interpreted(self) -> bool:
@@ -231,6 +234,14 @@ _TARGETS = [
         peak_tflops=(("bf16", 838.9), ("fp16", 838.9), ("tf32", 419.4), ("fp32", 52.4)),
         hbm_gbps=3276.8,
         source="Intel Data Center GPU Max Series product brief"),
+    # the xpu backend's kernels run on this host's OpenCL CPU device (config.cpu_target="xpu"):
+    # its own entry, so tuning records measured there are never reused on an Intel GPU
+    Target(
+        "xpu:opencl-cpu", "xpu", "opencl-cpu", "host CPU as a SYCL device (OpenCL CPU runtime)",
+        num_sms=1, warp_size=16, smem_per_block=256 * KiB, regs_per_sm=1 << 30, l2_bytes=32 * MiB,
+        peak_tflops=(("fp32", 0.1), ("fp16", 0.01), ("bf16", 0.01)), hbm_gbps=20.0,
+        source="nominal (as cpu); local memory as the OpenCL CPU device of intel-opencl-rt "
+               "2025.3 reports it (256 KiB); for correctness and CPU runs, not an XPU's figures"),
     Target(
         "cpu", "cpu", "cpu", "host CPU (Triton kernels interpreted)", num_sms=1, warp_size=1,
         smem_per_block=1 << 30, regs_per_sm=1 << 30, l2_bytes=32 * MiB,
@@ -251,6 +262,7 @@ ALIASES = {
     "gfx942": "hip:gfx942", "mi300x": "hip:gfx942",
     "gfx950": "hip:gfx950", "mi355x": "hip:gfx950",
     "gfx1250": "hip:gfx1250", "mi450": "hip:gfx1250",
+    "sycl-cpu": "xpu:opencl-cpu",
 }
 
 
@@ -324,6 +336,12 @@ def detect_target(device: torch.device | str) -> Target:
             return get_target(f"hip:{arch}")
         return cuda_target(props.major, props.minor, props.name)
     raise UnknownTargetError(f"no target for device type {device.type!r}")
+
+
+def sycl_on_cpu(target: Target) -> bool:
+    """Whether ``target``'s kernels run on this host's OpenCL CPU device (the ``xpu:opencl-cpu``
+    target: SYCL kernels on CPU tensors), so they can be measured here."""
+    return target.name == "xpu:opencl-cpu"
 
 
 def triton_version() -> tuple[int, int]:

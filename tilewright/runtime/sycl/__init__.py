@@ -184,6 +184,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "tw_sycl_launch": (I, [P, P, I, C, ctypes.POINTER(P), ctypes.POINTER(ctypes.c_int64), S, S, C, S]),
         "tw_sycl_malloc_shared": (P, [P, S]),
         "tw_sycl_free": (None, [P, P]),
+        "tw_sycl_bundle_binary": (ctypes.c_longlong, [P, ctypes.c_char_p, S, C, S]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -259,6 +260,29 @@ class SyclDevice:
                 raise KernelCompileError(f"SYCL kernel {name} not found in its bundle: {err.value.decode(errors='replace')}")
             k = self._kernels[key] = SyclKernel(self, handle, name)
             return k
+
+
+    def binary(self, source: str, name: str) -> bytes:
+        """The device code the runtime built for ``source`` (kernel ``name`` built here first
+        if it was not):
+        each device image's backend content (on the OpenCL CPU device, the OpenCL program
+        binary) preceded by its size as 8 little-endian bytes. For ``tilewright aot``.
+
+        Raises:
+            KernelCompileError: the source does not compile, or the runtime cannot hand out
+                the image.
+        """
+        self.kernel(source, name)
+        bundle = self._bundles[hashlib.sha256(source.encode()).hexdigest()]
+        err = ctypes.create_string_buffer(4096)
+        size = self.lib.tw_sycl_bundle_binary(bundle, None, 0, err, 4096)
+        if size < 0:
+            raise KernelCompileError(f"the SYCL runtime gave no binary for the built bundle: "
+                                     f"{err.value.decode(errors='replace')}")
+        buf = ctypes.create_string_buffer(max(size, 1))
+        if self.lib.tw_sycl_bundle_binary(bundle, buf, size, err, 4096) != size:
+            raise KernelCompileError(f"the SYCL bundle's binary changed size: {err.value.decode(errors='replace')}")
+        return buf.raw[:size]
 
 
 class SyclKernel:

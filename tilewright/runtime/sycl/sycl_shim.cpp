@@ -175,3 +175,30 @@ void tw_sycl_free(void *handle, void *ptr) {
 }
 
 }  // extern "C"
+
+extern "C" {
+
+// The device code of a built bundle, as the backend holds it (for the OpenCL CPU device: the
+// program binary clGetProgramInfo(CL_PROGRAM_BINARIES) returns), for `tilewright aot`: the
+// device images' backend content in image order, each preceded by its size as 8 bytes
+// (little-endian). Writes at most `cap` bytes into `out` and returns the full size (call
+// with cap 0 to size the buffer), or -1 on failure (message in err).
+long long tw_sycl_bundle_binary(void *bundle, unsigned char *out, size_t cap, char *err, size_t errlen) {
+  auto *b = static_cast<Bundle *>(bundle);
+  try {
+    std::vector<unsigned char> all;
+    for (const auto &image : b->exe) {
+      std::vector<std::byte> bytes = image.ext_oneapi_get_backend_content();
+      uint64_t n = bytes.size();
+      for (int i = 0; i < 8; ++i) all.push_back(static_cast<unsigned char>((n >> (8 * i)) & 0xff));
+      for (std::byte c : bytes) all.push_back(static_cast<unsigned char>(c));
+    }
+    if (out != nullptr) std::memcpy(out, all.data(), all.size() < cap ? all.size() : cap);
+    return static_cast<long long>(all.size());
+  } catch (const std::exception &e) {
+    put(err, errlen, e.what());
+    return -1;
+  }
+}
+
+}  // extern "C"
