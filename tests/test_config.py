@@ -21,6 +21,12 @@ def test_env_overrides_parse_by_type():
     ("TILEWRIGHT_FORCE_BACKEND", "cuda", "not one of"),
     ("TILEWRIGHT_AUTOTUNE", "maybe", "not a valid bool"),
     ("TILEWRIGHT_MAX_CANDIDATES", "many", "not a valid int"),
+    # found by a new-user trial: these used to be taken as they came
+    ("TILEWRIGHT_BENCH_TIE_PCT", "nan", "finite"),
+    ("TILEWRIGHT_BENCH_ABORT_RATIO", "inf", "finite"),
+    ("TILEWRIGHT_COMPILE_TIMEOUT_S", "-1", "below its minimum"),
+    ("TILEWRIGHT_BUCKET_MAX", "0", "below its minimum"),
+    ("TILEWRIGHT_CACHE_DIR", "", "current folder"),
 ])
 def test_bad_env_values_name_the_variable(env, value, match):
     with pytest.raises(ConfigError, match=match) as e:

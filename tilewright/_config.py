@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -244,14 +245,22 @@ def _check_value(f: dataclasses.Field, value: Any) -> None:
         raise ConfigError(
             f"{f.name}={value!r} is not one of {', '.join(choices)} "
             f"(set {f.metadata['env']} or config.{f.name} to one of those)")
+    if kind == "float" and not math.isfinite(value):  # NaN passes every comparison below
+        raise ConfigError(f"{f.name}={value!r} must be a finite number ({f.metadata['env']})")
     low = _MINIMUM.get(f.name)
     if low is not None and value < low:
         raise ConfigError(f"{f.name}={value!r} is below its minimum {low} ({f.metadata['env']})")
+    if f.name == "cache_dir" and not str(value).strip():
+        raise ConfigError(f"cache_dir is empty, which would put the cache in the current folder; "
+                          f"unset {f.metadata['env']} or give it a folder")
 
 
-# settings with a lower bound (counts of at least one, non-negative times and percentages)
-_MINIMUM = {"max_candidates": 1, "bench_rep": 1, "bench_warmup": 0, "bench_budget_ms": 0.0,
-            "bench_abort_ratio": 1.0, "bench_tie_pct": 0.0}
+# settings with a lower bound (counts of at least one, non-negative times, percentages and
+# timeouts; a timeout of 0 would fail every candidate)
+_MINIMUM = {"max_candidates": 1, "bench_rep": 1, "bench_min_rep": 1, "bench_warmup": 0,
+            "bench_input_sets": 1, "bench_budget_ms": 0.0, "bench_stable_pct": 0.0,
+            "bench_abort_ratio": 1.0, "bench_tie_pct": 0.0, "compile_timeout_s": 0.001,
+            "compile_timeout_factor": 1.0, "bench_timeout_s": 0.001, "bucket_max": 1}
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:
