@@ -11,13 +11,17 @@ rendered by the IR's SYCL emitter over ``acc`` and the epilogue inputs, then rou
 the output dtype. Operands and epilogue inputs are read through run-time strides (any layout,
 broadcast inputs with stride 0).
 
-Refused (with the reason): block-scaled and fp8 operands, ``store_acc`` (the product stored
-beside the epilogue), targets other than ``xpu``. No sub-group / XMX (DPAS) matrix instructions
+A problem that stores its product too (``store_acc``: a training GEMM whose value the backward
+needs) writes it beside the epilogue's result, with the leading epilogue kinds it includes
+(``acc_after``: an addmm's bias), rounded once to the operand dtype.
+
+Refused (with the reason): block-scaled and fp8 operands, targets other than ``xpu``. No sub-group / XMX (DPAS) matrix instructions
 yet: this is the portable tiled kernel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tilewright.errors import UnsupportedProblemError
@@ -41,6 +45,7 @@ class SyclGemm(TemplateSpec):
     backend = "sycl"
     op = "gemm"
     jinja = "gemm.py.jinja"
+    stores_acc = True
     space = ParamSpace((
         Knob("BLOCK_M", (16, 32, 64, 128), 64, "rows of C per work-group"),
         Knob("BLOCK_N", (16, 32, 64, 128), 64, "columns of C per work-group"),
@@ -58,8 +63,6 @@ class SyclGemm(TemplateSpec):
             return Support(False, f"sycl.gemm takes fp32/fp16/bf16 operands, not {problem.dtype}")
         if problem.out_dtype not in STORAGE:
             return Support(False, f"no SYCL store for {problem.out_dtype} outputs")
-        if problem.store_acc:
-            return Support(False, "sycl.gemm does not store the product beside its epilogue yet (store_acc)")
         for e in problem.epilogue_inputs:
             if e.dtype not in STORAGE:
                 return Support(False, f"no SYCL load for {e.dtype} epilogue inputs")
@@ -115,6 +118,11 @@ class SyclGemm(TemplateSpec):
             return v if dtypes.compute_type(dt) == dtypes.compute_type(n.dtype) else f"float({v})"
 
         e = SyclExpr(load=load, acc=lambda n: "acc", prefix="ep")
+        acc_value = None
+        if problem.store_acc:  # the stored product: acc with the epilogue kinds it includes
+            stored = dataclasses.replace(problem, epilogue=problem.epilogue[:problem.acc_after],
+                                         epilogue_ir="", store_acc=False, acc_after=0)
+            acc_value = e.store_value(e.emit(problem_epilogue(stored)), "fp32", problem.dtype)
         value = e.emit(problem_epilogue(problem))
         out_value = e.store_value(value, "fp32", problem.out_dtype)
 
@@ -127,7 +135,8 @@ class SyclGemm(TemplateSpec):
             problem_text=problem.describe(), params_text=self.space.encode(params), target=target.name,
             kernel_name="tw_sycl_gemm", helpers=e.helpers(), epilogue=e.lines, out_value=out_value,
             a_type=STORAGE[problem.dtype], b_type=STORAGE[problem.dtype], c_type=STORAGE[problem.out_dtype],
-            load_a=load_a, load_b=load_b,
+            load_a=load_a, load_b=load_b, store_acc=problem.store_acc, acc_value=acc_value,
+            acc_dtype=f"torch.{str(dtypes.TORCH[problem.dtype]).removeprefix('torch.')}",
             epilogue_inputs=[{"index": k, "type": STORAGE[i.dtype]} for k, i in enumerate(problem.epilogue_inputs)],
             out_dtype=f"torch.{str(dtypes.TORCH[problem.out_dtype]).removeprefix('torch.')}",
             WG=self.work_group(params), **params,
