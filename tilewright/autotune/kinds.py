@@ -13,6 +13,7 @@ import torch
 from tilewright.autotune import inputs as gemm_inputs
 from tilewright.ir import dtypes
 from tilewright.ir.index import static_or_hint
+from tilewright import grouped
 from tilewright.problem import GemmProblem, LoopProblem
 
 # ‖out − ref‖ / ‖ref‖ allowed per output dtype (integers and booleans: the fraction of elements
@@ -143,6 +144,8 @@ KINDS: dict[str, Kind] = {
     "gemm": Kind("gemm", gemm_inputs.make_inputs, gemm_inputs.poisoned_output, _gemm_run, _gemm_error),
     "pointwise": Kind("pointwise", make_loop_inputs, poisoned_loop_outputs, _loop_run, _loop_error),
     "reduction": Kind("reduction", make_loop_inputs, poisoned_loop_outputs, _loop_run, _loop_error),
+    # synthetic even, aligned offsets (tilewright.grouped.synthetic_offsets)
+    "grouped_gemm": Kind("grouped_gemm", grouped.make_inputs, grouped.poisoned_output, grouped.run, grouped.error),
 }
 
 
@@ -159,4 +162,6 @@ def problem_from_json(d: dict) -> Any:
     """A problem back from its ``to_json()`` (loop problems carry a "kind")."""
     if d.get("kind") in ("pointwise", "reduction"):
         return LoopProblem.from_json(d)
+    if d.get("kind") == "grouped_gemm":
+        return grouped.GroupedGemmProblem.from_json(d)
     return GemmProblem.from_json(d)

@@ -188,5 +188,9 @@ def policy_for(op: str, target: Target):
         from tilewright.autotune.loop_policy import LoopPolicy
 
         return LoopPolicy(op)
+    if op == "grouped_gemm":
+        from tilewright.autotune.grouped_policy import GroupedGemmPolicy
+
+        return GroupedGemmPolicy()
     factory = POLICIES.get((op, target.backend))
     return factory() if factory else GemmPolicy(())

@@ -20,6 +20,7 @@ from tilewright.compiler.graph import (
     ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
 )
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
+from tilewright.compiler.lower_grouped import TILEWRIGHT_GROUPED_MM, fuse_activations, lower_grouped_mm
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, EpilogueInput, EpilogueOp
 
 aten = torch.ops.aten
@@ -215,6 +216,9 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
     nodes: list[Node] = []
     output = None
     n_gemm = 0
+    for node in list(gm.graph.nodes):  # grouped GEMMs first: activations fold into them
+        lower_grouped_mm(node)
+    fuse_activations(gm)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             placeholders.append(node)
@@ -231,6 +235,8 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
                 fp4 := lower_nvfp4_mm(node, n_gemm)) is not None:
             nodes.append(fp4)
             n_gemm += 1
+        elif node.op == "call_function" and node.target == TILEWRIGHT_GROUPED_MM:
+            nodes.append(ExternNode(node.name, [node], kind="grouped_gemm"))  # tilewright.compiler.lower_grouped
         elif node.op == "call_function":
             nodes.append(ExternNode(node.name, [node], kind=_kind(node)))
         elif node.op == "get_attr":

@@ -72,6 +72,10 @@ class TemplateKernelFactory:
 
     def reference(self, problem: GemmProblem | LoopProblem, inputs: GemmInputs | LoopInputs) -> Any:
         """The float64 result (a loop kernel: the tuple of its outputs, floats in float64)."""
+        if getattr(problem, "kind", None) == "grouped_gemm":
+            from tilewright.grouped import reference
+
+            return reference(problem, inputs)
         if isinstance(problem, LoopProblem):
             aten = get_template(f"aten.{problem.kind}")
             launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))

@@ -4,6 +4,7 @@ from tilewright.templates import BackendManifest
 from tilewright.templates.triton.gemm import TritonGemm
 from tilewright.templates.triton.gemm_nvfp4 import TritonGemmNvfp4, TritonGemmNvfp4Mma
 from tilewright.templates.triton.gemm_tma import TritonGemmTma
+from tilewright.templates.triton.grouped_gemm import TritonGroupedGemm
 from tilewright.templates.triton.loops import TritonPointwise, TritonReduction
 
 MANIFEST = BackendManifest(
@@ -11,5 +12,5 @@ MANIFEST = BackendManifest(
     description="Triton kernels (JIT on cuda/hip, TRITON_INTERPRET on cpu)",
     target_backends=("cuda", "hip", "cpu"),
     templates=(TritonGemm(), TritonGemmTma(), TritonGemmNvfp4(), TritonGemmNvfp4Mma(),
-               TritonPointwise(), TritonReduction()),
+               TritonPointwise(), TritonReduction(), TritonGroupedGemm()),
 )

@@ -1,0 +1,113 @@
+"""Grouped GEMM as an op: ``grouped_mm(a, b, offs)`` (``torch._grouped_mm``'s four shape cases,
+see :mod:`tilewright.grouped`) with a fused epilogue, run by the kernel the autotuner chose,
+and ``torch.ops.tilewright.grouped_mm``, the custom op the compiler lowers
+``aten._grouped_mm`` to.
+
+The offsets stay on the device: the problem is built from shapes only (the ragged total
+bucketed, so every token count in a bucket shares one tuned kernel) and the kernel reads
+``offs`` itself.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tilewright.autotune.buckets import bucket
+from tilewright.grouped import GroupedGemmProblem, case_of
+from tilewright.kernels.build import tuned_launcher
+from tilewright.kernels.gemm import _layout
+from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, UNARY_EPILOGUES, EpilogueInput, EpilogueOp
+
+
+def grouped_problem(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
+                    activation: str = "none", multiply: torch.Tensor | None = None,
+                    out_dtype: torch.dtype | None = None) -> GroupedGemmProblem:
+    """The problem of one call: sizes from the shapes (the ragged total at its bucket, marked
+    dynamic), dtypes, layouts and the epilogue ``activation(acc + bias) * multiply``.
+
+    Raises:
+        ValueError: operands of the wrong rank, dtype or sizes; the message says which.
+    """
+    case = case_of(a.dim(), b.dim())
+    if a.dtype != b.dtype or DTYPE_NAMES.get(a.dtype) not in GEMM_INPUT_DTYPES:
+        raise ValueError(f"grouped_mm takes two fp32/fp16/bf16 operands of one dtype, got {a.dtype} and {b.dtype}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"grouped_mm: a's last dim ({a.shape[-1]}) must equal b's K dim ({b.shape[-2]})")
+    if case == "2d3d":
+        G, M, N, K = b.shape[0], a.shape[0], b.shape[2], a.shape[1]
+    elif case == "2d2d":
+        G, M, N, K = 0, a.shape[0], b.shape[1], a.shape[1]
+    elif case == "3d2d":
+        G, M, N, K = a.shape[0], a.shape[1], b.shape[1], a.shape[2]
+    else:
+        if a.shape[0] != b.shape[0]:
+            raise ValueError(f"grouped_mm 3d3d: a has {a.shape[0]} groups, b {b.shape[0]}")
+        G, M, N, K = a.shape[0], a.shape[1], b.shape[2], a.shape[2]
+    sizes = {"M": M, "N": N, "K": K}
+    ragged = {"2d3d": "M", "2d2d": "K", "3d2d": "N"}.get(case)
+    if ragged:
+        sizes[ragged] = bucket(sizes[ragged])  # the token count: tuned per bucket
+    ops, inputs = [], []
+    if bias is not None:
+        pattern = "N" if case == "3d2d" else "BN"
+        inputs.append(EpilogueInput(pattern, DTYPE_NAMES[bias.dtype]))
+        ops.append(EpilogueOp("add", input=0))
+    if activation not in ("none", None):
+        if activation not in UNARY_EPILOGUES:
+            raise ValueError(f"activation {activation!r}; known: none, {', '.join(UNARY_EPILOGUES)}")
+        ops.append(EpilogueOp(activation))
+    if multiply is not None:  # SwiGLU-style: silu(gate) * up, up output-shaped
+        inputs.append(EpilogueInput("BMN" if case in ("2d2d", "3d3d") else "MN", DTYPE_NAMES[multiply.dtype]))
+        ops.append(EpilogueOp("mul", input=len(inputs) - 1))
+    return GroupedGemmProblem(
+        case=case, G=max(G, 1), **sizes, dtype=DTYPE_NAMES[a.dtype],
+        out_dtype=DTYPE_NAMES[out_dtype or a.dtype], layout_a=_layout(a), layout_b=_layout(b),
+        epilogue=tuple(ops), epilogue_inputs=tuple(inputs),
+        dynamic=frozenset({ragged}) if ragged else frozenset())
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, *,
+               bias: torch.Tensor | None = None, activation: str = "none",
+               multiply: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``(activation(grouped_mm(a, b, offs) + bias)) * multiply`` in one tuned kernel.
+
+    Args:
+        a, b: the operands of one of the four cases (tilewright.grouped): (M_total, K) x
+            (G, K, N), (M, K_total) x (K_total, N), (G, M, K) x (K, N_total), (G, M, K) x
+            (G, K, N); fp32/fp16/bf16, any strides.
+        offs: int32 end offsets along the ragged dim, (G,), on the operands' device (None for
+            3d3d). Never read on the host.
+        bias: per group, (G, N) (3d2d: (N_total,)).
+        activation: "none" or a unary epilogue kind ("silu", "gelu", ...), after the bias.
+        multiply: an output-shaped tensor multiplied in last (SwiGLU's up projection).
+        out_dtype: the output dtype (a fused cast; default a's). Accumulation is fp32.
+
+    Returns:
+        (M_total, N), (G, M, N), (M, N_total) or (G, M, N) of ``out_dtype``.
+    """
+    problem = grouped_problem(a, b, bias=bias, activation=activation, multiply=multiply, out_dtype=out_dtype)
+    if problem.ragged and (offs is None or offs.dtype != torch.int32 or offs.dim() != 1):
+        raise ValueError(f"grouped_mm {problem.case} needs offs, a 1-D int32 tensor of end offsets")
+    if problem.case == "2d2d":
+        problem = problem.with_sizes(G=offs.shape[0])
+    extra = [t for t in (bias, multiply) if t is not None]
+    return tuned_launcher(problem, a.device)(a, b, offs, *extra)
+
+
+@torch.library.custom_op("tilewright::grouped_mm", mutates_args=())
+def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor],
+                   bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
+                   activation: str = "none") -> torch.Tensor:
+    """``aten._grouped_mm``'s signature (and a fused activation), run by the tuned kernel: what
+    the compiler lowers ``_grouped_mm`` to."""
+    return grouped_mm(a, b, offs, bias=bias, out_dtype=out_dtype, activation=activation)
+
+
+@_grouped_mm_op.register_fake
+def _grouped_mm_fake(a, b, offs, bias, out_dtype, activation="none"):
+    case = case_of(a.dim(), b.dim())
+    shape = {"2d3d": (a.shape[0], b.shape[-1]), "2d2d": (offs.shape[0], a.shape[0], b.shape[-1]),
+             "3d2d": (a.shape[1], b.shape[-1]), "3d3d": (a.shape[0], a.shape[1], b.shape[-1])}[case]
+    return a.new_empty(shape, dtype=out_dtype or a.dtype)

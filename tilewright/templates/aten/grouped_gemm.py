@@ -1,0 +1,36 @@
+"""The ATen candidate for a grouped GEMM: ``torch._grouped_mm`` and the epilogue as PyTorch
+operators. The fallback every grouped policy includes and, given float64 operands, the reference
+(``_grouped_mm`` has no float64 path: the reference loops over groups with ``torch.matmul``)."""
+
+from __future__ import annotations
+
+from tilewright.grouped import GroupedGemmProblem
+from tilewright.ir.epilogue import problem_epilogue
+from tilewright.problem import DTYPES
+from tilewright.runtime.targets import Target
+from tilewright.templates.aten.gemm import torch_epilogue
+from tilewright.templates.base import SUPPORTED, Params, RenderedKernel, Support, TemplateSpec
+
+_TORCH_NAME = {name: str(dtype).removeprefix("torch.") for name, dtype in DTYPES.items()}
+
+
+class AtenGroupedGemm(TemplateSpec):
+    id = "aten.grouped_gemm"
+    backend = "aten"
+    op = "grouped_gemm"
+    jinja = "grouped_gemm.py.jinja"
+
+    def supports(self, problem: GroupedGemmProblem, target: Target) -> Support:
+        if not isinstance(problem, GroupedGemmProblem):
+            return Support(False, f"{self.id} runs grouped GEMMs (tilewright.grouped.GroupedGemmProblem)")
+        return SUPPORTED
+
+    def render(self, problem: GroupedGemmProblem, params: Params, target: Target) -> RenderedKernel:
+        has_epilogue = bool(problem.epilogue or problem.epilogue_ir)
+        source = self.render_jinja(
+            problem_text=problem.describe(), problem_json=problem.to_json(),
+            out_torch_dtype=_TORCH_NAME[problem.out_dtype],
+            epilogue=torch_epilogue(problem_epilogue(problem)) if has_epilogue else [],
+        )
+        return RenderedKernel(template_id=self.id, params={}, target=target.name, source=source,
+                              name="aten_grouped_gemm")
