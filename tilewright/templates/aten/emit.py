@@ -43,7 +43,7 @@ class TorchExpr:
         self.prefix = prefix  # for the temporaries of one part of a combo kernel
         self.k = kernel
         self.lines: list[str] = []
-        self.names: dict[int, str] = {}
+        self.names: dict[Node, str] = {}  # by node: holding it keeps it alive, so no id is reused
         self.count = 0
         self.nx, self.nr = len(kernel.ranges), len(kernel.reduction_ranges)
         self.vars = list(kernel.x_vars) + list(kernel.r_vars)
@@ -104,15 +104,15 @@ class TorchExpr:
 
     # -- values -----------------------------------------------------------------------------------
     def emit(self, root: Node) -> str:
-        for n in toposort([root], stop=lambda n: id(n) in self.names):
-            if id(n) not in self.names:
+        for n in toposort([root], stop=lambda n: n in self.names):
+            if n not in self.names:
                 name = self.fresh()
                 self.line(f"{name} = {self._code(n)}")
-                self.names[id(n)] = name
-        return self.names[id(root)]
+                self.names[n] = name
+        return self.names[root]
 
     def _code(self, n: Node) -> str:
-        a = [self.names[id(s)] for s in n.src]
+        a = [self.names[s] for s in n.src]
         if n.op == "const":
             value = n.arg if not isinstance(n.arg, float) or n.arg == n.arg and abs(n.arg) != float("inf") \
                 else f"float('{n.arg}')"
@@ -138,12 +138,12 @@ class TorchExpr:
         name, idx, _ = n.arg
         conv = f".to(C[{n.dtype!r}])"
         mask_node, indirect = load_mask(n), load_indirect(n)
-        mask = self.names[id(mask_node)] if mask_node is not None else None
+        mask = self.names[mask_node] if mask_node is not None else None
         view = None if mask is not None or indirect else self.view_of(name, idx)
         if view is not None:
             size, stride, off = view
             return f"{name}.as_strided({size}, {stride}, {off}){conv}"
-        extra = {indirect_symbol(k): self.names[id(v)] for k, v in enumerate(indirect)}
+        extra = {indirect_symbol(k): self.names[v] for k, v in enumerate(indirect)}
         offs = self.fresh()
         self.line(f"{offs} = torch.as_tensor({self.flat_offsets(name, idx, extra)}, device=device)")
         flat = f"_flat({name})"

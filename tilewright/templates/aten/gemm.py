@@ -22,11 +22,11 @@ def torch_epilogue(value: E.Node) -> list[str]:
     floats are computed in fp32, as the generated kernels do; a float64 ``acc`` (the
     reference) stays float64."""
     lines = ["acc = acc.float() if acc.dtype in (torch.float16, torch.bfloat16) else acc"]
-    names: dict[int, str] = {}
+    names: dict[E.Node, str] = {}
     for n in E.toposort([value]):
-        args = [names[id(s)] for s in n.src]
+        args = [names[s] for s in n.src]
         if n.op == "acc":
-            names[id(n)] = "acc"
+            names[n] = "acc"
             continue
         if n.op == "const":  # a 0-d tensor: torch functions want a tensor operand first
             text = repr(float(n.arg)) if n.arg == n.arg and abs(n.arg) != float("inf") else f"float('{n.arg}')"
@@ -39,9 +39,9 @@ def torch_epilogue(value: E.Node) -> list[str]:
             code = f"T[{n.op!r}]({', '.join(args)})"
         else:
             raise ValueError(f"an epilogue has no {n.op} values")
-        names[id(n)] = f"v{len(lines)}"
-        lines.append(f"{names[id(n)]} = {code}")
-    return lines + [f"acc = {names[id(value)]}"]
+        names[n] = f"v{len(lines)}"
+        lines.append(f"{names[n]} = {code}")
+    return lines + [f"acc = {names[value]}"]
 
 
 def _epilogue_lines(ops: list, problem: GemmProblem) -> list[str]:

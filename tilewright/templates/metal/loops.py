@@ -94,7 +94,7 @@ class _Body:
         names = dict(self.names)
         indirect = load_indirect(n)
         for k, v in enumerate(indirect):  # gathered indices: the values computed for them
-            names[indirect_symbol(k)] = self.e.names[id(v)]
+            names[indirect_symbol(k)] = self.e.names[v]
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
         off = index_code(offset(idx, strides), names)
         value = f"{name}[{off}]"
@@ -107,7 +107,7 @@ class _Body:
             guards.append("rmask")
         own = load_mask(n)
         if own is not None:  # a masked load (cat, pad): only where the mask holds
-            guards.append(self.e.names[id(own)])
+            guards.append(self.e.names[own])
         if not guards:
             return value
         return f"(({' && '.join(guards)}) ? {value} : {zero(n.dtype)})"

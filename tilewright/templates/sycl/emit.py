@@ -19,7 +19,7 @@ torch's float floor division are helpers rendered into the source (:data:`HELPER
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, toposort
@@ -209,7 +209,7 @@ class SyclExpr:
         self.lines: list[str] = []
         self.indent = ""
         self.helpers_used: set[str] = set()
-        self.names: dict[int, str] = {}
+        self.names: dict[Any, str] = {}  # by node: holding it keeps it alive, so no id is reused
         self._count = 0
         self._scopes: list[dict[int, str]] = []
 
@@ -230,26 +230,26 @@ class SyclExpr:
 
     def bind(self, node: Node, code: str) -> str:
         """Record an externally computed value for ``node`` (a group reduction's result)."""
-        self.names[id(node)] = code
+        self.names[node] = code
         return code
 
     # -- rendering ------------------------------------------------------------------------------
     def emit(self, root: Node) -> str:
         """The name holding ``root``'s value (in its compute type), emitting what is missing."""
-        for n in toposort([root], stop=lambda n: id(n) in self.names):
-            if id(n) in self.names:
+        for n in toposort([root], stop=lambda n: n in self.names):
+            if n in self.names:
                 continue
             code = self._code(n)
             if n.op == "const":
-                self.names[id(n)] = code
+                self.names[n] = code
                 continue
             name = self.fresh()
             self.line(f"const {CTYPE[dtypes.compute_type(n.dtype)]} {name} = {code};")
-            self.names[id(n)] = name
-        return self.names[id(root)]
+            self.names[n] = name
+        return self.names[root]
 
     def _code(self, n: Node) -> str:
-        args = [self.names[id(s)] for s in n.src]
+        args = [self.names[s] for s in n.src]
         if n.op == "const":
             return literal(n.arg, n.dtype)
         if n.op in ("load", "index", "acc"):

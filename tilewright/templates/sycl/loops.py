@@ -130,7 +130,7 @@ class _Body:
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
         names = dict(self.names)
         for k, v in enumerate(load_indirect(n)):  # gathered indices: the values computed for them
-            names[indirect_symbol(k)] = f"int64_t({self.e.names[id(v)]})"
+            names[indirect_symbol(k)] = f"int64_t({self.e.names[v]})"
         off = ccode(offset(idx, strides), names)
         value = self.e.load_value(f"{name}[{off}]", buf.dtype)
         ct = dtypes.compute_type(n.dtype)
@@ -138,7 +138,7 @@ class _Body:
             value = f"{CTYPE[ct]}({value})"
         own = load_mask(n)
         if own is not None:  # a masked load (cat, pad): only where the mask holds, else 0
-            return f"({self.e.names[id(own)]} ? {CTYPE[ct]}({value}) : {literal(0, ct)})"
+            return f"({self.e.names[own]} ? {CTYPE[ct]}({value}) : {literal(0, ct)})"
         return value
 
     def _index(self, n: Node) -> str:

@@ -138,7 +138,7 @@ class _Body:
         names = dict(self.names)
         indirect = load_indirect(n)
         for k, v in enumerate(indirect):  # gathered indices: the values computed for them
-            names[indirect_symbol(k)] = self.e.names[id(v)]
+            names[indirect_symbol(k)] = self.e.names[v]
         off = code(offset(idx, [sympy.Symbol(s) for s in strides]), names)
         has_x, has_r = self._deps(idx)
         for v in indirect:
@@ -147,7 +147,7 @@ class _Body:
         mask = self._mask(has_x, has_r)
         own = load_mask(n)
         if own is not None:  # a masked load (cat, pad): only where the mask holds
-            own_code = self.e.names[id(own)]
+            own_code = self.e.names[own]
             mask = f"{mask} & {own_code}" if mask else own_code
             # the mask is a block (an index compare is one even when constant): so must the
             # pointer be, where the index alone does not vary (a 0-d gradient read per element)
