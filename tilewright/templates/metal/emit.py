@@ -17,12 +17,13 @@ so a fast-math compile keeps full-precision transcendental functions.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, toposort
+from tilewright.ir.emitter import ExprEmitter
+from tilewright.ir.expr import Node
 from tilewright.ir.index import CodePrinter
 
 # IR dtype -> MSL scalar type (a buffer's element type; compute types use dtypes.compute_type)
@@ -300,7 +301,7 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
 }
 
 
-class MetalExpr:
+class MetalExpr(ExprEmitter):
     """Renders expression DAGs into MSL statements (see the module docstring).
 
     Args:
@@ -312,77 +313,36 @@ class MetalExpr:
     def __init__(self, *, load: Callable[[Node], str], index: Callable[[Node], str] | None = None,
                  reduce: Callable[[Node, str], str] | None = None, acc: Callable[[Node], str] | None = None,
                  prefix: str = "t"):
-        self.hooks = {"load": load, "index": index, "reduce": reduce, "acc": acc}
-        self.prefix = prefix
-        self.lines: list[str] = []
-        self.indent = "    "
-        self.helpers_used: set[str] = set()
-        self.names: dict[Any, str] = {}  # by node: holding it keeps it alive, so no id is reused
-        self._count = 0
-        self._scopes: list[dict[int, str]] = []
+        super().__init__(load=load, index=index, acc=acc, reduce=reduce, prefix=prefix, indent="    ")
 
     # -- scopes: a C block's values die with it, so the emitter forgets them too ---------------
     def open(self, header: str) -> None:
         """``header {`` and a new scope (a loop or a conditional body)."""
         self.line(f"{header} {{" if header else "{")
         self.indent += "    "
-        self._scopes.append(dict(self.names))
+        self.push()
 
     def close(self) -> None:
-        self.names = self._scopes.pop()
+        self.pop()
         self.indent = self.indent[:-4]
         self.line("}")
 
-    def line(self, text: str) -> None:
-        self.lines.append(self.indent + text)
+    def literal(self, value: object, dtype: str) -> str:
+        return literal(value, dtype)
 
-    def fresh(self) -> str:
-        name = f"{self.prefix}{self._count}"
-        self._count += 1
-        return name
+    def inline(self, n: Node, code: str) -> bool:
+        return n.op == "const" or code.isidentifier()  # a literal, or a value already named
 
-    def bind(self, node: Node, code: str) -> str:
-        """Record an externally computed value for ``node`` (a reduction computed in a loop)."""
-        self.names[node] = code
-        return code
+    def declare(self, name: str, n: Node, code: str) -> str:
+        return f"const {ctype(n.dtype)} {name} = {code};"
 
-    # -- rendering ------------------------------------------------------------------------------
-    def emit(self, root: Node) -> str:
-        """The name (or literal) holding ``root``'s value in its compute type, emitting what is
-        missing."""
-        for n in toposort([root], stop=lambda n: n in self.names):
-            if n in self.names:
-                continue
-            code = self._code(n)
-            if n.op == "const" or code.isidentifier():  # a literal, or a value already named
-                self.names[n] = code
-                continue
-            name = self.fresh()
-            self.line(f"const {ctype(n.dtype)} {name} = {code};")
-            self.names[n] = name
-        return self.names[root]
-
-    def _code(self, n: Node) -> str:
-        args = [self.names[s] for s in n.src]
-        if n.op == "const":
-            return literal(n.arg, n.dtype)
-        if n.op in ("load", "index", "acc"):
-            hook = self.hooks[n.op]
-            if hook is None:
-                raise ValueError(f"this kernel has no {n.op} values")
-            return hook(n)
-        if n.op == "reduce":
-            hook = self.hooks["reduce"]
-            if hook is None:
-                raise ValueError("reductions need a reduction kernel")
-            return hook(n, args[0])
-        if n.op == "cast":
-            return self.convert(args[0], n.src[0].dtype, n.dtype)
+    def op_code(self, n: Node, args: list[str]) -> str:
         operand = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
         render, helpers = MATH[n.op]
         code = render(*args, operand)
         self.helpers_used.update(h for h in helpers if h in code)
         return code
+
 
     def convert(self, code: str, src: str, dst: str) -> str:
         """Code converting a value held in ``src``'s compute type to ``dst``'s, rounding where

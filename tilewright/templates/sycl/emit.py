@@ -19,10 +19,11 @@ torch's float floor division are helpers rendered into the source (:data:`HELPER
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, toposort
+from tilewright.ir.emitter import ExprEmitter
+from tilewright.ir.expr import Node
 
 # compute type -> C++ type (values)
 CTYPE = {"fp64": "double", "fp32": "float", "i64": "int64_t", "i32": "int32_t", "i16": "int16_t",
@@ -193,7 +194,7 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
 }
 
 
-class SyclExpr:
+class SyclExpr(ExprEmitter):
     """Renders expression DAGs into SYCL C++ statements (see the module docstring).
 
     Args:
@@ -201,73 +202,18 @@ class SyclExpr:
             ``reduce(node, operand_code)`` may emit statements through :meth:`line` first.
     """
 
-    def __init__(self, *, load: Callable[[Node], str], index: Callable[[Node], str] | None = None,
-                 acc: Callable[[Node], str] | None = None, reduce: Callable[[Node, str], str] | None = None,
-                 prefix: str = "t"):
-        self.hooks = {"load": load, "index": index, "acc": acc, "reduce": reduce}
-        self.prefix = prefix
-        self.lines: list[str] = []
-        self.indent = ""
-        self.helpers_used: set[str] = set()
-        self.names: dict[Any, str] = {}  # by node: holding it keeps it alive, so no id is reused
-        self._count = 0
-        self._scopes: list[dict[int, str]] = []
+    def literal(self, value: object, dtype: str) -> str:
+        return literal(value, dtype)
 
-    # -- scopes (loop bodies see outer values; their own die with them) -------------------------
-    def push(self) -> None:
-        self._scopes.append(dict(self.names))
+    def declare(self, name: str, n: Node, code: str) -> str:
+        return f"const {CTYPE[dtypes.compute_type(n.dtype)]} {name} = {code};"
 
-    def pop(self) -> None:
-        self.names = self._scopes.pop()
-
-    def line(self, text: str) -> None:
-        self.lines.append(self.indent + text)
-
-    def fresh(self) -> str:
-        name = f"{self.prefix}{self._count}"
-        self._count += 1
-        return name
-
-    def bind(self, node: Node, code: str) -> str:
-        """Record an externally computed value for ``node`` (a group reduction's result)."""
-        self.names[node] = code
-        return code
-
-    # -- rendering ------------------------------------------------------------------------------
-    def emit(self, root: Node) -> str:
-        """The name holding ``root``'s value (in its compute type), emitting what is missing."""
-        for n in toposort([root], stop=lambda n: n in self.names):
-            if n in self.names:
-                continue
-            code = self._code(n)
-            if n.op == "const":
-                self.names[n] = code
-                continue
-            name = self.fresh()
-            self.line(f"const {CTYPE[dtypes.compute_type(n.dtype)]} {name} = {code};")
-            self.names[n] = name
-        return self.names[root]
-
-    def _code(self, n: Node) -> str:
-        args = [self.names[s] for s in n.src]
-        if n.op == "const":
-            return literal(n.arg, n.dtype)
-        if n.op in ("load", "index", "acc"):
-            hook = self.hooks[n.op]
-            if hook is None:
-                raise ValueError(f"this kernel has no {n.op} values")
-            return hook(n)
-        if n.op == "reduce":
-            hook = self.hooks["reduce"]
-            if hook is None:
-                raise ValueError("reductions need a reduction kernel")
-            return hook(n, args[0])
-        if n.op == "cast":
-            return self.convert(args[0], n.src[0].dtype, n.dtype)
+    def op_code(self, n: Node, args: list[str]) -> str:
         operand = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
         render, helpers = MATH[n.op]
         self.helpers_used.update(helpers)
         return render(*args, operand)
+
 
     def convert(self, code: str, src: str, dst: str) -> str:
         """Code converting a value held in ``src``'s compute type to ``dst``'s compute type,

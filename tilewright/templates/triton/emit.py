@@ -16,10 +16,11 @@ interpreter (whose own conversion truncates).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, toposort
+from tilewright.ir.emitter import ExprEmitter
+from tilewright.ir.expr import Node
 
 TL_DTYPE = {"fp64": "tl.float64", "fp32": "tl.float32", "fp16": "tl.float16", "bf16": "tl.bfloat16",
             "fp8e4m3": "tl.float8e4nv", "fp8e5m2": "tl.float8e5", "i64": "tl.int64",
@@ -290,7 +291,7 @@ def literal(value: object, dtype: str) -> str:
     return str(int(value))  # type: ignore[call-overload]
 
 
-class TritonExpr:
+class TritonExpr(ExprEmitter):
     """Renders expression DAGs into Triton statements (see the module docstring).
 
     Args:
@@ -303,67 +304,16 @@ class TritonExpr:
     def __init__(self, *, interpreted: bool, load: Callable[[Node], str],
                  index: Callable[[Node], str] | None = None, acc: Callable[[Node], str] | None = None,
                  reduce: Callable[[Node, str], str] | None = None, prefix: str = "t"):
+        super().__init__(load=load, index=index, acc=acc, reduce=reduce, prefix=prefix)
         self.interpreted = interpreted
-        self.hooks = {"load": load, "index": index, "acc": acc, "reduce": reduce}
-        self.prefix = prefix
-        self.lines: list[str] = []
-        self.indent = ""
-        self.helpers_used: set[str] = set()
-        self.names: dict[Any, str] = {}  # by node: holding it keeps it alive, so no id is reused
-        self._count = 0
-        self._scopes: list[dict[int, str]] = []
 
-    # -- scopes (loop bodies see outer values; their own die with them) -------------------------
-    def push(self) -> None:
-        self._scopes.append(dict(self.names))
+    def literal(self, value: object, dtype: str) -> str:
+        return literal(value, dtype)
 
-    def pop(self) -> None:
-        self.names = self._scopes.pop()
+    def declare(self, name: str, n: Node, code: str) -> str:
+        return f"{name} = {code}"
 
-    def line(self, text: str) -> None:
-        self.lines.append(self.indent + text)
-
-    def fresh(self) -> str:
-        name = f"{self.prefix}{self._count}"
-        self._count += 1
-        return name
-
-    def bind(self, node: Node, code: str) -> str:
-        """Record an externally computed value for ``node`` (reductions computed in a loop)."""
-        self.names[node] = code
-        return code
-
-    # -- rendering --------------------------------------------------------------------------------
-    def emit(self, root: Node) -> str:
-        """The name holding ``root``'s value (in its compute type), emitting what is missing."""
-        for n in toposort([root], stop=lambda n: n in self.names):
-            if n in self.names:
-                continue
-            code = self._code(n)
-            if n.op == "const":
-                self.names[n] = code
-                continue
-            name = self.fresh()
-            self.line(f"{name} = {code}")
-            self.names[n] = name
-        return self.names[root]
-
-    def _code(self, n: Node) -> str:
-        args = [self.names[s] for s in n.src]
-        if n.op == "const":
-            return literal(n.arg, n.dtype)
-        if n.op in ("load", "index", "acc"):
-            hook = self.hooks[n.op]
-            if hook is None:
-                raise ValueError(f"this kernel has no {n.op} values")
-            return hook(n)
-        if n.op == "reduce":
-            hook = self.hooks["reduce"]
-            if hook is None:
-                raise ValueError("reductions need a reduction kernel")
-            return hook(n, args[0])
-        if n.op == "cast":
-            return self.convert(args[0], n.src[0].dtype, n.dtype)
+    def op_code(self, n: Node, args: list[str]) -> str:
         operand_dtype = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
         if n.op in _TENSOR_OPERANDS:
             args = _broadcast_constants(args, n.src)
@@ -372,6 +322,7 @@ class TritonExpr:
         render, helpers = MATH[n.op]
         self.helpers_used.update(helpers)
         return render(*args, operand_dtype)
+
 
     def convert(self, code: str, src: str, dst: str) -> str:
         """Code converting a value held in ``src``'s compute type to ``dst``'s compute type,
