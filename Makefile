@@ -10,24 +10,42 @@ TORCH_SPEC ?= torch==2.13.0
 VENV_FLAGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast setup clean
+.PHONY: demo test test-fast setup flydsl-setup clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
-	$(PY) -m pip install --quiet -e '.[demo,test,cutedsl,sycl]'
+	$(PY) -m pip install --quiet -e '.[demo,test,cutedsl,sycl,flydsl]'
 	touch $@
 
-setup: $(VENV)/.installed
+# FlyDSL links its gfx950 code objects with ld.lld, looked up under $$ROCM_PATH/llvm/bin, and
+# wants $$ROCM_PATH/amdgcn/bitcode/ to exist (empty is fine): $(VENV)/rocm is laid out that way,
+# with Debian's lld-19 (installed here when missing and apt can). Without it the FlyDSL
+# compile tests skip, naming this step.
+ROCM_DIR := $(VENV)/rocm
+$(ROCM_DIR)/llvm/bin/ld.lld: $(VENV)/.installed
+	@command -v ld.lld-19 >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -qq lld-19 >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null && apt-get install -y -qq lld-19 >/dev/null)) || true; \
+	  fi; }
+	@if command -v ld.lld-19 >/dev/null; then \
+	  mkdir -p $(ROCM_DIR)/llvm/bin $(ROCM_DIR)/amdgcn/bitcode && \
+	  ln -sf "$$(command -v ld.lld-19)" $@; \
+	else echo "flydsl-setup: ld.lld-19 not found and apt-get unavailable: FlyDSL compiles will skip (apt-get install lld-19)"; fi
 
-demo: $(VENV)/.installed
+flydsl-setup: $(ROCM_DIR)/llvm/bin/ld.lld
+
+setup: $(VENV)/.installed flydsl-setup
+
+demo: $(VENV)/.installed flydsl-setup
 	$(VENV)/bin/tilewright demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed flydsl-setup
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.installed flydsl-setup
 	$(PY) -m pytest -n 2 -q -m "not slow" $(PYTEST_ARGS)
 
 clean:

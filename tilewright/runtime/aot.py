@@ -35,7 +35,8 @@ class AotSpec:
         kernel: the ``@triton.jit`` / ``@gluon.jit`` function's name in the source (CuTeDSL:
             the ``@cute.jit`` host function, for the record).
         language: "triton" or "gluon" (picks ``ASTSource`` or ``GluonASTSource``), or
-            "cutedsl" (the module's ``compile_aot(options["gpu_arch"], dump_dir)`` is called).
+            "cutedsl" (the module's ``compile_aot(options["gpu_arch"], dump_dir)`` is called),
+            or "flydsl" (compiled compile-only in a child process: :mod:`tilewright.runtime.flydsl`).
         pointer_types: pointer arguments and their Triton types ("*bf16", "*fp32", ...).
         constexprs: values of constexpr arguments, and of int arguments specialised as the JIT
             would (a stride known to be 1).
@@ -81,7 +82,7 @@ class CompileJob:
     @property
     def key(self) -> str:
         """Hash of everything the artifacts depend on (source, spec, target, triton version, and
-        the nvidia-cutlass-dsl version for CuTeDSL jobs)."""
+        the nvidia-cutlass-dsl version for CuTeDSL jobs, flydsl's for FlyDSL ones)."""
         import triton
 
         facts = {"source": self.source, "spec": self.spec, "target": list(self.target),
@@ -90,6 +91,10 @@ class CompileJob:
             from tilewright.runtime.cutedsl import dsl_version
 
             facts["cutlass_dsl"] = dsl_version()
+        if self.spec.get("language") == "flydsl":
+            from tilewright.runtime import flydsl
+
+            facts["flydsl"] = flydsl.dsl_version()
         blob = json.dumps(facts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -193,6 +198,10 @@ def _compile_cutedsl(job: CompileJob, root: Path) -> CompileResult:
 def _compile_in_worker(job: CompileJob, root: Path) -> CompileResult:
     if job.spec.get("language") == "cutedsl":
         return _compile_cutedsl(job, root)
+    if job.spec.get("language") == "flydsl":
+        from tilewright.runtime.flydsl import compile_aot_job
+
+        return compile_aot_job(job, root)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -65,6 +65,9 @@ def _load_builtin() -> None:
     from tilewright.templates import sycl  # renders without the SYCL runtime; refuses to run without it
 
     register(sycl.MANIFEST)
+    from tilewright.templates import flydsl  # renders without flydsl; compiles need `make flydsl-setup`
+
+    register(flydsl.MANIFEST)
 
 
 def manifests() -> dict[str, BackendManifest]:
