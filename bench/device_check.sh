@@ -72,7 +72,7 @@ tail -n 2 "$OUT/bench.log"
 RC_GATE=0
 if [ -f "bench/baselines/$ARCH/$SUITE.json" ] && [ -f "$OUT/bench.json" ]; then
     echo "== 3/3 bench compare against bench/baselines/$ARCH/$SUITE.json"
-    "$PY" -m tilewright bench compare bench/baselines "$OUT/bench.json" --max-regression 3% \
+    "$PY" -m tilewright bench compare bench/baselines "$OUT/bench.json" \
         --png "$OUT/speedup.png" > "$OUT/compare.log" 2>&1
     RC_GATE=$?
     tail -n 1 "$OUT/compare.log"
