@@ -14,15 +14,10 @@ recorded with the reason). On macOS the manifest's sources compile for real with
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from tilewright.autotune.cost_model import estimate_gemm, estimate_loop
-from tilewright.autotune.kinds import kind_name
-from tilewright.autotune.policy import policy_for
+from tilewright.compiler.aot_written import Written, build_written, digest, plan_written
 from tilewright.compiler.capture import CapturedKernel
 from tilewright.problem import GemmProblem
 from tilewright.runtime.aot import CompileResult
@@ -49,78 +44,36 @@ def kernel_name(target: Target, cap: CapturedKernel, template: TemplateSpec, par
 
 
 def plan_metal(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_template: int = 1):
-    """The Metal kernels to write for ``targets`` (the ``mps`` ones): per loop problem and Metal
+    """The Metal kernels to write for ``targets`` (the ``mps`` ones): per problem and Metal
     template, the best ``per_template`` settings by the cost model, rendered. Returns
     (kernels as :class:`~tilewright.compiler.aot.AotKernel`, refusals, each kernel's
     :class:`~tilewright.templates.base.RenderedKernel` by name)."""
-    from tilewright.compiler.aot import AotKernel  # aot imports this module
-
-    kernels, refused, rendered = [], [], {}
-    captured = list(captured)
-    for target in targets:
-        for cap in captured:
-            kind = kind_name(cap.problem)
-            templates = [t for t in templates_for(kind, target.backend) if t.backend != "aten"]
-            if not templates:
-                refused.append({"target": target.name, "template": f"metal.{kind}",
-                                "problem": cap.problem.describe(),
-                                "reason": f"no Metal template for {kind} kernels (they run on ATen on MPS)"})
-            for template in templates:
-                support = template.supports(cap.problem, target)
-                if not support:
-                    refused.append({"target": target.name, "template": template.id,
-                                    "problem": cap.problem.describe(), "reason": support.reason})
-                    continue
-                ranked = policy_for(kind, target).ranked(cap.problem, target, template)
-                if not ranked:
-                    refused.append({"target": target.name, "template": template.id,
-                                    "problem": cap.problem.describe(),
-                                    "reason": "no parameter setting is legal on this target"})
-                for ms, params in ranked[:per_template]:
-                    est = (estimate_gemm(cap.problem, params, target, efficiency=template.efficiency(target))
-                           if kind == "gemm" else estimate_loop(cap.problem, params, target))
-                    k = AotKernel(kernel_name(target, cap, template, params), target, cap, template,
-                                  dict(params), ms, est.bound)
-                    rendered[k.name] = template.render(cap.problem, params, target)
-                    kernels.append(k)
-    return kernels, refused, rendered
+    return plan_written(
+        captured, targets, per_template=per_template, kernel_name=kernel_name,
+        templates=lambda kind, t: [x for x in templates_for(kind, t.backend) if x.backend != "aten"],
+        none_reason=lambda kind: f"no Metal template for {kind} kernels (they run on ATen on MPS)")
 
 
 def build_metal(kernels: list, rendered: dict[str, RenderedKernel], root: Path,
                 on_result: Callable[[CompileResult], None] | None = None) -> None:
     """Write each kernel's shader and launcher under ``root/<name>/`` and syntax-check the
     shader; sets each kernel's ``result``. An unchanged kernel already on disk is ``cached``."""
-    for k in kernels:
+
+    def key(k) -> str:
         r = rendered[k.name]
-        shader, launcher = r.meta["shader"], r.source
-        key = hashlib.sha256(json.dumps({"shader": shader, "launcher": launcher, "check": CHECK}).encode()).hexdigest()
-        folder = root / k.name
-        files = {"metal": f"{k.name}/kernel.metal", "py": f"{k.name}/launcher.py"}
+        return digest(shader=r.meta["shader"], launcher=r.source, check=CHECK)
+
+    def build(k, folder: Path) -> Written:
+        r = rendered[k.name]
+        (folder / "kernel.metal").write_text(r.meta["shader"])
+        (folder / "launcher.py").write_text(r.source)
         launch = {"kernel": r.meta["kernel"], "threads": r.meta["threads"], "group_size": r.meta["group_size"],
                   "threadgroup_bytes": r.meta["threadgroup_bytes"], "check": CHECK}
-        record = folder / "job.json"
-        result = None
-        if record.is_file():
-            try:
-                old = CompileResult(**json.loads(record.read_text()))
-            except (ValueError, TypeError):
-                old = None
-            if old is not None and old.key == key and old.ok and all((root / f).is_file() for f in files.values()):
-                result = CompileResult(k.name, key, "cached", old.seconds, old.artifacts, old.hashes, old.metadata)
-        if result is None:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "kernel.metal").write_text(shader)
-            (folder / "launcher.py").write_text(launcher)
-            start = time.perf_counter()
-            try:
-                check_shader(shader)
-                status, error = "built", ""
-            except MetalShaderError as e:
-                status, error = "failed", str(e)
-            hashes = {stage: hashlib.sha256((root / rel).read_bytes()).hexdigest() for stage, rel in files.items()}
-            result = CompileResult(k.name, key, status, time.perf_counter() - start, files, hashes, launch, error)
-            if result.ok:
-                record.write_text(json.dumps(result.to_json(), indent=1))
-        k.result = result
-        if on_result:
-            on_result(result)
+        files = {"metal": f"{k.name}/kernel.metal", "py": f"{k.name}/launcher.py"}
+        try:
+            check_shader(r.meta["shader"])
+        except MetalShaderError as e:
+            return Written("failed", files, launch, str(e))
+        return Written("built", files, launch)
+
+    build_written(kernels, root, key=key, build=build, on_result=on_result)

@@ -21,16 +21,11 @@ runtime, as the JIT does), so the build records those refusals with the reason, 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from tilewright.autotune.cost_model import estimate_gemm, estimate_loop
-from tilewright.autotune.kinds import kind_name
-from tilewright.autotune.policy import policy_for
+from tilewright.compiler.aot_written import Written, build_written, digest, plan_written
 from tilewright.compiler.capture import CapturedKernel
 from tilewright.problem import GemmProblem
 from tilewright.runtime.aot import CompileResult
@@ -68,43 +63,9 @@ def plan_sycl(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, 
     SYCL template, the best ``per_template`` settings by the cost model, rendered. Returns
     (kernels as :class:`~tilewright.compiler.aot.AotKernel`, refusals, each kernel's
     :class:`~tilewright.templates.base.RenderedKernel` by name)."""
-    from tilewright.compiler.aot import AotKernel  # aot imports this module
-
-    kernels, refused, rendered = [], [], {}
-    captured = list(captured)
-    for target in targets:
-        for cap in captured:
-            kind = kind_name(cap.problem)
-            for template in [t for t in templates_for(kind, target.backend) if t.backend == "sycl"]:
-                support = template.supports(cap.problem, target)
-                if not support:
-                    refused.append({"target": target.name, "template": template.id,
-                                    "problem": cap.problem.describe(), "reason": support.reason})
-                    continue
-                ranked = policy_for(kind, target).ranked(cap.problem, target, template)
-                if not ranked:
-                    refused.append({"target": target.name, "template": template.id,
-                                    "problem": cap.problem.describe(),
-                                    "reason": "no parameter setting is legal on this target"})
-                for ms, params in ranked[:per_template]:
-                    est = (estimate_gemm(cap.problem, params, target, efficiency=template.efficiency(target))
-                           if kind == "gemm" else estimate_loop(cap.problem, params, target))
-                    k = AotKernel(kernel_name(target, cap, template, params), target, cap, template,
-                                  dict(params), ms, est.bound)
-                    if k.name in rendered:  # the same kernel used twice (two layers): built once
-                        continue
-                    rendered[k.name] = template.render(cap.problem, params, target)
-                    kernels.append(k)
-    return kernels, refused, rendered
-
-
-def _build_key(cpp: str, launcher: str) -> str:
-    from tilewright.runtime import sycl
-
-    w = sycl.wheels()
-    version = w.version if not isinstance(w, str) else "none"
-    return hashlib.sha256(json.dumps({"cpp": cpp, "launcher": launcher, "sycl": version,
-                                      "options": list(sycl.BUILD_OPTIONS)}).encode()).hexdigest()
+    return plan_written(
+        captured, targets, per_template=per_template, kernel_name=kernel_name,
+        templates=lambda kind, t: [x for x in templates_for(kind, t.backend) if x.backend == "sycl"])
 
 
 def build_sycl(kernels: list, rendered: dict[str, RenderedKernel], root: Path,
@@ -114,48 +75,33 @@ def build_sycl(kernels: list, rendered: dict[str, RenderedKernel], root: Path,
     already on disk is ``cached``."""
     from tilewright.runtime import sycl
 
-    for k in kernels:
+    def key(k) -> str:
+        w = sycl.wheels()
+        return digest(cpp=sycl_source(rendered[k.name])[0], launcher=rendered[k.name].source,
+                      sycl=w.version if not isinstance(w, str) else "none", options=list(sycl.BUILD_OPTIONS))
+
+    def build(k, folder: Path) -> Written:
         r = rendered[k.name]
         cpp, entry = sycl_source(r)
-        key = _build_key(cpp, r.source)
-        folder = root / k.name
+        (folder / "kernel.cpp").write_text(cpp)
+        (folder / "launcher.py").write_text(r.source)
         files = {"cpp": f"{k.name}/kernel.cpp", "py": f"{k.name}/launcher.py"}
-        record = folder / "job.json"
-        result = None
-        if record.is_file():
-            try:
-                old = CompileResult(**json.loads(record.read_text()))
-            except (ValueError, TypeError):
-                old = None
-            if old is not None and old.key == key and old.ok and all((root / f).is_file() for f in old.artifacts.values()):
-                result = CompileResult(k.name, key, "cached", old.seconds, old.artifacts, old.hashes, old.metadata)
-        if result is None:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "kernel.cpp").write_text(cpp)
-            (folder / "launcher.py").write_text(r.source)
-            start = time.perf_counter()
-            meta = {"kernel": entry, "build_options": list(sycl.BUILD_OPTIONS), "language": "sycl"}
-            try:
-                dev = sycl.device()
-                blob = dev.binary(cpp, entry)
-                images = _split_images(blob)
-                for i, image in enumerate(images):  # one file per device image (one, here)
-                    stem = "kernel" if len(images) == 1 else f"kernel.{i}"
-                    rel = f"{k.name}/{stem}.{'spv' if _is_spirv(image) else 'bin'}"
-                    (root / rel).write_bytes(image)
-                    files["spv" if len(images) == 1 else f"image{i}"] = rel
-                meta |= {"device": dev.info.name, "device_backend": dev.info.backend, "images": len(images),
-                         "spirv": all(_is_spirv(i) for i in images)}
-                status, error = "built", ""
-            except Exception as e:  # noqa: BLE001 - a kernel that does not build costs that kernel
-                status, error = "failed", f"{type(e).__name__}: {e}"
-            hashes = {stage: hashlib.sha256((root / rel).read_bytes()).hexdigest() for stage, rel in files.items()}
-            result = CompileResult(k.name, key, status, time.perf_counter() - start, files, hashes, meta, error)
-            if result.ok:
-                record.write_text(json.dumps(result.to_json(), indent=1))
-        k.result = result
-        if on_result:
-            on_result(result)
+        meta = {"kernel": entry, "build_options": list(sycl.BUILD_OPTIONS), "language": "sycl"}
+        try:
+            dev = sycl.device()
+            images = _split_images(dev.binary(cpp, entry))
+        except Exception as e:  # noqa: BLE001 - a kernel that does not build costs that kernel
+            return Written("failed", files, meta, f"{type(e).__name__}: {e}")
+        for i, image in enumerate(images):  # one file per device image (one, here)
+            stem = "kernel" if len(images) == 1 else f"kernel.{i}"
+            rel = f"{k.name}/{stem}.{'spv' if _is_spirv(image) else 'bin'}"
+            (root / rel).write_bytes(image)
+            files["spv" if len(images) == 1 else f"image{i}"] = rel
+        meta |= {"device": dev.info.name, "device_backend": dev.info.backend, "images": len(images),
+                 "spirv": all(_is_spirv(i) for i in images)}
+        return Written("built", files, meta)
+
+    build_written(kernels, root, key=key, build=build, on_result=on_result)
 
 
 def _split_images(blob: bytes) -> list[bytes]:
