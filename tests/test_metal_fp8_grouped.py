@@ -19,9 +19,9 @@ from tilewright.problem import GemmProblem
 from tilewright.runtime.metal_check import check_shader
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template, templates_for
-from tilewright.templates.metal.grouped import (
-    GroupedGemmProblem, MetalGroupedGemm, grouped_gemm_kernel, grouped_mm_reference,
-)
+from tilewright.grouped import GroupedGemmProblem
+from tilewright.problem import EpilogueOp
+from tilewright.templates.metal.grouped import MetalGroupedGemm, grouped_gemm_kernel, grouped_mm_reference
 
 MPS = get_target("mps")
 GEMM = get_template("metal.gemm")
@@ -137,13 +137,17 @@ def test_the_grouped_gemm_is_registered_for_mps_only():
     assert isinstance(GROUPED, MetalGroupedGemm)
     # (aten.grouped_gemm and triton.grouped_gemm serve the graph-lowered problem kind too)
     assert [t.id for t in templates_for("grouped_gemm", "mps") if t.backend == "metal"] == ["metal.grouped_gemm"]
-    p = GroupedGemmProblem(M=16, N=16, K=16, groups=2, dtype="bf16")
+    p = GroupedGemmProblem("2d3d", 2, 16, 16, 16, "bf16")
     assert GROUPED.supports(p, MPS)
     assert "mps target only" in GROUPED.supports(p, get_target("h200")).reason
-    fp8 = GroupedGemmProblem(M=8, N=8, K=8, groups=1, dtype="fp8e4m3")
+    fp8 = GroupedGemmProblem("2d3d", 1, 8, 8, 8, "fp8e4m3")
     assert "fp32, fp16 and bf16" in GROUPED.supports(fp8, MPS).reason
     assert not GROUPED.supports(GemmProblem(M=8, N=8, K=8, dtype="fp32"), MPS)
     assert not GEMM.supports(p, MPS)  # and the plain GEMM does not take it for a bmm
+    # the graph-lowered problem kind's other cases and fused epilogues stay on ATen, with the reason
+    assert "2d2d case" in GROUPED.supports(GroupedGemmProblem("2d2d", 2, 16, 16, 16, "bf16"), MPS).reason
+    silu = GroupedGemmProblem("2d3d", 2, 16, 16, 16, "bf16", epilogue=(EpilogueOp("silu"),))
+    assert "fused epilogue" in GROUPED.supports(silu, MPS).reason
 
 
 # ragged offsets: an empty first group, a one-token group, an empty group in the middle, groups
@@ -170,7 +174,7 @@ def test_grouped_gemm_matches_float64_and_torch_grouped_mm(dtype, layout_b):
         b48 = torch.zeros(G, N, 48, dtype=tdt)
         b48[:, :, :K] = b.transpose(1, 2)
         assert rel(torch._grouped_mm(a48, b48.transpose(1, 2), offs)[:used], ref[:used]) < 1e-2
-    p = GroupedGemmProblem(M=M, N=N, K=K, groups=G, dtype=dtype, layout_b=layout_b)
+    p = GroupedGemmProblem("2d3d", G, M, N, K, dtype, layout_b=layout_b)
     tol = 1e-5 if dtype == "fp32" else 1e-2
     settings = [q for q in GROUPED.seed_params(p, MPS) if GROUPED.check(q, p, MPS) is None]
     settings.append({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 8, "num_warps": 4})  # a 16-row tile
@@ -193,7 +197,7 @@ def test_grouped_gemm_matches_float64_and_torch_grouped_mm(dtype, layout_b):
 
 
 def test_grouped_gemm_kernel_is_callable_and_refuses_bad_calls():
-    p = GroupedGemmProblem(M=9, N=8, K=16, groups=3, dtype="fp32")
+    p = GroupedGemmProblem("2d3d", 3, 9, 8, 16, "fp32")
     mod = grouped_gemm_kernel(p)
     assert mod.RENDERED.params == GROUPED.seed_params(p, MPS)[0]
     mod.require_metal_runtime = lambda: None
@@ -219,7 +223,7 @@ def test_launching_the_grouped_gemm_without_mps_refuses_in_one_line():
 
     if torch.backends.mps.is_available():
         pytest.skip("this host has MPS")
-    mod = grouped_gemm_kernel(GroupedGemmProblem(M=9, N=8, K=16, groups=3, dtype="bf16"))
+    mod = grouped_gemm_kernel(GroupedGemmProblem("2d3d", 3, 9, 8, 16, "bf16"))
     with pytest.raises(EnvironmentMismatchError, match="compile-checked only"):
         mod.launch(torch.randn(9, 16), torch.randn(3, 16, 8), torch.tensor([1, 2, 9], dtype=torch.int32))
 

@@ -14,21 +14,23 @@ Each tile is then the ``metal.gemm`` tile: A and B staged in fp32 through thread
 ``simdgroup_matrix`` 8x8 multiply-accumulates, rows outside the group masked to zero on load and
 never stored.
 
-Not here yet: an epilogue, fp8 operands, the 3-D x 2-D / 2-D x 2-D / 3-D x 3-D forms, and the
-lowering of ``aten._grouped_mm`` in ``compiler/lower.py`` (its own issue): the kernel is reached
-through :func:`grouped_gemm_kernel` or the template.
+The problem is :class:`tilewright.grouped.GroupedGemmProblem` (the "grouped_gemm" kind the
+graph lowering makes of ``aten._grouped_mm``), so on the ``mps`` target a model's MoE layers
+reach this template like any other. Not here yet: an epilogue or a fused gated product (those
+problems are refused, and run on the ATen template), fp8 operands, and the 3-D x 2-D /
+2-D x 2-D / 3-D x 3-D cases.
 """
 
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from tilewright.errors import UnsupportedProblemError
+from tilewright.grouped import GroupedGemmProblem
 from tilewright.ir import dtypes
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
@@ -41,50 +43,8 @@ from tilewright.templates.metal.loops import INDEX_LIMIT
 from tilewright.templates.metal.reduce import SIMD_WIDTH
 
 
-@dataclass(frozen=True)
-class GroupedGemmProblem:
-    """A grouped GEMM as the Metal template sees it (``torch._grouped_mm`` 2-D x 3-D).
-
-    Attributes:
-        M: rows of ``a`` and ``out``: the tokens of all groups (the size it is tuned at).
-        N, K: columns of ``out``; the reduced dim.
-        groups: G, the number of weight matrices (experts).
-        dtype: ``a`` and ``b`` element type ("fp32", "fp16", "bf16").
-        out_dtype: ``out`` element type (default: ``dtype``, as torch returns).
-        layout_b: "row" (each ``b[g]`` N-contiguous) or "col" (K-contiguous: a (G, N, K) weight
-            transposed); strides are run-time arguments either way, this is for display.
-        dynamic: dims ("M", "N", "K", "groups") that vary at run time (64-bit index math).
-    """
-
-    M: int
-    N: int
-    K: int
-    groups: int
-    dtype: str
-    out_dtype: str = ""
-    layout_b: str = "row"
-    dynamic: frozenset[str] = field(default_factory=frozenset)
-
-    def __post_init__(self) -> None:
-        if not self.out_dtype:
-            object.__setattr__(self, "out_dtype", self.dtype)
-        for name in ("M", "N", "K", "groups"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"GroupedGemmProblem.{name} must be a non-negative int, got {v!r}")
-
-    @property
-    def flops(self) -> int:
-        """2 per multiply-add: every row meets exactly one group's weight."""
-        return 2 * self.M * self.N * self.K
-
-    def describe(self) -> str:
-        cast = f"→{self.out_dtype}" if self.out_dtype != self.dtype else ""
-        return f"grouped_mm {self.M}x{self.N}x{self.K} G={self.groups} {self.dtype}{cast} B:{self.layout_b}"
-
-
 def _needs_int64(p: GroupedGemmProblem) -> bool:
-    return bool(p.dynamic) or max(p.M * p.K, p.groups * p.K * p.N, p.M * p.N) > INDEX_LIMIT
+    return bool(p.dynamic) or max(p.M * p.K, p.G * p.K * p.N, p.M * p.N) > INDEX_LIMIT
 
 
 class MetalGroupedGemm(TemplateSpec):
@@ -114,6 +74,11 @@ class MetalGroupedGemm(TemplateSpec):
             return Support(False, "metal.grouped_gemm runs grouped GEMMs (GroupedGemmProblem)")
         if target.backend != "mps":
             return Support(False, "Metal kernels run on the mps target only")
+        if problem.case != "2d3d":
+            return Support(False, f"the {problem.case} case: the Metal grouped GEMM runs the 2-D x 3-D "
+                                  f"MoE forward only")
+        if problem.epilogue or problem.epilogue_ir or problem.glu:
+            return Support(False, "a fused epilogue or gated product: the Metal grouped GEMM has none yet")
         if problem.dtype not in FLOATS:
             return Support(False, f"{problem.dtype} operands: the Metal grouped GEMM takes fp32, fp16 and bf16")
         if problem.out_dtype not in FLOATS:
@@ -132,7 +97,7 @@ class MetalGroupedGemm(TemplateSpec):
                                        fewer_threads="lower num_warps",
                                        less_memory="smaller BLOCK_M, BLOCK_N or BLOCK_K")) is not None:
             return why
-        slots = -(-problem.M // bm) + problem.groups
+        slots = -(-problem.M // bm) + problem.G
         if slots * -(-problem.N // bn) * w * SIMD_WIDTH > 2**32 - 1:
             return "the grid exceeds Metal's 32-bit thread count: a larger tile"
         return None
@@ -140,7 +105,7 @@ class MetalGroupedGemm(TemplateSpec):
     def seed_params(self, problem: GroupedGemmProblem, target: Target) -> list[dict[str, Any]]:
         """8-row tiles when groups average 16 rows or fewer (decode MoE: a few tokens per
         expert, where a taller tile would mostly be masked), taller ones beside them otherwise."""
-        per_group = problem.M / max(problem.groups, 1)
+        per_group = problem.M / max(problem.G, 1)
         seeds = [(8, 64, 32, 2), (8, 32, 32, 1)]
         if per_group > 16:
             seeds = [(32, 32, 16, 4), (64, 64, 16, 8), (16, 64, 32, 4)] + seeds
@@ -171,7 +136,7 @@ class MetalGroupedGemm(TemplateSpec):
         launcher = jinja_env(self.folder).get_template(self.launcher).render(
             **text, shader=shader, kernel_name=kernel, threads=threads, BLOCK_M=bm, BLOCK_N=bn,
             out_dtype=str(dtypes.TORCH[problem.out_dtype]))
-        groups = (-(-problem.M // bm) + problem.groups) * -(-problem.N // bn)
+        groups = (-(-problem.M // bm) + problem.G) * -(-problem.N // bn)
         return RenderedKernel(
             template_id=self.id, params=dict(params), target=target.name, source=launcher,
             name="metal_grouped_gemm",
