@@ -145,7 +145,10 @@ class _Builder:
                 raise FusionError(f"a gather reads {n.arg[0]} through data: it must be in memory")
             v = self.value(n.arg[0], n.arg[1])
             mask = src[0] if n.arg[2] else None
-            return v if mask is None else E.where(mask, _masked(v, mask), E.const(0, v.dtype))
+            # the consumer's mask guards its own element, not the rows a reduction inside v
+            # sums (a cat's branch mask is over r lanes: pushed into the sum, it drops part of
+            # the row), and a reduction is read at its own row only (checked in ``value``)
+            return v if mask is None else E.where(mask, _masked(v, mask, reductions=False), E.const(0, v.dtype))
         return E.rewrite([node], fn)[0]
 
     # -- the kernel -----------------------------------------------------------------------------
@@ -159,9 +162,13 @@ class _Builder:
         return _canonical(self.x, self.r, stores, self.members, self.metas)
 
 
-def _masked(v: E.Node, mask: E.Node) -> E.Node:
-    """``v`` with every load inside it masked by ``mask`` too (no read where it is false)."""
+def _masked(v: E.Node, mask: E.Node, reductions: bool = True) -> E.Node:
+    """``v`` with every load inside it masked by ``mask`` too (no read where it is false);
+    with ``reductions=False`` the loads under a reduction are left as they are (the mask does
+    not say which elements the reduction combines)."""
     def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+        if n.op == "reduce" and not reductions:
+            return n  # its operands unmasked: the rewritten (masked) ones are dropped
         if n.op != "load":
             return None
         own = src[0] if n.arg[2] else None

@@ -62,7 +62,8 @@ class _Group:
 
     @property
     def key(self) -> str:
-        return f"group{self.gid}"
+        # "#" never occurs in an FX node name, so a node named "grouped_mm_1" is not a group
+        return f"group#{self.gid}"
 
 
 def dead_code(kg: KernelGraph) -> int:
@@ -164,9 +165,9 @@ class Scheduler:
         for a in self.groups.values():
             for m in a.members:
                 for user in self.users.get(m.name, ()):
-                    if not user.startswith("group"):
+                    if not user.startswith("group#"):
                         continue
-                    b = int(user[5:])
+                    b = int(user[6:])
                     if b == a.gid:
                         continue
                     consumers = self.users.get(m.name, set())
@@ -300,14 +301,14 @@ class Scheduler:
             merges += 1
 
     def _launches(self, unit: str) -> bool:
-        if unit.startswith("group"):
+        if unit.startswith("group#"):
             return True
         node = self.nodes_by_name.get(unit)
         return node is not None and not (isinstance(node, ExternNode) and is_free(node.fx_node))
 
     def _first_position(self, unit: str) -> int:
-        if unit.startswith("group"):
-            return min(self.position[m.name] for m in self.groups[int(unit[5:])].members)
+        if unit.startswith("group#"):
+            return min(self.position[m.name] for m in self.groups[int(unit[6:])].members)
         return self.position.get(unit, 0)
 
     def kernels(self) -> list[FusedNode]:

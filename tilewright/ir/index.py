@@ -323,15 +323,39 @@ def ceil_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-__all__ = ["CodePrinter", "affine", "ceil_pow2", "code", "contiguous_strides", "expand_index", "group_index",
+__all__ = ["CodePrinter", "affine", "provably_nonnegative", "ceil_pow2", "code", "contiguous_strides", "expand_index", "group_index",
            "offset", "permute_index", "product", "refine", "reshape_index", "same", "simplify",
            "static_or_hint", "unravel", "var", "variables"]
 
 
+def provably_nonnegative(e: Expr) -> bool:
+    """Whether integer expression ``e`` is >= 0 for all non-negative symbols (indices and
+    sizes): every term a non-negative coefficient times symbols, remainders and floors of
+    such. False when unsure."""
+    for term in sympy.Add.make_args(sympy.expand(e)):
+        coeff, rest = term.as_coeff_Mul()
+        if coeff < 0:
+            return False
+        for f in sympy.Mul.make_args(rest):
+            base = f.base if isinstance(f, sympy.Pow) else f
+            if isinstance(base, sympy.floor):
+                if not provably_nonnegative(sympy.fraction(sympy.together(base.args[0]))[0]):
+                    return False
+            elif not (isinstance(base, (sympy.Symbol, sympy.Mod)) or (base.is_number and base >= 0)):
+                return False
+    return True
+
+
 class CodePrinter(sympy.printing.str.StrPrinter):
     """Prints integer index expressions as Python/Triton code: ``floor(a/b)`` as ``a // b`` and
-    ``Mod`` as ``%`` (exact for the non-negative values indices take), symbols by ``names``
-    (a symbol not in ``names`` prints as itself)."""
+    ``Mod`` as ``%``, symbols by ``names`` (a symbol not in ``names`` prints as itself).
+
+    Triton's ``//`` and ``%`` truncate toward zero (C), Python's round down: the two agree on
+    non-negative operands only. sympy moves integer terms out of a floor
+    (``floor((r0 + 64*x0 - 5152)/64)`` becomes ``x0 + floor((r0 - 5152)/64)``), so a numerator
+    can be negative where the index is not; such a floor is printed from the true remainder
+    ``((n % d) + d) % d``, which both conventions compute alike, as ``(n - that) // d`` (an
+    exact division)."""
 
     def __init__(self, names: dict[sympy.Symbol, str] | None = None):
         super().__init__()
@@ -344,7 +368,10 @@ class CodePrinter(sympy.printing.str.StrPrinter):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
         if den == 1:
             return self._print(num)
-        return f"(({self._print(num)}) // ({self._print(den)}))"
+        n, d = self._print(num), self._print(den)
+        if provably_nonnegative(num):
+            return f"(({n}) // ({d}))"
+        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) // ({d}))"
 
     def _print_ceiling(self, expr: sympy.Expr) -> str:
         num, den = sympy.fraction(sympy.together(expr.args[0]))
@@ -360,7 +387,10 @@ class CodePrinter(sympy.printing.str.StrPrinter):
         return f"min({', '.join(self._print(a) for a in expr.args)})"
 
     def _print_Mod(self, expr: sympy.Expr) -> str:
-        return f"(({self._print(expr.args[0])}) % ({self._print(expr.args[1])}))"
+        x, d = self._print(expr.args[0]), self._print(expr.args[1])
+        if provably_nonnegative(expr.args[0]):
+            return f"(({x}) % ({d}))"
+        return f"(((({x}) % ({d})) + ({d})) % ({d}))"  # the true remainder (see the class docstring)
 
     def _print_Pow(self, expr: sympy.Expr, rational: bool = False) -> str:
         base, e = expr.args

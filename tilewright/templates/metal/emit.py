@@ -24,7 +24,7 @@ import sympy
 from tilewright.ir import dtypes
 from tilewright.ir.emitter import ExprEmitter
 from tilewright.ir.expr import Node
-from tilewright.ir.index import CodePrinter
+from tilewright.ir.index import CodePrinter, provably_nonnegative
 
 # IR dtype -> MSL scalar type (a buffer's element type; compute types use dtypes.compute_type)
 MSL_TYPE = {"fp32": "float", "fp16": "half", "bf16": "bfloat", "i64": "long", "i32": "int",
@@ -96,7 +96,12 @@ class MetalIndexPrinter(CodePrinter):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
         if den == 1:
             return self._print(num)
-        return f"(({self._print(num)}) / ({self._print(den)}))"
+        n, d = self._print(num), self._print(den)
+        if provably_nonnegative(num):
+            return f"(({n}) / ({d}))"
+        # a negative numerator (sympy moves integer terms out of a floor): C's / truncates, so
+        # divide exactly after taking off the true remainder (see CodePrinter)
+        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) / ({d}))"
 
     def _print_ceiling(self, expr: sympy.Expr) -> str:
         num, den = sympy.fraction(sympy.together(expr.args[0]))

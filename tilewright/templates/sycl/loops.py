@@ -38,7 +38,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import CodePrinter, offset
+from tilewright.ir.index import CodePrinter, offset, provably_nonnegative
 from tilewright.ir.index import code as py_code
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
@@ -57,7 +57,12 @@ class CPrinter(CodePrinter):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
         if den == 1:
             return self._print(num)
-        return f"(({self._print(num)}) / ({self._print(den)}))"
+        n, d = self._print(num), self._print(den)
+        if provably_nonnegative(num):
+            return f"(({n}) / ({d}))"
+        # a negative numerator (sympy moves integer terms out of a floor): C's / truncates, so
+        # divide exactly after taking off the true remainder (see CodePrinter)
+        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) / ({d}))"
 
     def _print_ceiling(self, expr: sympy.Expr) -> str:
         num, den = sympy.fraction(sympy.together(expr.args[0]))
