@@ -1,7 +1,9 @@
 """Grouped GEMM (issue 11, part 1): the problem kind, the ATen and Triton templates in the
 interpreter against float64 over ragged offsets (an empty group, a one-token group, unaligned
-totals), each epilogue, all four shape cases, outputs poisoned with NaN; and torch.compile of
-``F.grouped_mm`` forward and backward through the Triton template."""
+totals), each epilogue, all four shape cases, outputs poisoned with NaN; torch.compile of
+``F.grouped_mm`` forward and backward through the Triton templates; and the SwiGLU / cast
+fusion after the grouped call (the folded FX graph, patterns that must stay unfused, eager
+equality, training left unfused). The descriptor template: tests/test_grouped_desc.py."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ CASES = [
     ("3d3d", 3, 10, 24, 20, None),
 ]
 SMALL_TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+TRITON = ("triton.grouped_gemm", "triton.grouped_gemm_desc")  # the tuner may pick either
 
 
 def _launch(template_id: str, problem: GroupedGemmProblem, params: dict, cpu):
@@ -62,7 +65,7 @@ def test_every_field_changes_the_cache_key():
     base = GroupedGemmProblem("2d3d", 4, 64, 32, 16, "bf16")
     changed = {"case": "3d3d", "G": 8, "M": 128, "N": 64, "K": 32, "dtype": "fp16", "out_dtype": "fp32",
                "layout_a": "col", "layout_b": "col", "epilogue": (EpilogueOp("silu"),),
-               "dynamic": frozenset({"M"}), "op": "grouped_mm_x"}
+               "dynamic": frozenset({"M"}), "op": "grouped_mm_x", "glu": "silu"}
     for name, value in changed.items():
         other = dataclasses.replace(base, **{name: value})
         assert other.stable_hash() != base.stable_hash(), name
@@ -144,7 +147,7 @@ def test_select_forced_triton_checks_against_reference(cpu, fresh_cache):
     p = GroupedGemmProblem("2d3d", 4, 64, 32, 32, "fp32", **_epilogue("2d3d", "bias+silu"))
     with tilewright.config.patch(force_backend="triton"):
         sel = select(p, cpu, default_factory)
-    assert sel.winner.template_id == "triton.grouped_gemm"
+    assert sel.winner.template_id in TRITON
 
 
 def _compiled_calls(fn, *args):
@@ -154,7 +157,8 @@ def _compiled_calls(fn, *args):
 
     def spy(problem, device):
         launch = orig(problem, device)
-        calls.append((problem.case, launch.rendered.template_id))
+        assert launch.rendered.template_id in TRITON, launch.rendered.template_id
+        calls.append((problem.case, problem.glu))
         return launch
     kg.tuned_launcher = spy
     try:
@@ -182,8 +186,7 @@ def test_compile_grouped_mm_forward_and_backward():
     a.grad = b.grad = None
     out, calls = _compiled_calls(f, a, b, offs)
     # forward 2d3d; backward: dA another 2d3d, dB the 2d2d ragged-K weight gradient
-    assert sorted(calls) == [("2d2d", "triton.grouped_gemm"), ("2d3d", "triton.grouped_gemm"),
-                             ("2d3d", "triton.grouped_gemm")]
+    assert sorted(calls) == [("2d2d", ""), ("2d3d", ""), ("2d3d", "")]
     for x, y in ((out, ref), (a.grad, ga), (b.grad, gb)):
         assert ((x.double() - y.double()).norm() / y.double().norm()).item() < 2e-2
 
@@ -201,7 +204,7 @@ def test_compile_grouped_mm_3d_cases(case):
         return torch._grouped_mm(a, b, offs=offs)
 
     out, calls = _compiled_calls(f, a, b, offs)
-    assert calls == [(case, "triton.grouped_gemm")]
+    assert calls == [(case, "")]
     ref = f(a, b, offs)
     assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 2e-2
 
@@ -224,7 +227,8 @@ def test_compile_auto_on_cpu_runs_aten_grouped_mm():
 @pytest.mark.slow
 def test_qwen3_moe_grouped_mm_experts_use_the_grouped_template(monkeypatch):
     """A tiny Qwen3-MoE (experts_implementation="grouped_mm", bf16) compiled with the grouped
-    template forced: every expert GEMM runs it, and the logits match the same backend with
+    templates forced: every expert GEMM runs one, the gate_up projection with its
+    ``silu(gate) * up`` fused (glu), and the logits match the same backend with
     ``_grouped_mm`` left to ATen. (The backend as a whole differs from eager by ~5e-2 on this
     bf16 model with or without the grouped lowering; aot_eager matches eager exactly.)"""
     transformers = pytest.importorskip("transformers")
@@ -240,7 +244,8 @@ def test_qwen3_moe_grouped_mm_experts_use_the_grouped_template(monkeypatch):
     ids = torch.randint(0, 128, (1, 8))
     with torch.no_grad():
         out, calls = _compiled_calls(lambda i: model(i).logits, ids)
-        assert calls == [("2d3d", "triton.grouped_gemm")] * 4  # gate_up and down, two layers
+        # gate_up (with the SwiGLU) and down, two layers
+        assert calls == [("2d3d", "silu"), ("2d3d", "")] * 2
         torch._dynamo.reset()
         monkeypatch.setattr(lower, "lower_grouped_mm", lambda node: False)
         with tilewright.config.patch(force_backend="triton"):
@@ -300,3 +305,144 @@ def test_compile_folds_a_lone_activation_into_the_grouped_kernel(act, fn):
     assert [p.epilogue for p in seen] == [(EpilogueOp(act),)]
     ref = fn(F.grouped_mm(a, b, offs=offs))
     assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 2e-2
+
+
+# -- SwiGLU and casts fused after the grouped call ---------------------------------------------------
+def _fx_graph(f, *args):
+    """``f``'s ATen graph with its grouped calls lowered and their epilogues folded, as
+    ``compiler.lower`` does it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilewright.compiler.lower_grouped import fuse_epilogues, lower_grouped_mm
+
+    gm = make_fx(f)(*args)
+    for node in list(gm.graph.nodes):
+        lower_grouped_mm(node)
+    fuse_epilogues(gm)
+    return gm
+
+
+def _calls(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _swiglu_chunk(a, b, offs):  # HF transformers' _default_apply_gate, then a cast
+    gate, up = F.grouped_mm(a, b, offs=offs).chunk(2, dim=-1)
+    return (F.silu(gate) * up).float()
+
+
+def _swiglu_slices(a, b, offs):  # slices, the product the other way round, tanh-gelu
+    y = F.grouped_mm(a, b, offs=offs)
+    h = y.shape[-1] // 2
+    return y[..., h:] * F.gelu(y[..., :h], approximate="tanh")
+
+
+def _swiglu_split_sizes(a, b, offs):
+    gate, up = torch.split(F.grouped_mm(a, b, offs=offs), [32, 32], dim=-1)
+    return torch.sigmoid(gate) * up
+
+
+def _gate_read_twice(a, b, offs):
+    gate, up = F.grouped_mm(a, b, offs=offs).chunk(2, dim=-1)
+    return F.silu(gate) * up + gate
+
+
+def _act_on_the_up_half(a, b, offs):
+    gate, up = F.grouped_mm(a, b, offs=offs).chunk(2, dim=-1)
+    return gate * F.silu(up)
+
+
+def _not_halves(a, b, offs):
+    y = F.grouped_mm(a, b, offs=offs)
+    return F.silu(y[..., :16]) * y[..., 16:32]
+
+
+def _swiglu_inputs(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    offs = torch.tensor([0, 1, 20, 37], dtype=torch.int32)  # an empty and a one-token group
+    a = torch.randn(37, 16, generator=gen).bfloat16()
+    b = torch.randn(4, 64, 16, generator=gen).bfloat16().transpose(-1, -2)  # HF's transposed weight
+    return a, b, offs
+
+
+def _rel(x, y):
+    return ((x.double() - y.double()).norm() / y.double().norm()).item()
+
+
+@pytest.mark.parametrize("f,glu,dtype", [(_swiglu_chunk, "silu", torch.float32),
+                                         (_swiglu_slices, "gelu_tanh", torch.bfloat16),
+                                         (_swiglu_split_sizes, "sigmoid", torch.bfloat16)],
+                         ids=["chunk+cast", "slices", "split_with_sizes"])
+def test_swiglu_pattern_folds_into_the_grouped_call(f, glu, dtype):
+    from tilewright.compiler.lower_grouped import TILEWRIGHT_GROUPED_MM
+
+    a, b, offs = _swiglu_inputs()
+    gm = _fx_graph(f, a, b, offs)
+    (call,) = _calls(gm)  # the split, the activation, the product and the cast are gone
+    assert call.target is TILEWRIGHT_GROUPED_MM and call.args[6] == glu and call.args[4] in (None, dtype)
+    with tilewright.config.patch(force_backend="triton"):
+        out = gm(a, b, offs)
+    ref = f(a, b, offs)
+    assert out.dtype == ref.dtype == dtype and out.shape == (37, 32)
+    assert _rel(out, ref) < 2e-2
+
+
+@pytest.mark.parametrize("f", [_gate_read_twice, _act_on_the_up_half, _not_halves],
+                         ids=["gate-read-twice", "act-on-up", "not-halves"])
+def test_other_products_stay_unfused_and_correct(f):
+    a, b, offs = _swiglu_inputs(1)
+    gm = _fx_graph(f, a, b, offs)
+    grouped = [n for n in _calls(gm) if "grouped_mm" in str(n.target)]
+    assert len(grouped) == 1 and grouped[0].args[5:] in ((), ("none", "none"))
+    assert any(n.target is torch.ops.aten.mul.Tensor for n in _calls(gm))
+    with tilewright.config.patch(force_backend="triton"):
+        out = gm(a, b, offs)
+    assert _rel(out, f(a, b, offs)) < 2e-2
+
+
+def test_compile_fuses_swiglu_and_cast_and_matches_eager():
+    import tilewright.kernels.grouped as kg
+
+    a, b, offs = _swiglu_inputs(2)
+    seen, orig = [], kg.tuned_launcher
+
+    def spy(problem, device):
+        seen.append(problem)
+        return orig(problem, device)
+    kg.tuned_launcher = spy
+    try:
+        with torch.no_grad(), tilewright.config.patch(force_backend="triton"):
+            out = torch.compile(_swiglu_chunk, backend="tilewright")(a, b, offs)
+    finally:
+        kg.tuned_launcher = orig
+    assert [(p.glu, p.out_dtype, p.N) for p in seen] == [("silu", "fp32", 64)]
+    ref = _swiglu_chunk(a, b, offs)
+    assert out.dtype == torch.float32 and _rel(out, ref) < 2e-2
+
+
+def test_compile_swiglu_training_is_left_unfused_and_grads_match():
+    # the forward saves the product's halves for the backward: nothing folds, all stays right
+    a, b, offs = _swiglu_inputs(3)
+    a.requires_grad_(True)
+    b = b.detach().requires_grad_(True)
+    ref = _swiglu_chunk(a, b, offs)
+    ref.square().sum().backward()
+    ga, gb = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    out, calls = _compiled_calls(_swiglu_chunk, a, b, offs)
+    assert sorted(calls) == [("2d2d", ""), ("2d3d", ""), ("2d3d", "")]
+    for x, y in ((out, ref), (a.grad, ga), (b.grad, gb)):
+        assert _rel(x, y) < 2e-2
+
+
+def test_public_op_glu_matches_eager():
+    from tilewright.kernels import grouped_mm
+
+    a, b, offs = _swiglu_inputs(4)
+    with tilewright.config.patch(force_backend="triton"):
+        y = grouped_mm(a, b, offs, glu="silu", out_dtype=torch.float32)
+    acc = F.grouped_mm(a.float(), b.float(), offs=offs)
+    ref = F.silu(acc[:, :32]) * acc[:, 32:]
+    assert y.shape == (37, 32) and _rel(y, ref) < 2e-2
+    with pytest.raises(ValueError, match="bias with glu"):
+        grouped_mm(a, b, offs, glu="silu", bias=torch.randn(4, 64))

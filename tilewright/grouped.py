@@ -27,6 +27,13 @@ fp32 accumulator). Epilogue inputs are passed in their *natural* shapes, one dim
 their broadcast pattern: "B" the group (G), "M" the output rows, "N" the output columns. So a
 per-group bias of the 2d3d case is pattern "BN", a (G, N) tensor, read at the group each row
 belongs to; a SwiGLU ``silu(gate) * up`` is a "mul" by an "MN" input (an output-shaped tensor).
+
+A gated product computed by the GEMM itself (``glu``, what the MoE expert MLP's gate_up
+projection is followed by: ``gate, up = out.chunk(2, -1); act(gate) * up``, HF transformers'
+``_default_apply_gate``) is a problem field: the GEMM's N columns are the gate half followed by
+the up half, the kernel computes both (output column j pairs GEMM columns j and j + N/2) and
+writes ``glu(acc)[..., j] = act(acc[..., j]) * acc[..., j + N/2]``, N/2 columns. The epilogue
+then runs on that product, so its inputs are shaped like the (…, N/2) output.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from tilewright.problem import DTYPES, ELEMENT_BYTES, EpilogueInput, EpilogueOp,
 CASES = ("2d3d", "2d2d", "3d2d", "3d3d")
 RAGGED = {"2d3d": "M", "2d2d": "K", "3d2d": "N", "3d3d": ""}
 OFFSET_KINDS = ("even",)
+GLU_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "sigmoid", "tanh")
 ALIGN = 16  # synthetic groups are multiples of this (when the total allows)
 
 
@@ -73,6 +81,9 @@ class GroupedGemmProblem:
             (B = group, M, N) of the output, see the module docstring.
         dynamic: dims ("M", "N", "K") whose size varies at run time.
         offsets: how the tuning offsets were made ("even": :func:`synthetic_offsets`).
+        glu: "" or the gate's activation (one of GLU_ACTIVATIONS) of a gated product fused
+            after the GEMM (module docstring): N is then the GEMM's width (gate and up halves,
+            even, not ragged) and the output has N/2 columns.
         op: the ATen op it came from, for display.
     """
 
@@ -90,6 +101,7 @@ class GroupedGemmProblem:
     epilogue_ir: str = ""
     dynamic: frozenset[str] = field(default_factory=frozenset)
     offsets: str = "even"
+    glu: str = ""
     op: str = "grouped_mm"
 
     kind = "grouped_gemm"  # class attribute: the problem kind (not a field)
@@ -109,6 +121,14 @@ class GroupedGemmProblem:
                 raise ValueError(f"GroupedGemmProblem.{name} must be a non-negative int, got {v!r}")
         if self.G < 1:
             raise ValueError("a grouped GEMM needs at least one group")
+        if self.glu:
+            if self.glu not in GLU_ACTIVATIONS:
+                raise ValueError(f"glu activation {self.glu!r}; known: {', '.join(GLU_ACTIVATIONS)}")
+            if self.ragged == "N":
+                raise ValueError("a gated product (glu) splits each group's N columns in halves: the 3d2d "
+                                 "case's N is ragged (its groups are columns), use glu with 2d3d, 2d2d or 3d3d")
+            if self.N % 2:
+                raise ValueError(f"a gated product (glu) needs an even N (gate and up halves), got N={self.N}")
         for op in self.epilogue:
             if op.input is not None and not 0 <= op.input < len(self.epilogue_inputs):
                 raise ValueError(f"epilogue input index {op.input} out of range")
@@ -139,12 +159,18 @@ class GroupedGemmProblem:
         return (self.K, self.N) if self.case.endswith("2d") else (self.G, self.K, self.N)
 
     @property
+    def out_n(self) -> int:
+        """The output's columns: N, or N/2 under a fused gated product (``glu``)."""
+        return self.N // 2 if self.glu else self.N
+
+    @property
     def out_shape(self) -> tuple[int, ...]:
-        return (self.G, self.M, self.N) if self.out_3d else (self.M, self.N)
+        return (self.G, self.M, self.out_n) if self.out_3d else (self.M, self.out_n)
 
     def input_shape(self, inp: EpilogueInput) -> tuple[int, ...]:
-        """The natural shape of an epilogue input (one dim per pattern letter)."""
-        size = {"B": self.G, "M": self.M, "N": self.N}
+        """The natural shape of an epilogue input (one dim per pattern letter; N is the
+        output's columns, N/2 under ``glu``)."""
+        size = {"B": self.G, "M": self.M, "N": self.out_n}
         return tuple(size[d] for d in inp.broadcast)
 
     # -- derived quantities ---------------------------------------------------------------------
@@ -173,7 +199,7 @@ class GroupedGemmProblem:
     def as_gemm(self) -> GemmProblem:
         """A GemmProblem with the same dtypes and epilogue (for the epilogue's IR and the
         tolerance); its sizes are a group's share, for display only."""
-        return GemmProblem(M=self.M, N=self.N, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype,
+        return GemmProblem(M=self.M, N=self.out_n, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype,
                            batch=self.G if self.out_3d else 1, batched=self.out_3d,
                            epilogue=self.epilogue, epilogue_inputs=self.epilogue_inputs,
                            epilogue_ir=self.epilogue_ir, op=self.op)
@@ -185,6 +211,8 @@ class GroupedGemmProblem:
         d["kind"] = self.kind
         if not d["epilogue_ir"]:
             del d["epilogue_ir"]
+        if not d["glu"]:  # absent unless set: entries cached before the field keep their keys
+            del d["glu"]
         return d
 
     @classmethod
@@ -201,7 +229,8 @@ class GroupedGemmProblem:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe_epilogue(self) -> str:
-        return self.as_gemm().describe_epilogue()
+        text = self.as_gemm().describe_epilogue()
+        return f"{self.glu}(gate)*up, then {text}" if self.glu else text
 
     def describe(self) -> str:
         cast = f"→{self.out_dtype}" if self.out_dtype != self.dtype else ""

@@ -20,7 +20,7 @@ from tilewright.compiler.graph import (
     ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
 )
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
-from tilewright.compiler.lower_grouped import TILEWRIGHT_GROUPED_MM, fuse_activations, lower_grouped_mm
+from tilewright.compiler.lower_grouped import TILEWRIGHT_GROUPED_MM, fuse_epilogues, lower_grouped_mm
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, EpilogueInput, EpilogueOp
 
 aten = torch.ops.aten
@@ -216,9 +216,9 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
     nodes: list[Node] = []
     output = None
     n_gemm = 0
-    for node in list(gm.graph.nodes):  # grouped GEMMs first: activations fold into them
+    for node in list(gm.graph.nodes):  # grouped GEMMs first: epilogues fold into them
         lower_grouped_mm(node)
-    fuse_activations(gm)
+    fuse_epilogues(gm)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             placeholders.append(node)

@@ -23,9 +23,10 @@ from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, UNARY_EPILOGUES, 
 
 def grouped_problem(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
                     activation: str = "none", multiply: torch.Tensor | None = None,
-                    out_dtype: torch.dtype | None = None) -> GroupedGemmProblem:
+                    out_dtype: torch.dtype | None = None, glu: str = "none") -> GroupedGemmProblem:
     """The problem of one call: sizes from the shapes (the ragged total at its bucket, marked
-    dynamic), dtypes, layouts and the epilogue ``activation(acc + bias) * multiply``.
+    dynamic), dtypes, layouts and the epilogue ``activation(acc + bias) * multiply``, where
+    ``acc`` is the product or, with ``glu``, the gated product ``glu(gate) * up`` of its halves.
 
     Raises:
         ValueError: operands of the wrong rank, dtype or sizes; the message says which.
@@ -50,6 +51,9 @@ def grouped_problem(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
     if ragged:
         sizes[ragged] = bucket(sizes[ragged])  # the token count: tuned per bucket
     ops, inputs = [], []
+    if glu not in ("none", None, "") and bias is not None:
+        raise ValueError("grouped_mm: a bias with glu is ambiguous (before or after the gated product?); "
+                         "add it to the operands' product yourself")
     if bias is not None:
         pattern = "N" if case == "3d2d" else "BN"
         inputs.append(EpilogueInput(pattern, DTYPE_NAMES[bias.dtype]))
@@ -65,12 +69,13 @@ def grouped_problem(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
         case=case, G=max(G, 1), **sizes, dtype=DTYPE_NAMES[a.dtype],
         out_dtype=DTYPE_NAMES[out_dtype or a.dtype], layout_a=_layout(a), layout_b=_layout(b),
         epilogue=tuple(ops), epilogue_inputs=tuple(inputs),
-        dynamic=frozenset({ragged}) if ragged else frozenset())
+        dynamic=frozenset({ragged}) if ragged else frozenset(), glu="" if glu in ("none", None) else glu)
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, *,
                bias: torch.Tensor | None = None, activation: str = "none",
-               multiply: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+               multiply: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+               glu: str = "none") -> torch.Tensor:
     """``(activation(grouped_mm(a, b, offs) + bias)) * multiply`` in one tuned kernel.
 
     Args:
@@ -83,11 +88,20 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
         activation: "none" or a unary epilogue kind ("silu", "gelu", ...), after the bias.
         multiply: an output-shaped tensor multiplied in last (SwiGLU's up projection).
         out_dtype: the output dtype (a fused cast; default a's). Accumulation is fp32.
+        glu: "none" or the gate's activation of a fused gated product: the product's N columns
+            are gate then up halves and the result is ``glu(gate) * up`` (N/2 columns), what
+            the MoE expert MLP does after its gate_up projection (HF transformers'
+            ``_default_apply_gate``); the epilogue above then applies to that. Not with bias,
+            not for 3d2d (ragged N).
 
     Returns:
-        (M_total, N), (G, M, N), (M, N_total) or (G, M, N) of ``out_dtype``.
+        (M_total, N), (G, M, N), (M, N_total) or (G, M, N) of ``out_dtype`` (N/2 with glu).
+
+    Raises:
+        ValueError: operands, offsets or a glu that do not fit (the message says which).
     """
-    problem = grouped_problem(a, b, bias=bias, activation=activation, multiply=multiply, out_dtype=out_dtype)
+    problem = grouped_problem(a, b, bias=bias, activation=activation, multiply=multiply, out_dtype=out_dtype,
+                              glu=glu)
     if problem.ragged and (offs is None or offs.dtype != torch.int32 or offs.dim() != 1):
         raise ValueError(f"grouped_mm {problem.case} needs offs, a 1-D int32 tensor of end offsets")
     if problem.case == "2d2d":
@@ -99,15 +113,17 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
 @torch.library.custom_op("tilewright::grouped_mm", mutates_args=())
 def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor],
                    bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
-                   activation: str = "none") -> torch.Tensor:
-    """``aten._grouped_mm``'s signature (and a fused activation), run by the tuned kernel: what
-    the compiler lowers ``_grouped_mm`` to."""
-    return grouped_mm(a, b, offs, bias=bias, out_dtype=out_dtype, activation=activation)
+                   activation: str = "none", glu: str = "none") -> torch.Tensor:
+    """``aten._grouped_mm``'s signature (and a fused gated product, activation and cast), run
+    by the tuned kernel: what the compiler lowers ``_grouped_mm`` to
+    (:mod:`tilewright.compiler.lower_grouped`)."""
+    return grouped_mm(a, b, offs, bias=bias, out_dtype=out_dtype, activation=activation, glu=glu)
 
 
 @_grouped_mm_op.register_fake
-def _grouped_mm_fake(a, b, offs, bias, out_dtype, activation="none"):
+def _grouped_mm_fake(a, b, offs, bias, out_dtype, activation="none", glu="none"):
     case = case_of(a.dim(), b.dim())
-    shape = {"2d3d": (a.shape[0], b.shape[-1]), "2d2d": (offs.shape[0], a.shape[0], b.shape[-1]),
-             "3d2d": (a.shape[1], b.shape[-1]), "3d3d": (a.shape[0], a.shape[1], b.shape[-1])}[case]
+    n = b.shape[-1] // 2 if glu not in ("none", "") else b.shape[-1]
+    shape = {"2d3d": (a.shape[0], n), "2d2d": (offs.shape[0], a.shape[0], n),
+             "3d2d": (a.shape[1], n), "3d3d": (a.shape[0], a.shape[1], n)}[case]
     return a.new_empty(shape, dtype=out_dtype or a.dtype)

@@ -5,8 +5,8 @@ operators. The fallback every grouped policy includes and, given float64 operand
 from __future__ import annotations
 
 from tilewright.grouped import GroupedGemmProblem
-from tilewright.ir.epilogue import problem_epilogue
-from tilewright.problem import DTYPES
+from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
+from tilewright.problem import DTYPES, EpilogueOp
 from tilewright.runtime.targets import Target
 from tilewright.templates.aten.gemm import torch_epilogue
 from tilewright.templates.base import SUPPORTED, Params, RenderedKernel, Support, TemplateSpec
@@ -19,6 +19,7 @@ class AtenGroupedGemm(TemplateSpec):
     backend = "aten"
     op = "grouped_gemm"
     jinja = "grouped_gemm.py.jinja"
+    fuses_glu = True  # renders problem.glu
 
     def supports(self, problem: GroupedGemmProblem, target: Target) -> Support:
         if not isinstance(problem, GroupedGemmProblem):
@@ -31,6 +32,8 @@ class AtenGroupedGemm(TemplateSpec):
             problem_text=problem.describe(), problem_json=problem.to_json(),
             out_torch_dtype=_TORCH_NAME[problem.out_dtype],
             epilogue=torch_epilogue(problem_epilogue(problem)) if has_epilogue else [],
+            # a fused gated product (problem.glu): the gate's activation, as PyTorch operators
+            glu=torch_epilogue(epilogue_expr((EpilogueOp(problem.glu),), ())) if problem.glu else [],
         )
         return RenderedKernel(template_id=self.id, params={}, target=target.name, source=source,
                               name="aten_grouped_gemm")

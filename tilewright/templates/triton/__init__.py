@@ -5,6 +5,7 @@ from tilewright.templates.triton.gemm import TritonGemm
 from tilewright.templates.triton.gemm_nvfp4 import TritonGemmNvfp4, TritonGemmNvfp4Mma
 from tilewright.templates.triton.gemm_tma import TritonGemmTma
 from tilewright.templates.triton.grouped_gemm import TritonGroupedGemm
+from tilewright.templates.triton.grouped_gemm_desc import TritonGroupedGemmDesc
 from tilewright.templates.triton.loops import TritonPointwise, TritonReduction
 
 MANIFEST = BackendManifest(
@@ -12,5 +13,6 @@ MANIFEST = BackendManifest(
     description="Triton kernels (JIT on cuda/hip, TRITON_INTERPRET on cpu)",
     target_backends=("cuda", "hip", "cpu"),
     templates=(TritonGemm(), TritonGemmTma(), TritonGemmNvfp4(), TritonGemmNvfp4Mma(),
-               TritonPointwise(), TritonReduction(), TritonGroupedGemm()),
+               TritonPointwise(), TritonReduction(), TritonGroupedGemm(),
+               TritonGroupedGemmDesc()),
 )
