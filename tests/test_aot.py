@@ -96,8 +96,10 @@ def test_refusals_come_before_compiling_with_a_reason():
     kernels, refused = aot.plan([CapturedKernel(BF16, ["inference.gemm_0"])], [get_target("hip:gfx950")])
     reasons = {r["template"]: r["reason"] for r in refused}
     assert "gfx1250" in reasons.pop("gluon.gemm_tdm")
+    fly_why = reasons.pop("flydsl.gemm", None)  # planned where the FlyDSL toolchain is (test_flydsl_gemm.py)
+    assert "mxfp4" in reasons.pop("flydsl.mx_gemm", "mxfp4")  # MX formats only, not bf16
     assert all("NVFP4" in why or "nvfp4" in why.lower() for why in reasons.values()), reasons
-    assert {k.template.id for k in kernels} == {"triton.gemm", "triton.gemm_tma"}
+    assert {k.template.id for k in kernels} == {"triton.gemm", "triton.gemm_tma"} | (set() if fly_why else {"flydsl.gemm"})
     assert all(k.job is not None for k in kernels)
 
 
@@ -170,6 +172,9 @@ def test_build_writes_a_complete_manifest_and_rebuilds_nothing(tmp_path):
                 "artifacts", "hashes", "verify", "aot", "uses"} <= set(k)
         assert k["verify"]["ok"]
         binary = "cubin" if k["target"].startswith("cuda") else "hsaco"
+        if k["template"].startswith("flydsl."):  # FlyDSL keeps the source and the final ISA
+            assert {"source", "amdgcn"} <= set(k["artifacts"])
+            continue
         if k["template"].startswith("cutedsl."):  # cute.compile dumps PTX and cubin
             assert {"source", "ptx", binary} <= set(k["artifacts"])
             continue

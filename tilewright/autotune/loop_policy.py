@@ -107,7 +107,7 @@ class LoopPolicy:
         if target.interpreted and config.force_backend == "auto":
             return out  # interpreted kernels only lose to ATen on a CPU (see policy.py)
         scored = []
-        for t in templates if templates is not None else templates_for(self.kind, target.backend):
+        for t in templates if templates is not None else templates_for(self.kind, target.backend, jit=True):
             if t.backend == "aten" or not t.supports(problem, target):
                 continue
             scored += [(ms, t, params) for ms, params in self.ranked(problem, target, t)]

@@ -105,8 +105,8 @@ class GemmPolicy:
         out, seen = [], set()
         for p in proposals:
             params = {k: p.get(k, defaults[k]) for k in template.space.names()}
-            if target.backend == "hip" and "num_stages" in params:
-                params["num_stages"] = 2  # AMD's stream pipeliner wants 2
+            if target.backend == "hip" and "num_stages" in params and template.backend in ("triton", "gluon"):
+                params["num_stages"] = 2  # Triton's AMD stream pipeliner wants 2
             key = tuple(params.items())
             if key in seen or template.check(params, problem, target):
                 continue
@@ -137,7 +137,7 @@ class GemmPolicy:
             # which would cache a hundredfold slower choice. They run when forced.
             return out
         per_template = []
-        for template in templates if templates is not None else templates_for("gemm", target.backend):
+        for template in templates if templates is not None else templates_for("gemm", target.backend, jit=True):
             if template.backend == "aten" or not template.supports(problem, target):
                 continue
             ranked = self.ranked(problem, target, template)

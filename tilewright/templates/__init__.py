@@ -94,13 +94,14 @@ def get_template(template_id: str) -> TemplateSpec:
         raise KeyError(f"no template {template_id!r}; registered: {', '.join(_TEMPLATES)}") from None
 
 
-def templates_for(op: str, target_backend: str | None = None) -> list[TemplateSpec]:
-    """Templates implementing ``op`` whose backend can run on ``target_backend``."""
+def templates_for(op: str, target_backend: str | None = None, *, jit: bool = False) -> list[TemplateSpec]:
+    """Templates implementing ``op`` whose backend can run on ``target_backend``; with ``jit``
+    only those a running model can launch (not the ``aot_only`` ones)."""
     out = []
     for m in manifests().values():
         if target_backend is not None and target_backend not in m.target_backends:
             continue
-        out.extend(t for t in m.templates if t.op == op)
+        out.extend(t for t in m.templates if t.op == op and not (jit and t.aot_only))
     return out
 
 

@@ -230,6 +230,9 @@ class TemplateSpec(ABC):
     jinja: ClassVar[str | None] = None
     # whether the kernel can also store the product before its epilogue (GemmProblem.store_acc)
     stores_acc: ClassVar[bool] = False
+    # built ahead of time only (``tilewright aot``): there is no launcher for it, so the
+    # autotuner never offers it to a compiled model (``templates_for(..., jit=True)``)
+    aot_only: ClassVar[bool] = False
 
     @cached_property
     def folder(self) -> Path:

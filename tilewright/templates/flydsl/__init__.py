@@ -5,8 +5,19 @@ rendered from jinja and compiled ahead of time, compile-only, in child processes
 Each template module adds its spec to ``TEMPLATES`` below (one import, one entry)."""
 
 from tilewright.templates import BackendManifest
+from tilewright.templates.flydsl.gemm import FlyDslGemm
+from tilewright.templates.flydsl.grouped_gemm import FlyDslGroupedGemm
+from tilewright.templates.flydsl.loops import FlyPointwise, FlyReduction
+from tilewright.templates.flydsl.mx_gemm import FlyDslMxGemm
+from tilewright.templates.flydsl.topk import TEMPLATE as TOPK
 
 TEMPLATES: tuple = (
+    FlyDslGemm(),
+    FlyDslGroupedGemm(),
+    FlyDslMxGemm(),
+    TOPK,
+    FlyPointwise(),
+    FlyReduction(),
 )
 
 MANIFEST = BackendManifest(
