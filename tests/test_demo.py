@@ -19,7 +19,8 @@ def test_demo_matches_eager_on_real_models(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads(out_json.read_text())["results"]
     assert {(r["case"], r["mode"]) for r in results} == {
-        (c, m) for c in ("minilm", "llama-train", "llama-bf16", "minilm-nvfp4") for m in ("auto", "triton")}
+        (c, m) for c in ("minilm", "llama-train", "llama-bf16", "minilm-nvfp4", "qwen3-moe-train")
+        for m in ("auto", "triton")}
     for r in results:
         assert r["passed"], r
         assert r["max_error"] <= r["tolerance"]
@@ -41,4 +42,13 @@ def test_demo_matches_eager_on_real_models(tmp_path):
     nvfp4 = next(r for r in results if r["case"] == "minilm-nvfp4" and r["mode"] == "triton")
     gemms = [g for graph in nvfp4["graphs"] for g in graph["gemms"]]
     assert len(gemms) == 36 and all(g["op"] == "nvfp4_mm" for g in gemms)
-    assert "all 8 cases match eager" in proc.stdout
+    # the MoE experts ran through the grouped GEMM: forward (gate_up, down) and backward
+    # (input gradients 2d3d, weight gradients 2d2d) of both layers, on Triton when forced
+    for mode in ("auto", "triton"):
+        moe = next(r for r in results if r["case"] == "qwen3-moe-train" and r["mode"] == mode)
+        assert {g["case"] for g in moe["grouped"]} == {"2d3d", "2d2d"}
+        assert moe["grouped_calls"] >= 6  # gate_up, down, their 2d3d and 2d2d gradients
+        if mode == "triton":
+            assert all(g["winner"].startswith("triton.grouped_gemm") for g in moe["grouped"])
+    assert "grouped GEMMs" in proc.stdout
+    assert "all 10 cases match eager" in proc.stdout

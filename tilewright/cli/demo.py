@@ -41,8 +41,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     d = sub.add_parser("demo", help="run real models through the backend and compare with eager")
-    d.add_argument("--cases", default="minilm,llama-train,llama-bf16,minilm-nvfp4",
-                   help="comma-separated: minilm, llama-train, llama-bf16, minilm-nvfp4")
+    d.add_argument("--cases", default="minilm,llama-train,llama-bf16,minilm-nvfp4,qwen3-moe-train",
+                   help="comma-separated: minilm, llama-train, llama-bf16, minilm-nvfp4, qwen3-moe-train")
     d.add_argument("--modes", default="auto,triton",
                    help="comma-separated: auto (autotuner decides), triton (force generated kernels)")
     d.add_argument("--json", help="also write the results as JSON to this file")

@@ -1,7 +1,8 @@
 """``tilewright aot``: lower a model once, then build its kernels for chips this machine lacks.
 
-Nothing can be timed, so per target and problem (the GEMMs and the loop kernels, pointwise and
-reduction, the pipeline makes of the model) the candidate policy proposes tile shapes, the
+Nothing can be timed, so per target and problem (the GEMMs, the grouped GEMMs and the loop
+kernels, pointwise and reduction, the pipeline makes of the model) the candidate policy of the
+problem's kind (:func:`~tilewright.autotune.policy.policy_for`) proposes tile shapes, the
 analytic cost model ranks them, and the best ``per_template`` of every template that supports
 the problem are rendered and compiled (with their PDL twins where the template has a
 PDL knob and ``TILEWRIGHT_PDL=auto`` leaves the choice to the device; in worker processes: see
@@ -20,13 +21,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tilewright.autotune.cache import current_versions
-from tilewright.autotune.cost_model import estimate_gemm, estimate_loop
 from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.policy import policy_for
 from tilewright.compiler.capture import CapturedKernel, ModelSpec, capture_kernels, load_model
 from tilewright.compiler.aot_metal import build_metal, plan_metal
 from tilewright.compiler.aot_sycl import build_sycl, plan_sycl
+from tilewright.compiler.aot_written import estimate
 from tilewright.errors import UnsupportedProblemError
+from tilewright.grouped import GroupedGemmProblem
 from tilewright.problem import GemmProblem
 from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
 from tilewright.runtime.targets import Target, get_target
@@ -55,7 +57,7 @@ class AotKernel:
 
     @property
     def kind(self) -> str:
-        """"gemm", "pointwise" or "reduction"."""
+        """"gemm", "grouped_gemm", "pointwise" or "reduction"."""
         return kind_name(self.captured.problem)
 
     def to_json(self) -> dict[str, Any]:
@@ -128,20 +130,38 @@ def describe_params(params: dict[str, Any]) -> str:
         if "RBLOCK" in params or "PERSISTENT" in params:  # Metal's looped rows have no RBLOCK
             text += " r-row" if params.get("PERSISTENT") else f" r{params.get('RBLOCK', '-looped')}"
         return text + f" w{params['num_warps']}" + (" desc" if params.get("DESC") else "")
-    text = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**params)
+    text = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}".format(**params)
+    # a FlyDSL template may have no warp or stage knob
+    text += "".join(f" {c}{params[k]}" for k, c in (("num_warps", "w"), ("num_stages", "s")) if k in params)
     text += " 2cta" if params.get("CTA_GROUP") == 2 else ""
     return text + (" pdl" if params.get("PDL") else "")
 
 
 def describe_problem(problem: Any) -> str:
-    """A problem in a table cell: "mm 256x512x384 add[N]" or "rms_norm [48 x reduce 128]"."""
+    """A problem in a table cell: "mm 256x512x384 add[N]", "grouped_mm 2d3d G=128 128x1536x2048
+    -" (no epilogue) or "rms_norm [48 x reduce 128]"."""
     if isinstance(problem, GemmProblem):
         return f"{problem.op} {problem.M}x{problem.N}x{problem.K} {problem.describe_epilogue()}"
+    if isinstance(problem, GroupedGemmProblem):
+        return (f"{problem.op} {problem.case} G={problem.G} {problem.M}x{problem.N}x{problem.K} "
+                f"{problem.describe_epilogue()}")
     return problem.describe()
+
+
+def _tile_name(params: dict) -> str:
+    """A tiled kernel's parameters in a folder name: "128x128x64w4s3", then every other knob
+    ("-PDL1"); the warp and stage knobs only where the template has them."""
+    tile = f"{params['BLOCK_M']}x{params['BLOCK_N']}x{params['BLOCK_K']}"
+    tile += "".join(f"{c}{params[k]}" for k, c in (("num_warps", "w"), ("num_stages", "s")) if k in params)
+    return tile + "".join(f"-{k}{int(v) if isinstance(v, bool) else v}" for k, v in params.items()
+                          if k not in _TILE_KNOBS)
 
 
 def _kernel_name(target: Target, captured: CapturedKernel, template: TemplateSpec, params: dict) -> str:
     p = captured.problem
+    if isinstance(p, GroupedGemmProblem):  # the case and group count name it beside the sizes
+        return (f"{target.arch}/{p.op}_{p.case}_g{p.G}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}"
+                f"-{template.id.replace('.', '_')}-{_tile_name(params)}")
     if not isinstance(p, GemmProblem):  # a loop kernel: its op label is free text, so the hash names it
         tile = f"x{params['XBLOCK']}"
         if p.kind == "reduction":
@@ -149,11 +169,8 @@ def _kernel_name(target: Target, captured: CapturedKernel, template: TemplateSpe
         tile += f"-w{params['num_warps']}" + ("-desc" if params.get("DESC") else "")
         numel = f"{p.xnumel}x{p.rnumel}" if p.kind == "reduction" else f"{p.xnumel}"
         return f"{target.arch}/{p.kind}_{numel}_{p.stable_hash()[:8]}-{template.id.replace('.', '_')}-{tile}"
-    tile = f"{params['BLOCK_M']}x{params['BLOCK_N']}x{params['BLOCK_K']}w{params['num_warps']}s{params['num_stages']}"
-    tile += "".join(f"-{k}{int(v) if isinstance(v, bool) else v}" for k, v in params.items()
-                    if k not in _TILE_KNOBS)
     return (f"{target.arch}/{p.op}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}"
-            f"-{template.id.replace('.', '_')}-{tile}")
+            f"-{template.id.replace('.', '_')}-{_tile_name(params)}")
 
 
 def _with_pdl_twins(ranked: list[tuple[float, dict]], per_template: int) -> list[tuple[float, dict]]:
@@ -173,8 +190,10 @@ def _with_pdl_twins(ranked: list[tuple[float, dict]], per_template: int) -> list
 
 def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_template: int = 1
          ) -> tuple[list[AotKernel], list[dict[str, str]]]:
-    """Choose and render the kernels to build (no compiling yet): GEMMs and loop kernels, each
-    kind through its own policy and cost model.
+    """Choose and render the kernels to build (no compiling yet): GEMMs, grouped GEMMs (tiles
+    ranked on their synthetic even offsets, :func:`tilewright.grouped.synthetic_offsets`) and
+    loop kernels, each kind through its own policy and cost model, and every template
+    ``templates_for`` lists for the kind on the target's backend.
 
     Returns the kernels and the (template, target, problem) pairs refused, with the reason
     each template gave: refusals happen here, before any compiler runs.
@@ -200,10 +219,7 @@ def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_t
                                     "problem": cap.problem.describe(),
                                     "reason": "no parameter setting is legal on this target"})
                 for ms, params in _with_pdl_twins(ranked, per_template):
-                    if kind == "gemm":
-                        est = estimate_gemm(cap.problem, params, target, efficiency=template.efficiency(target))
-                    else:
-                        est = estimate_loop(cap.problem, params, target)
+                    est = estimate(kind, cap.problem, params, target, template)
                     k = AotKernel(_kernel_name(target, cap, template, params), target, cap, template,
                                   dict(params), ms, est.bound)
                     rendered = template.render(cap.problem, params, target)

@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 
 from tilewright.compiler.aot_written import Written, build_written, digest, plan_written
 from tilewright.compiler.capture import CapturedKernel
+from tilewright.grouped import GroupedGemmProblem
 from tilewright.problem import GemmProblem
 from tilewright.runtime.aot import CompileResult
 from tilewright.runtime.metal_check import MetalShaderError, check_shader
@@ -36,6 +37,10 @@ def kernel_name(target: Target, cap: CapturedKernel, template: TemplateSpec, par
     if isinstance(p, GemmProblem):
         tile = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}w{num_warps}".format(**params)
         return f"{target.arch}/{p.op}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}-metal_gemm-{tile}"
+    if isinstance(p, GroupedGemmProblem):
+        tile = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}w{num_warps}".format(**params)
+        return (f"{target.arch}/{p.op}_{p.case}_g{p.G}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}"
+                f"-metal_grouped_gemm-{tile}")
     numel = f"{p.xnumel}x{p.rnumel}" if p.kind == "reduction" else f"{p.xnumel}"
     tile = f"w{params['num_warps']}"
     if p.kind == "reduction":

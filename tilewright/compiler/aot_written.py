@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tilewright.autotune.cost_model import estimate_gemm, estimate_loop
+from tilewright.autotune.grouped_policy import estimate as estimate_grouped
 from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.policy import policy_for
 from tilewright.compiler.capture import CapturedKernel
@@ -28,6 +29,15 @@ from tilewright.templates import TemplateSpec
 from tilewright.templates.base import RenderedKernel
 
 KernelNamer = Callable[[Target, CapturedKernel, TemplateSpec, dict], str]
+
+
+def estimate(kind: str, problem: Any, params: dict, target: Target, template: TemplateSpec):
+    """The cost model's estimate (``.ms``, ``.bound``) of one kernel of any kind."""
+    if kind == "gemm":
+        return estimate_gemm(problem, params, target, efficiency=template.efficiency(target))
+    if kind == "grouped_gemm":
+        return estimate_grouped(problem, params, target, efficiency=template.efficiency(target))
+    return estimate_loop(problem, params, target)
 
 
 def plan_written(captured: Iterable[CapturedKernel], targets: Iterable[Target], *,
@@ -65,8 +75,7 @@ def plan_written(captured: Iterable[CapturedKernel], targets: Iterable[Target], 
                 if not ranked:
                     refuse(target, template.id, cap, "no parameter setting is legal on this target")
                 for ms, params in ranked[:per_template]:
-                    est = (estimate_gemm(cap.problem, params, target, efficiency=template.efficiency(target))
-                           if kind == "gemm" else estimate_loop(cap.problem, params, target))
+                    est = estimate(kind, cap.problem, params, target, template)
                     k = AotKernel(kernel_name(target, cap, template, params), target, cap, template,
                                   dict(params), ms, est.bound)
                     if k.name in rendered:

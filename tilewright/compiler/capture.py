@@ -4,8 +4,10 @@
 The model is traced exactly as ``torch.compile(backend="tilewright")`` would (Dynamo, then
 aot_autograd with tilewright's decomposition table), then lowered and fused by the pipeline's
 own stages (:func:`tilewright.compiler.pipeline.fuse`); every GEMM node becomes a
-:class:`~tilewright.problem.GemmProblem` at its trace-time sizes and every loop kernel
-(pointwise, reduction) its :class:`~tilewright.problem.LoopProblem`.
+:class:`~tilewright.problem.GemmProblem` at its trace-time sizes, every grouped GEMM
+(``_grouped_mm`` lowered to ``tilewright.grouped_mm``) its
+:class:`~tilewright.grouped.GroupedGemmProblem` (the ragged total bucketed, as the op tunes it)
+and every loop kernel (pointwise, reduction) its :class:`~tilewright.problem.LoopProblem`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright.compiler.decompositions import decomposition_table
-from tilewright.compiler.graph import GemmNode
+from tilewright.compiler.graph import ExternNode, GemmNode
 from tilewright.compiler.lower import lower
 from tilewright.errors import InvalidInputError
+from tilewright.grouped import GroupedGemmProblem
 from tilewright.ir.epilogue import dumps
 from tilewright.problem import DTYPE_NAMES, GemmProblem, LoopProblem
 
@@ -38,6 +41,27 @@ def gemm_problem(g: GemmNode) -> GemmProblem:
         epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op,
         scale_layout=g.scale_layout, store_acc=bool(g.acc_value), acc_after=g.acc_after if g.acc_value else 0,
         epilogue_ir=dumps(g.epilogue_ir) if g.epilogue_ir is not None else "")
+
+
+def grouped_gemm_problem(node: fx.Node) -> GroupedGemmProblem:
+    """The problem a ``tilewright.grouped_mm`` call tunes, from its traced operands: the same
+    :func:`~tilewright.kernels.grouped.grouped_problem` the op builds at run time (ragged total
+    at its bucket, the activation fused by the compiler), the 2d2d group count from ``offs``.
+
+    Raises:
+        InvalidInputError: an operand without a traced tensor value.
+    """
+    from tilewright.kernels.grouped import grouped_problem
+
+    a, b, offs, bias, out_dtype, *rest = node.args
+    vals = [x.meta.get("val") if isinstance(x, fx.Node) else None for x in (a, b, offs, bias)]
+    if vals[0] is None or vals[1] is None:
+        raise InvalidInputError(f"grouped GEMM {node.name}: operands without traced values")
+    problem = grouped_problem(vals[0], vals[1], bias=vals[3], activation=rest[0] if rest else "none",
+                              out_dtype=out_dtype)
+    if problem.case == "2d2d" and vals[2] is not None:
+        problem = problem.with_sizes(G=int(vals[2].shape[0]))
+    return problem
 
 
 @dataclass
@@ -145,9 +169,10 @@ def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphMo
 
 @dataclass
 class CapturedKernel:
-    """One kernel problem (GEMM or loop) and where it occurs (graph kind and node names)."""
+    """One kernel problem (GEMM, grouped GEMM or loop) and where it occurs (graph kind and
+    node names)."""
 
-    problem: GemmProblem | LoopProblem
+    problem: GemmProblem | GroupedGemmProblem | LoopProblem
     uses: list[str] = field(default_factory=list)
 
 
@@ -157,11 +182,12 @@ def _identity(p: GemmProblem | LoopProblem) -> Any:
 
 
 def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:
-    """Distinct kernel problems of the model: its GEMMs, then its loop kernels, each in
-    first-seen order, with their uses."""
+    """Distinct kernel problems of the model: its GEMMs, then its grouped GEMMs, then its loop
+    kernels, each in first-seen order, with their uses."""
     from tilewright.compiler.pipeline import fuse  # the pipeline imports this module
 
     gemms: dict[Any, CapturedKernel] = {}
+    grouped: dict[Any, CapturedKernel] = {}
     loops: dict[Any, CapturedKernel] = {}
     for kind, gm in aten_graphs(spec, train=train).items():
         kg = lower(gm)
@@ -169,9 +195,13 @@ def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKer
         for g in kg.gemms:
             p = gemm_problem(g)
             gemms.setdefault(_identity(p), CapturedKernel(p)).uses.append(f"{kind}.{g.name}")
+        for n in kg.nodes:
+            if isinstance(n, ExternNode) and n.kind == "grouped_gemm":
+                p = grouped_gemm_problem(n.fx_node)
+                grouped.setdefault(p, CapturedKernel(p)).uses.append(f"{kind}.{n.name}")
         for f in kg.fused:
             loops.setdefault(_identity(f.problem), CapturedKernel(f.problem)).uses.append(f"{kind}.{f.name}")
-    return list(gemms.values()) + list(loops.values())
+    return list(gemms.values()) + list(grouped.values()) + list(loops.values())
 
 
 def capture_gemms(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:

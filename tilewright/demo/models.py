@@ -94,3 +94,116 @@ def minilm_nvfp4_example():
     """(model, inputs) for ``tilewright aot``: the NVFP4 MiniLM (its 36 GEMMs are nvfp4_mm)."""
     model, _ = minilm_nvfp4()
     return model, (minilm_inputs(model),)
+
+
+# -- Qwen3-MoE ------------------------------------------------------------------------------------
+QWEN3_MOE_VOCAB = 256
+
+
+def build_qwen3_moe(dtype: torch.dtype = torch.bfloat16, seed: int = 0, layers: int = 2):
+    """A Qwen3-MoE decoder of ``layers`` layers with random weights from ``seed``: hidden 64, 4 heads / 2 KV
+    heads of 16, every MLP a sparse MoE block of 8 experts (moe_intermediate 64), top-2 routing
+    with renormalised weights, vocab 256.
+
+    Built with ``experts_implementation="grouped_mm"``: the experts run as two
+    ``F.grouped_mm`` calls per layer (gate_up, down; tokens sorted by expert, int32 end
+    offsets), which the backend lowers to ``tilewright.grouped_mm``. transformers takes that
+    path under ``torch.compile`` for bf16 only (other dtypes go to a per-expert fallback op), so
+    the demo runs it in bf16.
+    """
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3MoeConfig(
+        vocab_size=QWEN3_MOE_VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        max_position_embeddings=64)
+    return Qwen3MoeForCausalLM._from_config(cfg, experts_implementation="grouped_mm", dtype=dtype)
+
+
+def qwen3_moe_float64(model):
+    """A float64 copy of a :func:`build_qwen3_moe` model with the per-expert loop
+    (``experts_implementation="eager"``: ``_grouped_mm`` has no float64 kernel), in the same
+    mode (train/eval): the reference that says how far bf16 eager itself is from exact."""
+    import copy
+
+    from transformers import Qwen3MoeForCausalLM
+
+    # a copy of the config: _from_config records the experts implementation in the one it gets
+    ref = Qwen3MoeForCausalLM._from_config(copy.deepcopy(model.config), experts_implementation="eager",
+                                           dtype=torch.float64)
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    return ref.train(model.training)
+
+
+def qwen3_moe_inputs(batch: int = 2, seq: int = 16, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, QWEN3_MOE_VOCAB, (batch, seq), generator=g)
+
+
+def qwen3_moe_example():
+    """(model, kwargs) for ``tilewright aot`` / ``tilewright warm``: the demo's bf16 Qwen3-MoE
+    with labels (a training build has a loss to differentiate)."""
+    ids = qwen3_moe_inputs()
+    return build_qwen3_moe(torch.bfloat16), {"input_ids": ids, "labels": ids}
+
+
+class Qwen3MoeShapes(torch.nn.Module):
+    """The GEMMs of one Qwen3-30B-A3B layer at its published sizes (the ``qwen3-30b-a3b`` entry
+    of ``bench/cases/llm_gemm_shapes.json``), for ahead-of-time builds: the dense ``qkv_proj``
+    and ``o_proj`` as linears, the experts' ``expert_gate_up_proj`` and ``expert_down_proj``
+    as ``F.grouped_mm`` with int32 end offsets (tokens sorted by expert, ``tokens * top_k``
+    rows), a SwiGLU between them. Expert weights are stored (experts, N, K) and passed
+    transposed, as transformers' Qwen3-MoE experts do (B is K-contiguous). Not a model: each
+    GEMM gets its own input so every shape is the table's.
+
+    Weights are uninitialised (``torch.empty``): tracing needs shapes and dtypes only, and the
+    experts' 128 x 2048 x 1536 bf16 weights (0.8 GB) are never filled.
+    """
+
+    def __init__(self, shapes: dict, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        qkv, o = shapes["qkv_proj"], shapes["o_proj"]
+        gu, down = shapes["expert_gate_up_proj"], shapes["expert_down_proj"]
+        if down["K"] * 2 != gu["N"] or gu["experts"] != down["experts"]:
+            raise ValueError("expert_gate_up_proj must be the gate and up halves of expert_down_proj's K")
+        self.experts, self.top_k = gu["experts"], gu["top_k"]
+        self.qkv = torch.nn.Parameter(torch.empty(qkv["N"], qkv["K"], dtype=dtype), requires_grad=False)
+        self.o = torch.nn.Parameter(torch.empty(o["N"], o["K"], dtype=dtype), requires_grad=False)
+        self.gate_up = torch.nn.Parameter(torch.empty(self.experts, gu["N"], gu["K"], dtype=dtype), requires_grad=False)
+        self.down = torch.nn.Parameter(torch.empty(self.experts, down["N"], down["K"], dtype=dtype), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor, attn: torch.Tensor, routed: torch.Tensor,
+                offs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """hidden (T, 2048), attn (T, 4096), routed (T * top_k, 2048) sorted by expert, offs
+        (experts,) int32 end offsets into routed's rows: (qkv, o, experts' output)."""
+        import torch.nn.functional as F
+
+        gate_up = F.grouped_mm(routed, self.gate_up.transpose(-2, -1), offs=offs)
+        gate, up = gate_up.chunk(2, dim=-1)
+        expert_out = F.grouped_mm(F.silu(gate) * up, self.down.transpose(-2, -1), offs=offs)
+        return F.linear(hidden, self.qkv), F.linear(attn, self.o), expert_out
+
+
+def qwen3_moe_shapes(tokens: int = 16, dtype: torch.dtype = torch.bfloat16):
+    """``(model, args)`` for ``tilewright aot tilewright.demo.models:qwen3_moe_shapes``: the
+    Qwen3-30B-A3B GEMMs of ``bench/cases/llm_gemm_shapes.json`` at ``tokens`` tokens (a decode
+    batch; the experts see ``tokens * top_k`` rows, bucketed as the grouped op tunes them),
+    spread evenly over the experts.
+
+    Raises:
+        FileNotFoundError: run from outside a source checkout (the shapes file is not there).
+    """
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "cases" / "llm_gemm_shapes.json"
+    shapes = json.loads(path.read_text())["models"]["qwen3-30b-a3b"]
+    model = Qwen3MoeShapes(shapes, dtype).eval()
+    g = torch.Generator().manual_seed(0)
+    rows = tokens * model.top_k
+    offs = (torch.arange(1, model.experts + 1) * rows // model.experts).to(torch.int32)
+    hidden = torch.randn(tokens, model.qkv.shape[1], generator=g).to(dtype)
+    attn = torch.randn(tokens, model.o.shape[1], generator=g).to(dtype)
+    routed = torch.randn(rows, model.gate_up.shape[2], generator=g).to(dtype)
+    return model, (hidden, attn, routed, offs)

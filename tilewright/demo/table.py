@@ -40,6 +40,17 @@ def gemm_table(result: CaseResult) -> Table:
     return table
 
 
+def grouped_table(result: CaseResult) -> Table:
+    """The grouped GEMMs (``tilewright.grouped_mm``) the case ran, per problem and kernel:
+    M is the ragged token total at its bucket (2d3d), K for the weight gradients (2d2d)."""
+    table = Table(title=f"{CASES[result.case][0]}: grouped GEMMs — mode {result.mode}", title_justify="left")
+    for col in ("case", "G", "M", "N", "K", "dtype", "epilogue", "calls", "winner"):
+        table.add_column(col, justify="left" if col in ("case", "dtype", "epilogue", "winner") else "right")
+    for g in result.grouped:
+        table.add_row(g.case, str(g.G), str(g.M), str(g.N), str(g.K), g.dtype, g.epilogue, str(g.calls), g.winner)
+    return table
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f}"
 
@@ -69,14 +80,15 @@ def launch_table(result: CaseResult) -> Table:
 
 def summary_table(results: list[CaseResult]) -> Table:
     table = Table(title="tilewright demo: compiled vs eager", title_justify="left")
-    for col in ("case", "mode", "dtype", "GEMMs", "kernels", "launches", "Inductor",
+    for col in ("case", "mode", "dtype", "GEMMs", "grouped", "kernels", "launches", "Inductor",
                 "compile+1st run s", "run ms", "max rel err", "bound", "result"):
         table.add_column(col, justify="left" if col in ("case", "mode", "dtype", "result") else "right")
     for r in results:
         gemms = sum(g.gemm_nodes for g in r.graphs)
         kernels = sum(g.loop_kernels for g in r.graphs)
         verdict = Text("PASS", style="green") if r.passed else Text("FAIL", style="red")
-        table.add_row(r.case, r.mode, r.dtype, str(gemms), str(kernels), str(r.launches),
+        grouped = sum(g.calls for g in r.grouped)
+        table.add_row(r.case, r.mode, r.dtype, str(gemms), str(grouped) if grouped else "-", str(kernels), str(r.launches),
                       str(r.inductor_launches) if r.inductor else "-", f"{r.compile_s:.1f}",
                       f"{r.run_ms:.1f}" if r.run_ms else "-", f"{r.max_error:.2e}",
                       f"{r.worst[2]:.2g}" if r.errors else "-", verdict)
@@ -87,6 +99,8 @@ def print_results(results: list[CaseResult], console: Console | None = None) -> 
     console = console or Console(markup=False)  # case notes and errors are data, not markup
     for r in results:
         console.print(gemm_table(r))
+        if r.grouped:
+            console.print(grouped_table(r))
         if r.inductor or r.mode == "auto":
             console.print(launch_table(r))
         if r.inductor_error:

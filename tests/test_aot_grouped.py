@@ -1,0 +1,120 @@
+"""Ahead-of-time planning and builds of grouped GEMMs, on the Qwen3-30B-A3B shapes of
+``bench/cases/llm_gemm_shapes.json`` (``tilewright.demo.models:qwen3_moe_shapes``): the experts'
+``F.grouped_mm`` calls are captured as grouped problems, planned through the grouped policy for
+every template ``templates_for("grouped_gemm", ...)`` lists (FlyDSL's included on gfx950), named,
+described, built and checked for their MMA instructions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilewright.compiler import aot
+from tilewright.compiler.capture import capture_kernels, load_model
+from tilewright.grouped import GroupedGemmProblem
+from tilewright.problem import GemmProblem
+from tilewright.runtime.aot import compile_jobs
+from tilewright.runtime.targets import get_target
+from tilewright.templates import templates_for
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = "tilewright.demo.models:qwen3_moe_shapes"
+QWEN = json.loads((ROOT / "bench/cases/llm_gemm_shapes.json").read_text())["models"]["qwen3-30b-a3b"]
+TOKENS = 16  # qwen3_moe_shapes' default: the experts see TOKENS * top_k rows
+
+
+@pytest.fixture(scope="module")
+def captured():
+    return capture_kernels(load_model(SPEC))
+
+
+def _grouped(captured) -> list[GroupedGemmProblem]:
+    return [c.problem for c in captured if isinstance(c.problem, GroupedGemmProblem)]
+
+
+def test_the_shapes_file_becomes_dense_and_grouped_problems(captured):
+    dense = sorted((c.problem.M, c.problem.N, c.problem.K) for c in captured if isinstance(c.problem, GemmProblem))
+    assert dense == sorted((TOKENS, QWEN[p]["N"], QWEN[p]["K"]) for p in ("qkv_proj", "o_proj"))
+    grouped = _grouped(captured)
+    gu, down = QWEN["expert_gate_up_proj"], QWEN["expert_down_proj"]
+    rows = TOKENS * gu["top_k"]
+    assert sorted((p.case, p.G, p.M, p.N, p.K) for p in grouped) == sorted(
+        [("2d3d", gu["experts"], rows, gu["N"], gu["K"]), ("2d3d", down["experts"], rows, down["N"], down["K"])])
+    for p in grouped:
+        assert p.dtype == "bf16" and p.layout_b == "col"  # (experts, N, K) weights, transposed
+        assert p.dynamic == frozenset({"M"})  # the token count: tuned per bucket
+
+
+@pytest.mark.parametrize("target_name", ["gfx950", "sm_90a"])
+def test_grouped_problems_plan_through_every_grouped_template(captured, target_name):
+    target = get_target(target_name)
+    kernels, refused = aot.plan(captured, [target])
+    names = [k.name for k in kernels]
+    assert len(names) == len(set(names)) and all(n.startswith(f"{target.arch}/") for n in names)
+    templates = [t for t in templates_for("grouped_gemm", target.backend) if t.backend != "aten"]
+    assert "triton.grouped_gemm" in {t.id for t in templates}
+    for p in _grouped(captured):
+        planned = [k for k in kernels if k.captured.problem == p]
+        assert {k.kind for k in planned} == {"grouped_gemm"}
+        text = p.describe()
+        said_no = {r["template"] for r in refused if r["problem"] == text}
+        for t in templates:  # each template either planned a kernel or said why not
+            assert t.id in {k.template.id for k in planned} | said_no, (t.id, target_name)
+        ours = next(k for k in planned if k.template.id == "triton.grouped_gemm")
+        assert ours.job.spec["language"] == "triton" and ours.job.spec["pointer_types"]["OFFS"] == "*i32"
+        assert ours.predicted_ms > 0 and ours.bound in ("compute", "memory", "latency")
+        assert f"_{p.case}_g{p.G}_{p.M}x{p.N}x{p.K}_" in ours.name
+        assert aot.describe_problem(p).startswith(f"grouped_mm 2d3d G={p.G} {p.M}x{p.N}x{p.K}")
+        assert aot.describe_params(ours.params).startswith("{BLOCK_M}x{BLOCK_N}x{BLOCK_K}".format(**ours.params))
+        # tiles that fit a group's share of the tokens (a 1-token group wastes the rest)
+        assert ours.params["BLOCK_M"] <= max(16, p.M // p.G * 2)
+    if target_name == "gfx950":
+        fly = [t for t in templates if t.backend == "flydsl"]
+        for t in fly:  # generic: whatever FlyDSL registers for the op is planned or refused
+            assert any(k.template is t for k in kernels) or any(r["template"] == t.id for r in refused)
+
+
+def test_one_grouped_kernel_builds_per_target_with_its_mma(captured, tmp_path):
+    """Two Triton compiles: the down projection's grouped kernel for gfx950 (MFMA) and
+    sm_90a (warp-level mma.sync for a 16-row tile)."""
+    p = next(p for p in _grouped(captured) if p.K == QWEN["expert_down_proj"]["K"])
+    cap = [c for c in captured if c.problem == p]
+    kernels, _ = aot.plan(cap, [get_target("gfx950"), get_target("sm_90a")])
+    chosen = [k for k in kernels if k.template.id == "triton.grouped_gemm"]
+    assert len(chosen) == 2
+    results = {r.name: r for r in compile_jobs([k.job for k in chosen], tmp_path, workers=2, timeout_s=600)}
+    from tilewright.runtime.verify import verify
+
+    for k in chosen:
+        r = results[k.name]
+        assert r.ok, r.error[-2000:]
+        checks = k.template.expected_instructions(p, k.params, k.target)
+        assert checks, k.target.name
+        v = verify({stage: tmp_path / rel for stage, rel in r.artifacts.items()}, checks)
+        assert v.ok, v.failures
+        assert all(n > 0 for n in v.counts.values())
+
+
+@pytest.mark.slow
+def test_cli_builds_the_qwen3_moe_shapes_for_gfx950(tmp_path):
+    """``tilewright aot`` on the Qwen3-MoE shapes for gfx950: every planned kernel (dense,
+    grouped; Triton and FlyDSL where its toolchain is installed) builds and keeps its
+    instruction promise."""
+    from tilewright.runtime.flydsl import toolchain_problem
+
+    if (why := toolchain_problem()) is not None:
+        pytest.skip(f"FlyDSL toolchain missing ({why}); run `make flydsl-setup`")
+    out = tmp_path / "aot"
+    proc = subprocess.run([sys.executable, "-m", "tilewright", "aot", SPEC, "--target", "gfx950",
+                           "--out", str(out)], capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    kinds = manifest["summary"]["by_kind"]
+    assert kinds.get("grouped_gemm", 0) >= 2 and kinds.get("gemm", 0) >= 2
+    for k in manifest["kernels"]:
+        assert k["status"] in ("built", "cached"), (k["name"], k["error"][-1000:])
+        assert k["verify"] and k["verify"]["ok"], (k["name"], k["verify"])
