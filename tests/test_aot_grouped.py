@@ -118,3 +118,89 @@ def test_cli_builds_the_qwen3_moe_shapes_for_gfx950(tmp_path):
     for k in manifest["kernels"]:
         assert k["status"] in ("built", "cached"), (k["name"], k["error"][-1000:])
         assert k["verify"] and k["verify"]["ok"], (k["name"], k["verify"])
+
+
+# -- the MXFP4 variant: dense projections as MXFP4Linear -------------------------------------------
+MX_SPEC = "tilewright.demo.models:qwen3_moe_shapes_mxfp4"
+
+
+@pytest.fixture(scope="module")
+def captured_mx():
+    return capture_kernels(load_model(MX_SPEC))
+
+
+def _mx(captured_mx) -> list[GemmProblem]:
+    return [c.problem for c in captured_mx if isinstance(c.problem, GemmProblem)]
+
+
+def test_mxfp4_variant_plans_flydsl_mx_gemm_for_the_dense_projections(captured_mx):
+    from tilewright.runtime.flydsl import toolchain_problem
+
+    dense = _mx(captured_mx)
+    assert sorted((p.M, p.N, p.K) for p in dense) == sorted((TOKENS, QWEN[p]["N"], QWEN[p]["K"])
+                                                            for p in ("qkv_proj", "o_proj"))
+    for p in dense:  # activations quantised per call, weights stored (N, K/2): one MX GEMM each
+        assert (p.dtype, p.out_dtype, p.layout_a, p.layout_b, p.scale_layout, p.op) == \
+            ("mxfp4", "bf16", "row", "col", "row", "mx_mm")
+        assert p.epilogue == ()  # no bias, no alpha: MX needs no per-tensor scale
+    assert len(_grouped(captured_mx)) == 2  # the experts stay bf16 grouped GEMMs
+    kernels, refused = aot.plan(captured_mx, [get_target("gfx950")])
+    why = toolchain_problem()
+    for p in dense:
+        planned = [k for k in kernels if k.captured.problem == p]
+        if why is not None:  # refused, and the reason names the fix
+            assert not planned and any(r["template"] == "flydsl.mx_gemm" and why in r["reason"] for r in refused)
+            continue
+        assert [k.template.id for k in planned] == ["flydsl.mx_gemm"], refused
+        k = planned[0]
+        assert k.name.startswith(f"gfx950/mx_mm_{p.M}x{p.N}x{p.K}_mxfp4_") and k.job.spec["language"] == "flydsl"
+        assert p.K % k.params["BLOCK_K"] == 0 and k.predicted_ms > 0
+
+
+def test_one_mxfp4_projection_builds_with_the_scaled_mfma(captured_mx, tmp_path):
+    """One FlyDSL compile (~6-12 s): o_proj's MX GEMM for gfx950, checked for the FP4 scaled
+    MFMA, LDS traffic and no spills, and its measured resources against the template's model."""
+    from tilewright.runtime.flydsl import toolchain_problem
+    from tilewright.runtime.verify import verify
+    from tilewright.templates.flydsl.mx_gemm import geometry
+
+    if (why := toolchain_problem()) is not None:
+        pytest.skip(f"FlyDSL toolchain missing ({why}); run `make flydsl-setup`")
+    p = next(p for p in _mx(captured_mx) if p.K == QWEN["o_proj"]["K"])
+    kernels, refused = aot.plan([c for c in captured_mx if c.problem == p], [get_target("gfx950")])
+    (k,) = [k for k in kernels if k.template.id == "flydsl.mx_gemm"]
+    (r,) = compile_jobs([k.job], tmp_path, workers=1, timeout_s=600)
+    assert r.ok, r.error[-2000:]
+    checks = k.template.expected_instructions(p, k.params, k.target)
+    v = verify({stage: tmp_path / rel for stage, rel in r.artifacts.items()}, checks)
+    assert v.ok, v.failures
+    g = geometry(p, k.params)
+    (mfma,) = [n for pat, n in v.counts.items() if pat.startswith("v_mfma_scale_f32_16x16x128_f8f6f4")]
+    assert "cbsz:4" in next(pat for pat in v.counts if pat.startswith("v_mfma_scale"))  # FP4 operands
+    assert mfma >= g.tm * g.tn * g.ksteps  # at least one K tile's worth of scaled MFMAs
+    assert r.metadata["lds_bytes"] == g.lds_B and r.metadata["scratch_bytes"] == 0
+    assert 0 < r.metadata["vgprs"] <= 256 and r.metadata["agprs"] == 0
+
+
+@pytest.mark.slow
+def test_cli_builds_flydsl_dense_grouped_and_mxfp4_kernels_for_gfx950(tmp_path):
+    """``tilewright aot`` for gfx950 on the Qwen3-MoE shapes, bf16 and MXFP4 variants (issue 11's
+    done-when): FlyDSL dense (``flydsl.gemm``), grouped (``flydsl.grouped_gemm``) and MXFP4
+    (``flydsl.mx_gemm``) kernels are all built and keep their instruction promises."""
+    from tilewright.runtime.flydsl import toolchain_problem
+
+    if (why := toolchain_problem()) is not None:
+        pytest.skip(f"FlyDSL toolchain missing ({why}); run `make flydsl-setup`")
+    built: dict[str, set[str]] = {}
+    for spec in (SPEC, MX_SPEC):
+        out = tmp_path / spec.split(":")[1]
+        proc = subprocess.run([sys.executable, "-m", "tilewright", "aot", spec, "--target", "gfx950",
+                               "--out", str(out)], capture_output=True, text=True, timeout=3000)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        for k in json.loads((out / "manifest.json").read_text())["kernels"]:
+            assert k["status"] in ("built", "cached"), (k["name"], k["error"][-1000:])
+            assert k["verify"] and k["verify"]["ok"], (k["name"], k["verify"])
+            built.setdefault(k["template"], set()).add(spec)
+    assert built.get("flydsl.gemm") == {SPEC}
+    assert built.get("flydsl.grouped_gemm") == {SPEC, MX_SPEC}
+    assert built.get("flydsl.mx_gemm") == {MX_SPEC}

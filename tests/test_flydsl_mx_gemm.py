@@ -210,8 +210,8 @@ def test_compiles_for_gfx950_with_the_scaled_mfma(tmp_path, fmt, params, epilogu
 
 @needs_flydsl
 def test_aot_plan_builds_an_mxfp4_linear_for_gfx950(tmp_path):
-    # the project has no MX linear layer yet, so the captured kernel is built by hand as the
-    # capture of an MXFP4 linear with both global scales in its epilogue would be
+    # a hand-built capture of an MXFP4 GEMM with two global scales in its epilogue (the model
+    # path, MXFP4Linear on the Qwen3-MoE shapes, is in tests/test_aot_grouped.py)
     problem = mx("mxfp4", M=256, N=512, K=1024,
                  epilogue=(EpilogueOp("mul", input=0), EpilogueOp("mul", input=1)),
                  epilogue_inputs=(EpilogueInput("", "fp32"), EpilogueInput("", "fp32")))

@@ -38,6 +38,7 @@ DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
 #   mxfp4: e2m1 values packed two per byte + float8_e8m0fnu scale per 32 values
 #   mxfp8: float8_e4m3fn values + float8_e8m0fnu scale per 32 values
 SCALED_FORMATS = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}  # format -> block size along K
+VALUES_PER_BYTE = {"nvfp4": 2, "mxfp4": 2, "mxfp8": 1}  # format -> K values per stored byte
 # bytes per element (block-scaled formats include their share of the scale)
 ELEMENT_BYTES: dict[str, float] = {
     "fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "fp8e4m3": 1, "fp8e5m2": 1,

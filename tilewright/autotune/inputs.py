@@ -86,9 +86,15 @@ def make_inputs(problem: GemmProblem, device: torch.device | str, seed: int = 0)
 
 
 def _block_scaled_operands(problem: GemmProblem, device: torch.device, gen: torch.Generator):
-    """Random NVFP4 operands: every E2M1 code, E4M3 scales spread over 2^-4..2^4."""
+    """Random NVFP4 operands (every E2M1 code, E4M3 scales spread over 2^-4..2^4) or MX ones
+    (:func:`tilewright.quant.mx.random_operand`)."""
     from tilewright.quant.nvfp4 import BLOCK, swizzle_scales
 
+    if problem.dtype in ("mxfp4", "mxfp8") and problem.scale_layout == "row":
+        from tilewright.quant.mx import random_operand
+
+        return [t.to(device) for rows in (problem.M, problem.N)
+                for t in random_operand(problem.dtype, rows, problem.K, gen)]
     if problem.dtype != "nvfp4":
         raise NotImplementedError(f"random inputs for {problem.dtype}")
     out = []

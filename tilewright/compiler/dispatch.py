@@ -24,7 +24,7 @@ from tilewright.autotune.buckets import all_buckets, bucket, bucket_problem
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.select import KernelFactory, Launcher, Selection, select
-from tilewright.problem import GemmProblem
+from tilewright.problem import VALUES_PER_BYTE, GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates import get_template
 
@@ -165,8 +165,8 @@ class KernelCall:
     def _call_gemm(self, a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
                    view: Sequence[int] | None = None, **scales: torch.Tensor) -> torch.Tensor:
         problem: GemmProblem = self.problem
-        if problem.block_scaled:  # packed (M, K/2) and (N, K/2)
-            M, K, N = a.shape[0], a.shape[1] * 2, b.shape[0]
+        if problem.block_scaled:  # stored (M, K/v) and (N, K/v), v values per byte
+            M, K, N = a.shape[0], a.shape[1] * VALUES_PER_BYTE[problem.dtype], b.shape[0]
         else:
             M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
         if problem.batched:

@@ -3,7 +3,8 @@
 GEMM-family nodes with float operands on one device become :class:`GemmNode`s: ``mm``,
 ``addmm`` (bias as the first epilogue step, ``alpha``/``beta`` as scales), ``bmm``,
 ``baddbmm``, fp8 ``_scaled_mm`` (its scales and bias as epilogue steps) and NVFP4
-``tilewright.nvfp4_mm`` (packed operands with block scales; alpha and bias in the epilogue). Transposed or sliced operands stay views: the GEMM reads them through their
+``tilewright.nvfp4_mm`` and MXFP4 ``tilewright.mx_mm`` (packed operands with block scales; alpha
+and bias in the epilogue). Transposed or sliced operands stay views: the GEMM reads them through their
 strides, nothing is copied. Everything else becomes an :class:`ExternNode`, run as ATen, so an op
 tilewright cannot lower never fails the model.
 """
@@ -19,12 +20,14 @@ import torch.fx as fx
 from tilewright.compiler.graph import (
     ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
 )
+import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_mm
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
 from tilewright.compiler.lower_grouped import TILEWRIGHT_GROUPED_MM, fuse_epilogues, lower_grouped_mm
-from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, EpilogueInput, EpilogueOp
+from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, VALUES_PER_BYTE, EpilogueInput, EpilogueOp
 
 aten = torch.ops.aten
 NVFP4_MM = torch.ops.tilewright.nvfp4_mm.default
+MX_MM = torch.ops.tilewright.mx_mm.default
 
 GEMM_OPS = {
     aten.mm.default: "mm",
@@ -187,27 +190,48 @@ def lower_scaled_mm(node: fx.Node, index: int) -> GemmNode | None:
     return g
 
 
-def lower_nvfp4_mm(node: fx.Node, index: int) -> GemmNode | None:
-    """``tilewright.nvfp4_mm(a, a_scale, a_gs, b, b_scale, b_gs, bias, out_dtype)``: one GEMM on
-    packed NVFP4 operands whose epilogue multiplies by both global scales (alpha) and adds the
-    bias; later epilogue steps fuse after those as usual."""
-    a, a_scale, a_gs, b, b_scale, b_gs, bias, _ = node.args
+def lower_block_scaled_mm(node: fx.Node, index: int, fmt: str, a: fx.Node, a_scale: fx.Node,
+                          b: fx.Node, b_scale: fx.Node, scalars: tuple, bias, values_per_byte: int
+                          ) -> GemmNode | None:
+    """One GEMM on packed block-scaled operands (A (M, K/vpb), B stored (N, K/vpb), row-major
+    block scales) whose epilogue multiplies by each of ``scalars`` (0-dim fp32 values or None)
+    and adds the bias; later epilogue steps fuse after those as usual. None when a traced
+    shape is missing (the call then stays on ATen)."""
     ma, mb, mo = TensorMeta.of(a), TensorMeta.of(b), TensorMeta.of(node)
     if None in (ma, mb, mo) or ma.ndim != 2 or mb.ndim != 2:
         return None
+    K, K_hint = ma.shape[1] * values_per_byte, ma.hint_shape[1] * values_per_byte
     g = GemmNode(
-        name=f"gemm_{index}", fx_nodes=[node], op="nvfp4_mm", a=a.name, b=b.name,
-        M=ma.shape[0], N=mb.shape[0], K=ma.shape[1] * 2,
-        hints={"M": ma.hint_shape[0], "N": mb.hint_shape[0], "K": ma.hint_shape[1] * 2, "batch": 1},
+        name=f"gemm_{index}", fx_nodes=[node], op=node.target._opname, a=a.name, b=b.name,
+        M=ma.shape[0], N=mb.shape[0], K=K,
+        hints={"M": ma.hint_shape[0], "N": mb.hint_shape[0], "K": K_hint, "batch": 1},
         dtype=torch.uint8, out_dtype=mo.dtype, device=mo.device, layout_a="row", layout_b="col",
-        value=node.name, fmt="nvfp4", scales=(a_scale.name, b_scale.name), scale_layout="row")
-    for t, op, pattern in ((a_gs, "mul", ""), (b_gs, "mul", ""), (bias, "add", "N")):
+        value=node.name, fmt=fmt, scales=(a_scale.name, b_scale.name), scale_layout="row")
+    for t, op, pattern in [*((s, "mul", "") for s in scalars), (bias, "add", "N")]:
         if t is None:
             continue
         mt = TensorMeta.of(t)
         g.epilogue_inputs.append(FusedInput(t.name, EpilogueInput(pattern, DTYPE_NAMES[mt.dtype])))
         g.epilogue.append(EpilogueOp(op, input=len(g.epilogue_inputs) - 1))
     return g
+
+
+def lower_nvfp4_mm(node: fx.Node, index: int) -> GemmNode | None:
+    """``tilewright.nvfp4_mm(a, a_scale, a_gs, b, b_scale, b_gs, bias, out_dtype)``: one GEMM on
+    packed NVFP4 operands whose epilogue multiplies by both global scales (alpha) and adds the
+    bias."""
+    a, a_scale, a_gs, b, b_scale, b_gs, bias, _ = node.args
+    return lower_block_scaled_mm(node, index, "nvfp4", a, a_scale, b, b_scale, (a_gs, b_gs), bias, 2)
+
+
+def lower_mx_mm(node: fx.Node, index: int) -> GemmNode | None:
+    """``tilewright.mx_mm(a, a_scale, b, b_scale, alpha, bias, fmt, out_dtype)``: one
+    ``GemmProblem(dtype=fmt, layout_b="col", scale_layout="row")`` whose epilogue multiplies by
+    alpha (when given) and adds the bias."""
+    a, a_scale, b, b_scale, alpha, bias, fmt, _ = node.args
+    if fmt not in VALUES_PER_BYTE:
+        return None
+    return lower_block_scaled_mm(node, index, fmt, a, a_scale, b, b_scale, (alpha,), bias, VALUES_PER_BYTE[fmt])
 
 
 def lower(gm: fx.GraphModule) -> KernelGraph:
@@ -234,6 +258,10 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
         elif node.op == "call_function" and node.target == NVFP4_MM and (
                 fp4 := lower_nvfp4_mm(node, n_gemm)) is not None:
             nodes.append(fp4)
+            n_gemm += 1
+        elif node.op == "call_function" and node.target == MX_MM and (
+                mxn := lower_mx_mm(node, n_gemm)) is not None:
+            nodes.append(mxn)
             n_gemm += 1
         elif node.op == "call_function" and node.target == TILEWRIGHT_GROUPED_MM:
             nodes.append(ExternNode(node.name, [node], kind="grouped_gemm"))  # tilewright.compiler.lower_grouped

@@ -156,13 +156,15 @@ class Qwen3MoeShapes(torch.nn.Module):
     as ``F.grouped_mm`` with int32 end offsets (tokens sorted by expert, ``tokens * top_k``
     rows), a SwiGLU between them. Expert weights are stored (experts, N, K) and passed
     transposed, as transformers' Qwen3-MoE experts do (B is K-contiguous). Not a model: each
-    GEMM gets its own input so every shape is the table's.
+    GEMM gets its own input so every shape is the table's. With ``quant="mxfp4"`` the dense
+    projections are :class:`~tilewright.quant.linear.MXFP4Linear` layers (``qkv_proj``,
+    ``o_proj``, random codes) instead of bf16 weights.
 
     Weights are uninitialised (``torch.empty``): tracing needs shapes and dtypes only, and the
     experts' 128 x 2048 x 1536 bf16 weights (0.8 GB) are never filled.
     """
 
-    def __init__(self, shapes: dict, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, shapes: dict, dtype: torch.dtype = torch.bfloat16, quant: str | None = None):
         super().__init__()
         qkv, o = shapes["qkv_proj"], shapes["o_proj"]
         gu, down = shapes["expert_gate_up_proj"], shapes["expert_down_proj"]
@@ -173,6 +175,12 @@ class Qwen3MoeShapes(torch.nn.Module):
         self.o = torch.nn.Parameter(torch.empty(o["N"], o["K"], dtype=dtype), requires_grad=False)
         self.gate_up = torch.nn.Parameter(torch.empty(self.experts, gu["N"], gu["K"], dtype=dtype), requires_grad=False)
         self.down = torch.nn.Parameter(torch.empty(self.experts, down["N"], down["K"], dtype=dtype), requires_grad=False)
+        # quant="mxfp4": the dense projections as MXFP4Linear (W4A4, OCP MX v1.0), filled with
+        # random codes and scales 2^-4..2^4 so the model also runs; the experts stay bf16
+        self.qkv_proj = self.o_proj = None
+        if quant is not None:
+            self.qkv_proj = _random_mx_linear(qkv["K"], qkv["N"], dtype, quant)
+            self.o_proj = _random_mx_linear(o["K"], o["N"], dtype, quant)
 
     def forward(self, hidden: torch.Tensor, attn: torch.Tensor, routed: torch.Tensor,
                 offs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -183,23 +191,40 @@ class Qwen3MoeShapes(torch.nn.Module):
         gate_up = F.grouped_mm(routed, self.gate_up.transpose(-2, -1), offs=offs)
         gate, up = gate_up.chunk(2, dim=-1)
         expert_out = F.grouped_mm(F.silu(gate) * up, self.down.transpose(-2, -1), offs=offs)
+        if self.qkv_proj is not None:
+            return self.qkv_proj(hidden), self.o_proj(attn), expert_out
         return F.linear(hidden, self.qkv), F.linear(attn, self.o), expert_out
 
 
-def qwen3_moe_shapes(tokens: int = 16, dtype: torch.dtype = torch.bfloat16):
+def _random_mx_linear(in_features: int, out_features: int, dtype: torch.dtype, quant: str):
+    from tilewright.quant.linear import MXFP4Linear
+    from tilewright.quant.mx import random_operand
+
+    if quant != "mxfp4":
+        raise ValueError(f"Qwen3MoeShapes: quant={quant!r} (takes 'mxfp4' or None)")
+    layer = MXFP4Linear(in_features, out_features, bias=False, dtype=dtype)
+    data, scale = random_operand("mxfp4", out_features, in_features, torch.Generator().manual_seed(0))
+    layer.weight.copy_(data)
+    layer.weight_scale.copy_(scale)
+    return layer
+
+
+def qwen3_moe_shapes(tokens: int = 16, dtype: torch.dtype = torch.bfloat16, quant: str | None = None):
     """``(model, args)`` for ``tilewright aot tilewright.demo.models:qwen3_moe_shapes``: the
     Qwen3-30B-A3B GEMMs of ``bench/cases/llm_gemm_shapes.json`` at ``tokens`` tokens (a decode
     batch; the experts see ``tokens * top_k`` rows, bucketed as the grouped op tunes them),
-    spread evenly over the experts.
+    spread evenly over the experts. ``quant="mxfp4"``: ``qkv_proj`` and ``o_proj`` are
+    :class:`~tilewright.quant.linear.MXFP4Linear` (see :func:`qwen3_moe_shapes_mxfp4`).
 
     Raises:
         FileNotFoundError: run from outside a source checkout (the shapes file is not there).
+        ValueError: ``quant`` is neither None nor "mxfp4".
     """
     import json
 
     path = Path(__file__).resolve().parents[2] / "bench" / "cases" / "llm_gemm_shapes.json"
     shapes = json.loads(path.read_text())["models"]["qwen3-30b-a3b"]
-    model = Qwen3MoeShapes(shapes, dtype).eval()
+    model = Qwen3MoeShapes(shapes, dtype, quant).eval()
     g = torch.Generator().manual_seed(0)
     rows = tokens * model.top_k
     offs = (torch.arange(1, model.experts + 1) * rows // model.experts).to(torch.int32)
@@ -207,3 +232,12 @@ def qwen3_moe_shapes(tokens: int = 16, dtype: torch.dtype = torch.bfloat16):
     attn = torch.randn(tokens, model.o.shape[1], generator=g).to(dtype)
     routed = torch.randn(rows, model.gate_up.shape[2], generator=g).to(dtype)
     return model, (hidden, attn, routed, offs)
+
+
+def qwen3_moe_shapes_mxfp4(tokens: int = 16):
+    """``(model, args)`` for ``tilewright aot tilewright.demo.models:qwen3_moe_shapes_mxfp4``
+    (the CLI calls a spec with no arguments): :func:`qwen3_moe_shapes` with the dense
+    projections in MXFP4 (activations quantised per call), so the build has MXFP4 GEMMs
+    (``GemmProblem(dtype="mxfp4")``, FlyDSL ``flydsl.mx_gemm`` on gfx950) beside the bf16
+    grouped expert GEMMs."""
+    return qwen3_moe_shapes(tokens, torch.bfloat16, quant="mxfp4")

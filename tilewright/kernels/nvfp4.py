@@ -13,7 +13,8 @@ import torch
 
 from tilewright.errors import InvalidInputError
 from tilewright.kernels.build import tuned_launcher
-from tilewright.problem import DTYPE_NAMES, EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.kernels.mx import block_scaled_problem
+from tilewright.problem import GemmProblem
 from tilewright.quant import nvfp4
 
 
@@ -36,14 +37,7 @@ def _(x, global_scale):
 
 def nvfp4_problem(M: int, N: int, K: int, out_dtype: torch.dtype, bias: torch.Tensor | None) -> GemmProblem:
     """The GEMM ``nvfp4_mm`` runs: alpha as two scalar multiplies, then the bias."""
-    ops = [EpilogueOp("mul", input=0), EpilogueOp("mul", input=1)]
-    inputs = [EpilogueInput("", "fp32"), EpilogueInput("", "fp32")]
-    if bias is not None:
-        inputs.append(EpilogueInput("N", DTYPE_NAMES[bias.dtype]))
-        ops.append(EpilogueOp("add", input=2))
-    return GemmProblem(M=M, N=N, K=K, dtype="nvfp4", out_dtype=DTYPE_NAMES[out_dtype], layout_b="col",
-                       scale_layout="row", epilogue=tuple(ops), epilogue_inputs=tuple(inputs),
-                       op="nvfp4_mm")
+    return block_scaled_problem("nvfp4", M, N, K, out_dtype, 2, bias, "nvfp4_mm")
 
 
 @torch.library.custom_op("tilewright::nvfp4_mm", mutates_args=())

@@ -1,5 +1,6 @@
-"""``NVFP4Linear``: a Linear whose weight is stored in NVFP4 and whose activations are
-quantised to NVFP4 on the fly (W4A4), as ModelOpt's NVFP4 linear layers do.
+"""``NVFP4Linear`` and ``MXFP4Linear``/``MXFP8Linear``: Linears whose weight is stored in a
+block-scaled format and whose activations are quantised to it on the fly (W4A4 / W8A8), as
+ModelOpt's NVFP4 linear layers do; MX follows OCP MX v1.0 (:mod:`tilewright.quant.mx`).
 
 For inference: the weight, its scales and the bias are buffers, not parameters, and the ops have
 no backward (quantisation-aware training is out of scope). A layer whose input requires grad
@@ -13,12 +14,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_*
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_*
 from tilewright.errors import InvalidInputError
-from tilewright.quant import nvfp4
+from tilewright.quant import mx, nvfp4
 
 
-INFERENCE_ONLY = ("NVFP4Linear layers are inference-only (their input requires grad, and they have no "
+INFERENCE_ONLY = ("NVFP4Linear and MX linear layers are inference-only (their input requires grad, and they have no "
                   "backward); call the model under torch.no_grad() or torch.inference_mode()")
 
 
@@ -80,15 +82,101 @@ class NVFP4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def quantize_linears(model: nn.Module, *, skip: tuple[str, ...] = ()) -> int:
-    """Replace every ``nn.Linear`` whose in_features is a multiple of 16 (and whose name has none
-    of the ``skip`` substrings) by an :class:`NVFP4Linear`, in place. Returns how many."""
+class MXLinear(nn.Module):
+    """y = x @ W.T + b with W and x in an MX format (OCP MX v1.0; fp32 accumulation): the forward
+    is ``tilewright.mx_quantize`` on the activation and one ``tilewright.mx_mm``.
+
+    Buffers (inference only): ``weight`` (out, in/2) uint8 for mxfp4 or (out, in)
+    float8_e4m3fn for mxfp8, ``weight_scale`` float8_e8m0fnu (out, in/32), ``bias`` (the
+    Linear's dtype) or None. MX needs no per-tensor scale: each activation block gets its own
+    power-of-two scale every call.
+
+    Raises:
+        InvalidInputError: in_features not a multiple of 32 (pad the layer's input with zeros),
+            or an unknown format.
+    """
+
+    fmt = "mxfp4"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 dtype: torch.dtype = torch.float32, device=None, fmt: str | None = None):
+        super().__init__()
+        self.fmt = fmt or type(self).fmt
+        vpb = mx.values_per_byte(self.fmt)
+        if in_features % mx.BLOCK:
+            raise InvalidInputError(f"{type(self).__name__} ({self.fmt}) needs in_features divisible by "
+                                    f"{mx.BLOCK}, got {in_features}")
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.register_buffer("weight", torch.zeros(out_features, in_features // vpb, device=device,
+                                                   dtype=torch.uint8 if vpb == 2 else torch.float8_e4m3fn))
+        self.register_buffer("weight_scale", torch.zeros(out_features, in_features // mx.BLOCK, device=device,
+                                                         dtype=torch.uint8).view(torch.float8_e8m0fnu))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: str | None = None) -> "MXLinear":
+        """Quantise a float Linear's weight (the bias stays in the Linear's dtype)."""
+        w = linear.weight.detach()
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, w.dtype, w.device, fmt)
+        q = mx.quantize(w, m.fmt)
+        m.weight.copy_(q.data)
+        m.weight_scale.copy_(q.scale)
+        if linear.bias is not None:
+            m.bias.copy_(linear.bias.detach())
+        return m
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight the layer multiplies by, (out, in) in the layer's dtype."""
+        return mx.dequantize_packed(self.weight, self.weight_scale, self.fmt, torch.float32).to(self.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise InvalidInputError(INFERENCE_ONLY)
+        lead = x.shape[:-1]
+        xq, xs = torch.ops.tilewright.mx_quantize(x.reshape(-1, self.in_features), self.fmt)
+        y = torch.ops.tilewright.mx_mm(xq, xs, self.weight, self.weight_scale, None, self.bias,
+                                       self.fmt, x.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, fmt={self.fmt}")
+
+
+class MXFP4Linear(MXLinear):
+    """:class:`MXLinear` in MXFP4 (E2M1 values, E8M0 scale per 32)."""
+
+    fmt = "mxfp4"
+
+
+class MXFP8Linear(MXLinear):
+    """:class:`MXLinear` in MXFP8 (E4M3 values, E8M0 scale per 32)."""
+
+    fmt = "mxfp8"
+
+
+LINEAR_FORMATS = {"nvfp4": (NVFP4Linear, nvfp4.BLOCK), "mxfp4": (MXFP4Linear, mx.BLOCK),
+                  "mxfp8": (MXFP8Linear, mx.BLOCK)}
+
+
+def quantize_linears(model: nn.Module, *, skip: tuple[str, ...] = (), fmt: str = "nvfp4") -> int:
+    """Replace every ``nn.Linear`` whose in_features is a multiple of the format's block (16 for
+    nvfp4, 32 for mxfp4/mxfp8) and whose name has none of the ``skip`` substrings by the
+    format's quantised linear (:class:`NVFP4Linear`, :class:`MXFP4Linear`,
+    :class:`MXFP8Linear`), in place. Returns how many.
+
+    Raises:
+        InvalidInputError: an unknown ``fmt``.
+    """
+    if fmt not in LINEAR_FORMATS:
+        raise InvalidInputError(f"quantize_linears: unknown format {fmt!r} (takes {', '.join(LINEAR_FORMATS)})")
+    cls, block = LINEAR_FORMATS[fmt]
     count = 0
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if isinstance(child, nn.Linear) and child.in_features % nvfp4.BLOCK == 0 \
+            if isinstance(child, nn.Linear) and child.in_features % block == 0 \
                     and not any(s in full for s in skip):
-                setattr(module, child_name, NVFP4Linear.from_linear(child))
+                setattr(module, child_name, cls.from_linear(child))
                 count += 1
     return count

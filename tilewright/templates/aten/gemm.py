@@ -55,8 +55,8 @@ class AtenGemm(TemplateSpec):
     jinja = "gemm.py.jinja"
 
     def supports(self, problem: GemmProblem, target: Target) -> Support:
-        if problem.block_scaled and (problem.dtype != "nvfp4" or problem.scale_layout != "row"):
-            return Support(False, "ATen path dequantises NVFP4 with row-major scales only")
+        if problem.block_scaled and problem.scale_layout != "row":
+            return Support(False, "ATen path dequantises block-scaled operands with row-major scales only")
         return SUPPORTED
 
     def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
@@ -73,7 +73,7 @@ class AtenGemm(TemplateSpec):
             problem_text=problem.describe(),
             out_torch_dtype=_TORCH_NAME[problem.out_dtype],
             acc_torch_dtype=_TORCH_NAME.get(problem.dtype, "float32"), store_acc=problem.store_acc,
-            block_scaled=problem.block_scaled,
+            block_scaled=problem.block_scaled, fmt=problem.dtype,
             addmm=addmm,
             prologue=[] if not problem.store_acc else _epilogue_lines(
                 ops[:problem.acc_after - (1 if addmm else 0)], problem),

@@ -1,0 +1,100 @@
+"""MX ops (OCP MX v1.0 MXFP4 / MXFP8): activation quantisation and the MX GEMM, as
+``torch.library`` custom ops.
+
+``torch.ops.tilewright.mx_mm`` is what the compiler lowers to one block-scaled GEMM node
+(``GemmProblem(dtype=fmt, layout_b="col", scale_layout="row")``, see
+:func:`tilewright.compiler.lower.lower_mx_mm`): the optional per-tensor ``alpha`` and the bias
+become epilogue steps of that GEMM. Eagerly it dequantises both operands to float32 and runs
+one float32 matmul and the epilogue in float32, the arithmetic of the ATen template
+(``templates/aten/gemm.py.jinja``) the compiled graph falls back to and, in float64, the
+autotuner's reference.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tilewright.errors import InvalidInputError
+from tilewright.problem import DTYPE_NAMES, EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.quant import mx
+
+
+@torch.library.custom_op("tilewright::mx_quantize", mutates_args=())
+def mx_quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``x`` (..., K) along K to ``fmt``: (data, float8_e8m0fnu scales (..., K/32));
+    data is uint8 (..., K/2) for mxfp4, float8_e4m3fn (..., K) for mxfp8."""
+    q = mx.quantize(x, fmt)
+    return q.data, q.scale
+
+
+@mx_quantize.register_fake
+def _(x, fmt):
+    K, vpb = x.shape[-1], mx.values_per_byte(fmt)
+    return (x.new_empty((*x.shape[:-1], K // vpb), dtype=torch.uint8 if vpb == 2 else torch.float8_e4m3fn),
+            x.new_empty((*x.shape[:-1], K // mx.BLOCK), dtype=torch.float8_e8m0fnu))
+
+
+def block_scaled_problem(fmt: str, M: int, N: int, K: int, out_dtype: torch.dtype,
+                         scalars: int, bias: torch.Tensor | None, op: str) -> GemmProblem:
+    """The GEMM a block-scaled op runs (NVFP4 or MX): ``scalars`` multiplies by fp32 0-dim
+    inputs (the per-tensor decode scales, alpha), then the bias add over N; K-major operands
+    (B stored (N, K)) with row-major block scales."""
+    ops = [EpilogueOp("mul", input=i) for i in range(scalars)]
+    inputs = [EpilogueInput("", "fp32")] * scalars
+    if bias is not None:
+        inputs.append(EpilogueInput("N", DTYPE_NAMES[bias.dtype]))
+        ops.append(EpilogueOp("add", input=scalars))
+    return GemmProblem(M=M, N=N, K=K, dtype=fmt, out_dtype=DTYPE_NAMES[out_dtype], layout_b="col",
+                       scale_layout="row", epilogue=tuple(ops), epilogue_inputs=tuple(inputs), op=op)
+
+
+def mx_problem(M: int, N: int, K: int, fmt: str, out_dtype: torch.dtype,
+               alpha: torch.Tensor | None, bias: torch.Tensor | None) -> GemmProblem:
+    """The GEMM ``mx_mm`` runs (what its lowering produces)."""
+    return block_scaled_problem(fmt, M, N, K, out_dtype, int(alpha is not None), bias, "mx_mm")
+
+
+def _check_operands(a, a_scale, b, b_scale, fmt: str) -> int:
+    """K of an ``mx_mm`` call; raises InvalidInputError for operands that are not MX."""
+    vpb = mx.values_per_byte(fmt)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise InvalidInputError(f"mx_mm: a {tuple(a.shape)} and b {tuple(b.shape)} must be "
+                                f"(M, K/{vpb}) and (N, K/{vpb})")
+    K = a.shape[1] * vpb
+    for name, t, s in (("a", a, a_scale), ("b", b, b_scale)):
+        if s.shape != (t.shape[0], K // mx.BLOCK) or s.dtype not in (torch.float8_e8m0fnu, torch.uint8):
+            raise InvalidInputError(f"mx_mm: {name}_scale {tuple(s.shape)} {s.dtype} must be E8M0 "
+                                    f"(rows, K/{mx.BLOCK}) = ({t.shape[0]}, {K // mx.BLOCK}), row-major")
+    return K
+
+
+@torch.library.custom_op("tilewright::mx_mm", mutates_args=())
+def mx_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+          alpha: Optional[torch.Tensor], bias: Optional[torch.Tensor], fmt: str,
+          out_dtype: torch.dtype) -> torch.Tensor:
+    """``dequant(a) @ dequant(b).T * alpha + bias`` in float32, returned as ``out_dtype``.
+
+    Args:
+        a: activations as stored by :func:`mx_quantize`, (M, K/2) uint8 (mxfp4) or (M, K)
+            float8_e4m3fn (mxfp8); a_scale float8_e8m0fnu (M, K/32).
+        b: the weight as stored, (N, K/2) or (N, K), with b_scale (N, K/32).
+        alpha: optional fp32 0-dim multiplier; bias: optional (N,) in any float dtype.
+        fmt: "mxfp4" or "mxfp8".
+
+    Raises:
+        InvalidInputError: shapes or dtypes that do not describe MX operands.
+    """
+    _check_operands(a, a_scale, b, b_scale, fmt)
+    acc = mx.dequantize_packed(a, a_scale, fmt) @ mx.dequantize_packed(b, b_scale, fmt).t()
+    if alpha is not None:
+        acc = acc * alpha.float()
+    if bias is not None:
+        acc = acc + bias.float()
+    return acc.to(out_dtype)
+
+
+@mx_mm.register_fake
+def _(a, a_scale, b, b_scale, alpha, bias, fmt, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
