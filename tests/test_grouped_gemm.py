@@ -8,6 +8,7 @@ equality, training left unfused). The descriptor template: tests/test_grouped_de
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -448,3 +449,41 @@ def test_public_op_glu_matches_eager():
     assert y.shape == (37, 32) and _rel(y, ref) < 2e-2
     with pytest.raises(ValueError, match="bias with glu"):
         grouped_mm(a, b, offs, glu="silu", bias=torch.randn(4, 64))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(bias=torch.randn(16)), "per-group bias of shape (3, 16)"),
+    (dict(bias=torch.randn(5, 16)), "per-group bias of shape (3, 16)"),
+    (dict(multiply=torch.randn(12, 8)), "output-shaped tensor (12, 16)"),
+    (dict(out_dtype=torch.int32), "out_dtype"),
+    (dict(offs=torch.tensor([4, 12], dtype=torch.int32)), "2 entries for 3 groups"),
+    (dict(offs=torch.tensor([4, 8, 12, 12], dtype=torch.int32)), "4 entries for 3 groups"),
+    (dict(offs=torch.tensor([4, 8, 12], dtype=torch.int32, device="meta")), "move offs to cpu"),
+    (dict(offs=torch.tensor([4, 8, 12])), "int32"),
+])
+def test_bad_grouped_mm_arguments_are_refused_naming_the_fix(kwargs, words):
+    from tilewright.errors import InvalidInputError
+    from tilewright.kernels import grouped_mm
+
+    kwargs = {"offs": torch.tensor([4, 8, 12], dtype=torch.int32), **kwargs}
+    with pytest.raises(InvalidInputError, match=re.escape(words)):
+        grouped_mm(torch.randn(12, 32), torch.randn(3, 32, 16), **kwargs)
+
+
+@pytest.mark.parametrize("case, offs", [("2d3d", [4, 8, 100]), ("2d3d", [8, 4, 12]), ("2d2d", [8, 40, 99])])
+@pytest.mark.parametrize("template_id", TRITON)
+def test_offsets_past_the_total_or_out_of_order_stay_inside_the_operands(case, offs, template_id, cpu):
+    """The kernels clamp each end offset to [previous end, ragged total]: offsets past the total
+    end at it (as ATen does) and a decreasing one makes an empty group; nothing outside the
+    operands is read or written (before the clamp, [4, 8, 100] crashed the interpreter)."""
+    p = GroupedGemmProblem(case, len(offs), 12 if case == "2d3d" else 16, 16, 32 if case == "2d2d" else 16, "fp32")
+    total, end, clamped = (p.M if case == "2d3d" else p.K), 0, []
+    for o in offs:
+        end = min(max(o, end), total)
+        clamped.append(end)
+    x = make_inputs(p, "cpu", 3, offs=torch.tensor(offs, dtype=torch.int32))
+    out = run(_launch(template_id, p, SMALL_TILE, cpu), x, poisoned_output(p, "cpu"))
+    ref = reference(p, dataclasses.replace(x, offs=torch.tensor(clamped, dtype=torch.int32)))
+    rows = slice(0, clamped[-1])  # 2d3d rows past the last offset belong to no group
+    err, tol = KINDS["grouped_gemm"].error(p, out[rows], ref[rows], False)
+    assert err <= tol, (template_id, err)

@@ -57,8 +57,9 @@ def grouped_gemm_problem(node: fx.Node) -> GroupedGemmProblem:
     vals = [x.meta.get("val") if isinstance(x, fx.Node) else None for x in (a, b, offs, bias)]
     if vals[0] is None or vals[1] is None:
         raise InvalidInputError(f"grouped GEMM {node.name}: operands without traced values")
-    problem = grouped_problem(vals[0], vals[1], bias=vals[3], activation=rest[0] if rest else "none",
-                              out_dtype=out_dtype)
+    activation = rest[0] if rest else "none"
+    glu = rest[1] if len(rest) > 1 else "none"  # the fused gated product: (…, N/2) out
+    problem = grouped_problem(vals[0], vals[1], bias=vals[3], activation=activation, out_dtype=out_dtype, glu=glu)
     if problem.case == "2d2d" and vals[2] is not None:
         problem = problem.with_sizes(G=int(vals[2].shape[0]))
     return problem

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from tilewright.autotune.buckets import bucket
+from tilewright.errors import InvalidInputError
 from tilewright.grouped import GroupedGemmProblem, case_of
 from tilewright.kernels.build import tuned_launcher
 from tilewright.kernels.gemm import _layout
@@ -98,16 +99,51 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
         (M_total, N), (G, M, N), (M, N_total) or (G, M, N) of ``out_dtype`` (N/2 with glu).
 
     Raises:
-        ValueError: operands, offsets or a glu that do not fit (the message says which).
+        InvalidInputError (a ValueError): operands, offsets, a bias, multiply or glu that do not
+            fit (the message says which and the shape expected).
     """
+    if out_dtype is not None and DTYPE_NAMES.get(out_dtype) not in GEMM_INPUT_DTYPES:
+        raise InvalidInputError(f"grouped_mm: out_dtype {out_dtype}; pass torch.float32, float16 or bfloat16")
     problem = grouped_problem(a, b, bias=bias, activation=activation, multiply=multiply, out_dtype=out_dtype,
                               glu=glu)
     if problem.ragged and (offs is None or offs.dtype != torch.int32 or offs.dim() != 1):
-        raise ValueError(f"grouped_mm {problem.case} needs offs, a 1-D int32 tensor of end offsets")
+        raise InvalidInputError(f"grouped_mm {problem.case} needs offs, a 1-D int32 tensor of end offsets")
     if problem.case == "2d2d":
         problem = problem.with_sizes(G=offs.shape[0])
+    _check_shapes(problem, a, b, offs, bias, multiply)
     extra = [t for t in (bias, multiply) if t is not None]
     return tuned_launcher(problem, a.device)(a, b, offs, *extra)
+
+
+def _check_shapes(problem: GroupedGemmProblem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None,
+                  bias: torch.Tensor | None, multiply: torch.Tensor | None) -> None:
+    """Shapes and devices only (nothing is read: the offsets' values stay on the device, and
+    the kernels clamp them to the ragged total).
+
+    Raises:
+        InvalidInputError: offsets of the wrong length or device, a bias or multiply of the wrong
+            shape; the message gives the shape expected.
+    """
+    G = problem.G
+    if problem.ragged:
+        if tuple(offs.shape) != (G,):
+            raise InvalidInputError(f"grouped_mm {problem.case}: offs has {offs.shape[0]} entries for {G} groups; "
+                                    f"pass one int32 end offset per group, shape ({G},)")
+        if offs.device != a.device:
+            raise InvalidInputError(f"grouped_mm: offs is on {offs.device}, the operands on {a.device}; "
+                                    f"move offs to {a.device}")
+    n = b.shape[-1] // 2 if problem.glu else b.shape[-1]
+    if bias is not None:
+        want = (n,) if problem.case == "3d2d" else (G, n)
+        if tuple(bias.shape) != want or bias.device != a.device:
+            raise InvalidInputError(f"grouped_mm {problem.case}: bias of shape {tuple(bias.shape)} on {bias.device}; "
+                                    f"pass {'a per-column' if problem.case == '3d2d' else 'a per-group'} bias of "
+                                    f"shape {want} on {a.device}")
+    if multiply is not None:
+        want = _grouped_mm_fake(a, b, offs, None, None, "none", problem.glu or "none").shape
+        if tuple(multiply.shape) != tuple(want) or multiply.device != a.device:
+            raise InvalidInputError(f"grouped_mm: multiply of shape {tuple(multiply.shape)}; pass an output-shaped "
+                                    f"tensor {tuple(want)} on {a.device}")
 
 
 @torch.library.custom_op("tilewright::grouped_mm", mutates_args=())
