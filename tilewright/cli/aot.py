@@ -63,6 +63,14 @@ def cmd_aot(args: argparse.Namespace) -> int:
     if report.refused:
         console.print(f"{len(report.refused)} (template, target, problem) pairs refused before "
                       "compiling; reasons in manifest.json")
+    if uncovered := report.uncovered:
+        console.print(f"{len(uncovered)} problems got no kernel on some target (they run on ATen there):",
+                      style="yellow")
+        for r in uncovered[:5]:
+            why = "; ".join(f"{t}: {reason}" for t, reason in r["reasons"].items())
+            console.print(f"  {r['target']}: {r['problem']}: {why}", style="yellow")
+        if len(uncovered) > 5:
+            console.print(f"  ... and {len(uncovered) - 5} more in manifest.json", style="yellow")
     if not report.ok:
         console.print(f"{len(report.failed)} kernels failed to build, "
                       f"{len(report.verify_failed)} failed their instruction checks", style="red")

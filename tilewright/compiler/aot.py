@@ -100,6 +100,19 @@ class AotReport:
     def ok(self) -> bool:
         return not self.failed and not self.verify_failed
 
+    @property
+    def uncovered(self) -> list[dict[str, str]]:
+        """(target, problem) pairs no template built a kernel for, with every template's reason
+        ("reasons": template -> reason): those problems run on ATen on that chip."""
+        built = {(k.target.name, k.captured.problem.describe()) for k in self.kernels}
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in self.refused:
+            key = (r["target"], r["problem"])
+            if key not in built:
+                out.setdefault(key, {"target": r["target"], "problem": r["problem"], "reasons": {}})
+                out[key]["reasons"][r["template"]] = r["reason"]
+        return list(out.values())
+
     def manifest(self) -> dict[str, Any]:
         statuses = [k.result.status if k.result else "not built" for k in self.kernels]
         kinds = [k.kind for k in self.kernels]
@@ -109,6 +122,7 @@ class AotReport:
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "summary": {s: statuses.count(s) for s in sorted(set(statuses))}
             | {"kernels": len(self.kernels), "verify_failed": len(self.verify_failed),
+               "uncovered": len(self.uncovered),
                "by_kind": {k: kinds.count(k) for k in sorted(set(kinds))}},
             "kernels": [k.to_json() for k in self.kernels],
             "refused": self.refused,
