@@ -193,3 +193,16 @@ def test_lowering_gives_the_mx_gemm_problem():
         scale_layout="row", epilogue=(EpilogueOp("add", input=0),),
         epilogue_inputs=(EpilogueInput("N", "bf16"),), op="mx_mm")
     assert problem == mx_problem(6, 80, 128, "mxfp4", torch.bfloat16, None, model[0].bias)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_value_makes_its_block_nan_and_no_other(fmt, bad):
+    # OCP MX v1.0 6.3: the block gets the NaN scale (255); a NaN input must not come out finite
+    x = torch.randn(3, 96)
+    x[1, 40] = bad
+    q = mx.quantize(x, fmt)
+    out = mx.dequantize_packed(q.data, q.scale, fmt)
+    nan = torch.isnan(out)
+    assert nan[1, 32:64].all() and nan.sum() == 32
+    assert q.scale.view(torch.uint8)[1, 1] == 255

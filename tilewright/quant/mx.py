@@ -82,7 +82,8 @@ def quantize(x: torch.Tensor, fmt: str = "mxfp4") -> MXTensor:
     """Quantise ``x`` (..., K) to ``fmt`` along K with the OCP MX v1.0 rule (module docstring).
 
     Args:
-        x: a finite float tensor (inf/NaN are not given MX's NaN scale here), K a multiple of 32.
+        x: a float tensor, K a multiple of 32; a block with a NaN or an infinity gets the NaN
+            scale (every value of it dequantises to NaN).
         fmt: "mxfp4" or "mxfp8".
 
     Raises:
@@ -97,10 +98,16 @@ def quantize(x: torch.Tensor, fmt: str = "mxfp4") -> MXTensor:
         raise InvalidInputError(f"{fmt} needs K (the last dim) to be a multiple of {BLOCK}, got {K}; "
                                 f"pad K with zeros to {-(-K // BLOCK) * BLOCK}")
     blocks = x.float().reshape(*x.shape[:-1], K // BLOCK, BLOCK)
+    # a block holding a NaN or an infinity gets the NaN scale (byte 255): every value of it
+    # then dequantises to NaN (OCP MX v1.0 section 6.3), as an NVFP4 or bf16 operand would
+    # carry it; its elements are stored as zeros
+    bad = ~torch.isfinite(blocks).all(-1)
+    blocks = torch.where(bad.unsqueeze(-1), torch.zeros_like(blocks), blocks)
     exp = shared_exponents(blocks, fmt)
     # x / 2^exp via ldexp: exact (a power-of-two scale), also where 2^-exp overflows float32
     scaled = torch.ldexp(blocks, -exp.unsqueeze(-1).float()).reshape(x.shape)
-    scale = (exp + E8M0_BIAS).to(torch.uint8).view(torch.float8_e8m0fnu)
+    byte = torch.where(bad, torch.full_like(exp, 255), exp + E8M0_BIAS)
+    scale = byte.to(torch.uint8).view(torch.float8_e8m0fnu)
     if fmt == "mxfp4":
         data = pack_e2m1(e2m1_encode(scaled))
     else:  # saturate first: float8_e4m3fn overflows to NaN, not to its maximum
