@@ -196,3 +196,10 @@ def test_targets_by_what_the_chip_runs_sm_80_gemm_builds_with_mma_sync(tmp_path)
     assert v.ok and v.counts[r"mma\.sync\S*\.bf16"] > 0, v.failures
     ptx = arts["ptx"].read_text()
     assert ".target sm_80\n" in ptx and "wgmma" not in ptx and "tcgen05" not in ptx
+
+
+def test_block_scaled_formats_are_rated_at_their_element_rate():
+    gfx950, h200 = get_target("gfx950"), get_target("sm_90a")
+    assert gfx950.peak("mxfp4") == gfx950.peak("nvfp4") == dict(gfx950.peak_tflops)["fp4"]
+    assert gfx950.peak("mxfp8") == dict(gfx950.peak_tflops)["fp8"]
+    assert h200.peak("nvfp4") == h200.peak("bf16")  # no fp4 MMA: dequantised into a bf16 one

@@ -64,10 +64,15 @@ class Target:
         return self.backend == "cpu"
 
     def peak(self, dtype: str) -> float:
-        """Dense peak TFLOP/s for an input dtype; fp32 falls back to the fp32 (non-TF32) rate."""
+        """Dense peak TFLOP/s for an input dtype; fp32 falls back to the fp32 (non-TF32) rate.
+        Block-scaled formats take the rate of their element type (nvfp4/mxfp4: fp4, mxfp8:
+        fp8); on a chip without that MMA they are dequantised into a bf16 one, so bf16's."""
         table = dict(self.peak_tflops)
         if dtype in table:
             return table[dtype]
+        if dtype in ("nvfp4", "mxfp4", "mxfp8"):
+            native = "fp8" if dtype == "mxfp8" else "fp4"
+            return table.get(native, table.get("bf16", table.get("fp32", min(table.values()))))
         if dtype.startswith("fp8") and "fp8" in table:
             return table["fp8"]
         return table.get("fp32", min(table.values()))
