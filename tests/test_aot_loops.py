@@ -238,4 +238,6 @@ def test_every_llama_loop_kernel_builds_for_every_target(llama, tmp_path):
         if not v.ok:
             failures.append(f"{k.name}: {v.failures}")
     assert not failures, "\n".join(failures)
-    assert len(kernels) == len(targets) * len(loops(llama))
+    # one Triton kernel per loop kernel and target; FlyDSL's loop templates add gfx950 ones
+    assert len([k for k in kernels if k.template.backend == "triton"]) == len(targets) * len(loops(llama))
+    assert {k.target.arch for k in kernels if k.template.backend != "triton"} <= {"gfx950"}
