@@ -118,6 +118,21 @@ class LoopKernel:
     def nodes(self) -> list[Node]:
         return toposort(self.roots())
 
+    def used_vars(self) -> set[sympy.Symbol]:
+        """The loop variables some store index, load index or ``index`` node reads: the only
+        ones an emitter must compute from the flat index."""
+        used: set[sympy.Symbol] = set()
+        for s in self.stores:
+            for e in s.index:
+                used |= sympy.sympify(e).free_symbols
+        for node in self.nodes():
+            if node.op == "load":
+                for e in node.arg[1]:
+                    used |= e.free_symbols
+            elif node.op == "index":
+                used |= node.arg.free_symbols
+        return used
+
     def size_symbols(self) -> list[sympy.Symbol]:
         """Size symbols the kernel needs as arguments, in canonical order."""
         syms: set[sympy.Symbol] = set()

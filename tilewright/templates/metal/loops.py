@@ -186,17 +186,7 @@ class _Body:
 
     # -- pieces ---------------------------------------------------------------------------------
     def _used_vars(self) -> set[sympy.Symbol]:
-        used: set[sympy.Symbol] = set()
-        for s in self.k.stores:
-            for e in s.index:
-                used |= sympy.sympify(e).free_symbols
-        for node in self.k.nodes():
-            if node.op == "load":
-                for e in node.arg[1]:
-                    used |= e.free_symbols
-            elif node.op == "index":
-                used |= node.arg.free_symbols
-        return used
+        return self.k.used_vars()
 
     def decompose(self, flat: str, vars_, ranges) -> None:
         """Lines defining each used variable from the flat index (row-major)."""

@@ -155,16 +155,7 @@ class _Body:
     # -- pieces -----------------------------------------------------------------------------------
     def decompose(self, flat: str, vars_, ranges) -> None:
         """Lines defining each used variable from the flat index (row-major)."""
-        used: set[sympy.Symbol] = set()
-        for s in self.k.stores:
-            for e in s.index:
-                used |= sympy.sympify(e).free_symbols
-        for node in self.k.nodes():
-            if node.op == "load":
-                for e in node.arg[1]:
-                    used |= e.free_symbols
-            elif node.op == "index":
-                used |= node.arg.free_symbols
+        used = self.k.used_vars()
         inner = sympy.Integer(1)
         for v, size in reversed(list(zip(vars_, ranges))):
             if v in used:
