@@ -14,8 +14,7 @@ floor divisions and remainders that :func:`simplify` removes where the variable 
 from __future__ import annotations
 
 import functools
-import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import sympy
 import sympy.printing.str
@@ -408,3 +407,27 @@ class CodePrinter(sympy.printing.str.StrPrinter):
 def code(e: Expr, names: dict[sympy.Symbol, str] | None = None) -> str:
     """``e`` as Python/Triton integer code (see :class:`CodePrinter`)."""
     return CodePrinter(names).doprint(sympy.sympify(e))
+
+
+def unflatten(flat: str, variables_: Sequence[sympy.Symbol], ranges: Sequence[sympy.Expr],
+              used: set[sympy.Symbol], code: Callable[[sympy.Expr], str], div: str = "//"
+              ) -> list[tuple[sympy.Symbol, str]]:
+    """Each used variable of a row-major loop nest as code over the flat index ``flat``:
+    ``(flat div inner) % size``, without the division for the innermost variable and the
+    remainder for the outermost. ``code`` prints a size, ``div`` is the language's integer
+    division ("//" in Python-like kernels, "/" in C++-like ones); flat indices are never
+    negative, so truncating and flooring division agree here."""
+    out: list[tuple[sympy.Symbol, str]] = []
+    inner = sympy.Integer(1)
+    for v, size in reversed(list(zip(variables_, ranges))):
+        if v in used:
+            outermost = v is variables_[0]
+            if inner == 1:
+                text = flat if outermost else f"{flat} % ({code(size)})"
+            elif outermost:
+                text = f"{flat} {div} ({code(inner)})"
+            else:
+                text = f"({flat} {div} ({code(inner)})) % ({code(size)})"
+            out.append((v, text))
+        inner = inner * size
+    return out

@@ -42,7 +42,7 @@ import torch
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import CodePrinter, static_or_hint
+from tilewright.ir.index import CodePrinter, static_or_hint, unflatten
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.aot import AotSpec
@@ -142,28 +142,13 @@ class _Body:
         raise UnsupportedProblemError("a reduction outside its pass")
 
     # -- pieces -----------------------------------------------------------------------------------
-    def _used_vars(self) -> set[sympy.Symbol]:
-        return self.k.used_vars()
-
     def decompose(self, flat: str, vars_, ranges, suffix: str = "") -> None:
         """Lines defining each used variable from the flat index (row-major). ``suffix`` makes a
         loop's variables its own, so FlyDSL's loop rewriter never sees them carried across loops."""
-        used = self._used_vars()
-        inner = sympy.Integer(1)
-        for v, size in reversed(list(zip(vars_, ranges))):
-            if v in used:
-                name = f"{v.name}{suffix}"
-                size_code, inner_code = fcode(size, self.names), fcode(inner, self.names)
-                if inner == 1 and v is vars_[0]:
-                    self.e.line(f"{name} = {flat}")
-                elif inner == 1:
-                    self.e.line(f"{name} = {flat} % ({size_code})")
-                elif v is vars_[0]:
-                    self.e.line(f"{name} = {flat} // ({inner_code})")
-                else:
-                    self.e.line(f"{name} = ({flat} // ({inner_code})) % ({size_code})")
-                self.names[v] = name
-            inner = inner * size
+        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: fcode(e, self.names)):
+            name = f"{v.name}{suffix}"
+            self.e.line(f"{name} = {text}")
+            self.names[v] = name
 
     def store(self, s) -> None:
         buf = self.k.buffer(s.buffer)

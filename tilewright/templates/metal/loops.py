@@ -29,7 +29,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import code, offset
+from tilewright.ir.index import code, offset, unflatten
 from tilewright.ir.kernel import LoopKernel, Store
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
@@ -185,27 +185,10 @@ class _Body:
         return red
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _used_vars(self) -> set[sympy.Symbol]:
-        return self.k.used_vars()
-
     def decompose(self, flat: str, vars_, ranges) -> None:
         """Lines defining each used variable from the flat index (row-major)."""
-        used = self._used_vars()
-        inner = sympy.Integer(1)
-        for v, size in reversed(list(zip(vars_, ranges))):
-            if v in used:
-                size_code = index_code(size, self.names)
-                inner_code = index_code(inner, self.names)
-                if inner == 1 and v is vars_[0]:
-                    text = flat
-                elif inner == 1:
-                    text = f"{flat} % ({size_code})"
-                elif v is vars_[0]:
-                    text = f"{flat} / ({inner_code})"
-                else:
-                    text = f"({flat} / ({inner_code})) % ({size_code})"
-                self.e.line(f"const {self.idx} {v.name} = {text};")
-            inner = inner * size
+        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: index_code(e, self.names), "/"):
+            self.e.line(f"const {self.idx} {v.name} = {text};")
 
     def _on_r_store(self, s: Store) -> bool:
         return self.reduction and (self.k.depends_on_r(s.value)

@@ -38,7 +38,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import CodePrinter, offset, provably_nonnegative
+from tilewright.ir.index import CodePrinter, offset, provably_nonnegative, unflatten
 from tilewright.ir.index import code as py_code
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
@@ -155,20 +155,8 @@ class _Body:
     # -- pieces -----------------------------------------------------------------------------------
     def decompose(self, flat: str, vars_, ranges) -> None:
         """Lines defining each used variable from the flat index (row-major)."""
-        used = self.k.used_vars()
-        inner = sympy.Integer(1)
-        for v, size in reversed(list(zip(vars_, ranges))):
-            if v in used:
-                size_code, inner_code = ccode(size, self.names), ccode(inner, self.names)
-                if inner == 1 and v is vars_[0]:
-                    self.e.line(f"const int64_t {v.name} = {flat};")
-                elif inner == 1:
-                    self.e.line(f"const int64_t {v.name} = {flat} % ({size_code});")
-                elif v is vars_[0]:
-                    self.e.line(f"const int64_t {v.name} = {flat} / ({inner_code});")
-                else:
-                    self.e.line(f"const int64_t {v.name} = ({flat} / ({inner_code})) % ({size_code});")
-            inner = inner * size
+        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: ccode(e, self.names), "/"):
+            self.e.line(f"const int64_t {v.name} = {text};")
 
     def store(self, s) -> None:
         buf = self.k.buffer(s.buffer)

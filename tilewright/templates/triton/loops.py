@@ -19,7 +19,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import code, offset
+from tilewright.ir.index import code, offset, unflatten
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.aot import AotSpec
@@ -27,7 +27,7 @@ from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.templates.base import (
     SUPPORTED, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
-from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr, literal
+from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr
 from tilewright.templates.triton.descriptors import MIN_DESC_RBLOCK, DescriptorPlan, plan_descriptors
 
 INT32_MAX = 2**31 - 1
@@ -214,21 +214,8 @@ class _Body:
     # -- pieces ---------------------------------------------------------------------------------
     def decompose(self, flat: str, vars_, ranges) -> None:
         """Lines defining each variable from the flat index (row-major)."""
-        used = self.k.used_vars()
-        inner = sympy.Integer(1)
-        for v, size in reversed(list(zip(vars_, ranges))):
-            if v in used:
-                size_code = code(size, self.names)
-                inner_code = code(inner, self.names)
-                if inner == 1 and v is vars_[0]:
-                    self.e.line(f"{v.name} = {flat}")
-                elif inner == 1:
-                    self.e.line(f"{v.name} = {flat} % ({size_code})")
-                elif v is vars_[0]:
-                    self.e.line(f"{v.name} = {flat} // ({inner_code})")
-                else:
-                    self.e.line(f"{v.name} = ({flat} // ({inner_code})) % ({size_code})")
-            inner = inner * size
+        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: code(e, self.names)):
+            self.e.line(f"{v.name} = {text}")
 
     def store(self, s) -> None:
         buf = self.k.buffer(s.buffer)
