@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import tilewright
 from tilewright.autotune.kinds import KINDS, kind_of, problem_from_json
+from tilewright.compiler.report import collect_reports
 from tilewright.grouped import (
     GroupedGemmProblem, make_inputs, poisoned_output, reference, run, synthetic_offsets,
 )
@@ -151,25 +152,23 @@ def test_select_forced_triton_checks_against_reference(cpu, fresh_cache):
     assert sel.winner.template_id in TRITON
 
 
+def grouped_kernels(reports) -> list[tuple[GroupedGemmProblem, str]]:
+    """(problem, winning template) of every grouped-GEMM kernel the graph reports list: grouped
+    GEMMs are chosen in the pipeline's select stage, so the reports hold them."""
+    return [(problem_from_json(k.problem_json), k.winner.split("[")[0])
+            for r in reports for k in r.kernels if k.kind == "grouped_gemm"]
+
+
 def _compiled_calls(fn, *args):
-    import tilewright.kernels.grouped as kg
-
-    calls, orig = [], kg.tuned_launcher
-
-    def spy(problem, device):
-        launch = orig(problem, device)
-        assert launch.rendered.template_id in TRITON, launch.rendered.template_id
-        calls.append((problem.case, problem.glu))
-        return launch
-    kg.tuned_launcher = spy
-    try:
-        with tilewright.config.patch(force_backend="triton"):
-            out = torch.compile(fn, backend="tilewright")(*args)
-            if out.requires_grad:
-                out.float().square().sum().backward()
-    finally:
-        kg.tuned_launcher = orig
-    return out, calls
+    """Compile and run ``fn`` (and its backward) with Triton forced; (output, (case, glu) of
+    each grouped kernel the graphs compiled), every one a Triton grouped kernel."""
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        out = torch.compile(fn, backend="tilewright")(*args)
+        if out.requires_grad:
+            out.float().square().sum().backward()
+    found = grouped_kernels(reports)
+    assert all(t in TRITON for _, t in found), found
+    return out, [(p.case, p.glu) for p, _ in found]
 
 
 def test_compile_grouped_mm_forward_and_backward():
@@ -213,15 +212,9 @@ def test_compile_grouped_mm_3d_cases(case):
 def test_compile_auto_on_cpu_runs_aten_grouped_mm():
     offs = torch.tensor([3, 3, 16], dtype=torch.int32)
     a, b = torch.randn(16, 16, dtype=torch.bfloat16), torch.randn(3, 16, 16, dtype=torch.bfloat16)
-    import tilewright.kernels.grouped as kg
-
-    calls, orig = [], kg.tuned_launcher
-    kg.tuned_launcher = lambda p, d: calls.append(p.case) or orig(p, d)
-    try:
+    with collect_reports() as reports:
         out = torch.compile(lambda a, b, o: F.grouped_mm(a, b, offs=o), backend="tilewright")(a, b, offs)
-    finally:
-        kg.tuned_launcher = orig
-    assert calls == ["2d3d"]
+    assert [(p.case, t) for p, t in grouped_kernels(reports)] == [("2d3d", "aten.grouped_gemm")]
     torch.testing.assert_close(out, F.grouped_mm(a, b, offs=offs))
 
 
@@ -233,7 +226,7 @@ def test_qwen3_moe_grouped_mm_experts_use_the_grouped_template(monkeypatch):
     ``_grouped_mm`` left to ATen. (The backend once differed from eager by 5e-2 here: a cat's
     mask pushed into a fused reduction, see tests/test_moe_demo.py.)"""
     transformers = pytest.importorskip("transformers")
-    import tilewright.compiler.lower as lower
+    import tilewright.compiler.lower_grouped as lower_grouped
 
     cfg = transformers.Qwen3MoeConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
@@ -249,7 +242,7 @@ def test_qwen3_moe_grouped_mm_experts_use_the_grouped_template(monkeypatch):
         # gate_up (with the SwiGLU) and down, two layers
         assert calls == [("2d3d", "silu"), ("2d3d", "")] * 2
         torch._dynamo.reset()
-        monkeypatch.setattr(lower, "lower_grouped_mm", lambda node: False)
+        monkeypatch.setattr(lower_grouped, "lower_grouped_mm", lambda node: False)
         with tilewright.config.patch(force_backend="triton"):
             base = torch.compile(lambda i: model(i).logits, backend="tilewright")(ids)
     assert ((out.double() - base.double()).norm() / base.double().norm()).item() < 2e-2
@@ -290,22 +283,11 @@ def test_no_tokens_writes_nothing_and_returns(cpu):
 
 @pytest.mark.parametrize("act,fn", [("silu", F.silu), ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"))])
 def test_compile_folds_a_lone_activation_into_the_grouped_kernel(act, fn):
-    import tilewright.kernels.grouped as kg
-
     offs = torch.tensor([0, 5, 32], dtype=torch.int32)
     a, b = torch.randn(32, 16, dtype=torch.bfloat16), torch.randn(3, 16, 16, dtype=torch.bfloat16)
-    seen, orig = [], kg.tuned_launcher
-
-    def spy(problem, device):
-        seen.append(problem)
-        return orig(problem, device)
-    kg.tuned_launcher = spy
-    try:
-        with torch.no_grad(), tilewright.config.patch(force_backend="triton"):
-            out = torch.compile(lambda a, b, o: fn(F.grouped_mm(a, b, offs=o)), backend="tilewright")(a, b, offs)
-    finally:
-        kg.tuned_launcher = orig
-    assert [p.epilogue for p in seen] == [(EpilogueOp(act),)]
+    with torch.no_grad(), tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        out = torch.compile(lambda a, b, o: fn(F.grouped_mm(a, b, offs=o)), backend="tilewright")(a, b, offs)
+    assert [p.epilogue for p, _ in grouped_kernels(reports)] == [(EpilogueOp(act),)]
     ref = fn(F.grouped_mm(a, b, offs=offs))
     assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 2e-2
 
@@ -404,21 +386,10 @@ def test_other_products_stay_unfused_and_correct(f):
 
 
 def test_compile_fuses_swiglu_and_cast_and_matches_eager():
-    import tilewright.kernels.grouped as kg
-
     a, b, offs = _swiglu_inputs(2)
-    seen, orig = [], kg.tuned_launcher
-
-    def spy(problem, device):
-        seen.append(problem)
-        return orig(problem, device)
-    kg.tuned_launcher = spy
-    try:
-        with torch.no_grad(), tilewright.config.patch(force_backend="triton"):
-            out = torch.compile(_swiglu_chunk, backend="tilewright")(a, b, offs)
-    finally:
-        kg.tuned_launcher = orig
-    assert [(p.glu, p.out_dtype, p.N) for p in seen] == [("silu", "fp32", 64)]
+    with torch.no_grad(), tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        out = torch.compile(_swiglu_chunk, backend="tilewright")(a, b, offs)
+    assert [(p.glu, p.out_dtype, p.N) for p, _ in grouped_kernels(reports)] == [("silu", "fp32", 64)]
     ref = _swiglu_chunk(a, b, offs)
     assert out.dtype == torch.float32 and _rel(out, ref) < 2e-2
 
@@ -487,3 +458,71 @@ def test_offsets_past_the_total_or_out_of_order_stay_inside_the_operands(case, o
     rows = slice(0, clamped[-1])  # 2d3d rows past the last offset belong to no group
     err, tol = KINDS["grouped_gemm"].error(p, out[rows], ref[rows], False)
     assert err <= tol, (template_id, err)
+
+
+# -- grouped GEMMs as kernels of the pipeline (issue 17): chosen in the select stage, reported ------
+def _grouped_reference(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """2d3d in float64, group by group."""
+    out, start = torch.zeros(a.shape[0], b.shape[-1], dtype=torch.float64), 0
+    for g, end in enumerate(offs.tolist()):
+        out[start:end] = a[start:end].double() @ b[g].double()
+        start = end
+    return out
+
+
+def _moe_inputs(tokens: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(tokens, 16, generator=gen).bfloat16()  # torch's meta _grouped_mm takes bf16 only
+    b = torch.randn(3, 16, 24, generator=gen).bfloat16()
+    offs = torch.tensor([0, tokens // 3, tokens], dtype=torch.int32)  # an empty group first
+    return a, b, offs
+
+
+def test_graph_report_lists_the_grouped_kernel_chosen_in_select():
+    """Before, ``_grouped_mm`` stayed an extern call tuned on its first call: no graph report
+    listed it. Now it is a kernel of the graph, chosen in the select stage (Triton forced, the
+    interpreter), reported with its candidates, and its output matches float64."""
+    a, b, offs = _moe_inputs(37)
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        out = torch.compile(lambda a, b, o: F.grouped_mm(a, b, offs=o), backend="tilewright")(a, b, offs)
+    assert _rel(out, _grouped_reference(a, b, offs)) < 1e-2  # bf16 output
+    (graph,) = reports
+    (k,) = [k for k in graph.kernels if k.kind == "grouped_gemm"]
+    assert k.winner.split("[")[0] in TRITON and k.candidates and "2d3d" in k.problem
+    assert problem_from_json(k.problem_json) == GroupedGemmProblem(
+        "2d3d", 3, 64, 24, 16, "bf16", dynamic=frozenset({"M"}))  # 37 tokens: the bucket of 64
+    assert graph.kernel_counts == {"grouped_gemm": 1} and graph.extern_ops == 0 and graph.launches == 1
+
+
+def test_a_failing_grouped_kernel_costs_that_kernel_only(monkeypatch):
+    """A generated grouped kernel that fails to render runs on ATen's grouped GEMM, with a
+    warning; the graph compiles and the output is right."""
+    from tilewright.errors import KernelCompileError
+
+    def broken(self, problem, params, target):
+        raise KernelCompileError("test: this template is broken")
+    for tid in TRITON:
+        monkeypatch.setattr(type(get_template(tid)), "render", broken)
+    a, b, offs = _moe_inputs(40, seed=1)
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend="triton", strict=False), collect_reports() as reports, \
+            pytest.warns(RuntimeWarning, match="that kernel runs on ATen"):
+        out = torch.compile(lambda a, b, o: F.relu(F.grouped_mm(a, b, offs=o)), backend="tilewright")(a, b, offs)
+    assert _rel(out, _grouped_reference(a, b, offs).relu()) < 1e-2
+    (k,) = [k for r in reports for k in r.kernels if k.kind == "grouped_gemm"]
+    assert k.winner == "aten.grouped_gemm" and "failed" in k.reason
+
+
+def test_a_grouped_kernel_dispatches_token_counts_to_their_buckets():
+    """A dynamic token count (the ragged total): one kernel node, a kernel per bucket of it,
+    the offsets read on the device."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b, o: F.grouped_mm(a, b, offs=o), backend="tilewright")
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        for tokens in (37, 20, 50):
+            a, b, offs = _moe_inputs(tokens, seed=tokens)
+            torch._dynamo.mark_dynamic(a, 0)
+            assert _rel(f(a, b, offs), _grouped_reference(a, b, offs)) < 1e-2, tokens
+    problems = [problem_from_json(k.problem_json) for r in reports for k in r.kernels if k.kind == "grouped_gemm"]
+    assert len(problems) == 1 and problems[0].dynamic == frozenset({"M"})  # one graph, every size

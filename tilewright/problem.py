@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from tilewright.ir.kernel import LoopKernel
@@ -160,6 +160,8 @@ class GemmProblem:
     store_acc: bool = False
     acc_after: int = 0
     epilogue_ir: str = ""
+
+    kind: ClassVar[str] = "gemm"  # the problem kind (tilewright.kinds); not a field, not in the JSON
 
     def __post_init__(self) -> None:
         if self.epilogue_ir and self.epilogue:

@@ -41,7 +41,6 @@ import filelock
 
 from tilewright.autotune.files import special_file_reason
 from tilewright.errors import CacheFileError
-from tilewright.problem import GemmProblem
 
 log = logging.getLogger("tilewright.autotune")
 FORMAT = "tilewright-tuning/1"
@@ -101,7 +100,7 @@ class ProblemKey:
     (:func:`measurement_rules`).
     """
 
-    problem: GemmProblem
+    problem: Any  # a problem of any registered kind (tilewright.kinds)
     target: str
     torch_version: str
     triton_version: str
@@ -111,13 +110,13 @@ class ProblemKey:
     @staticmethod
     def from_entry(entry: dict[str, Any]) -> "ProblemKey":
         """The key an entry's JSON holds (its own fields, never the id it is filed under)."""
-        from tilewright.autotune.kinds import problem_from_json
+        from tilewright.kinds import problem_from_json
 
         return ProblemKey(problem_from_json(entry["problem"]), entry["target"], entry["torch_version"],
                           entry["triton_version"], entry["tilewright_version"], entry.get("rules", ""))
 
     @staticmethod
-    def for_problem(problem: GemmProblem, target: str) -> "ProblemKey":
+    def for_problem(problem: Any, target: str) -> "ProblemKey":
         v = current_versions()
         return ProblemKey(problem, target, v["torch"], v["triton"], v["tilewright"], measurement_rules())
 

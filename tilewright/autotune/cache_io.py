@@ -19,11 +19,10 @@ from typing import Any, Iterable
 
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.files import check_replaceable, json_object
-from tilewright.autotune.kinds import problem_from_json
+from tilewright.kinds import problem_from_json
 from tilewright.autotune.cache import (FORMAT, ProblemKey, Record, TuningCache, current_versions,
                                        entry_problem, record_problem)
 from tilewright.errors import TilewrightError
-from tilewright.problem import GemmProblem
 
 log = logging.getLogger("tilewright.autotune")
 BUNDLE_FORMAT = "tilewright-tuning-bundle/1"

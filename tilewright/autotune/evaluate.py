@@ -28,7 +28,7 @@ from tilewright._config import config
 from tilewright.autotune.bench import time_callable
 from tilewright.autotune.cache import Record
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.kinds import kind_of
+from tilewright.kinds import kind_of
 from tilewright.runtime.targets import get_target, sycl_on_cpu
 
 # errors after which a process's device state cannot be trusted (a worker is replaced)
@@ -47,7 +47,7 @@ class EvalTask:
     device string ("cpu", "cuda:1").
     """
 
-    problem: Any  # GemmProblem | LoopProblem
+    problem: Any  # a problem of any registered kind (tilewright.kinds)
     candidate: Candidate
     target: str
     device: str

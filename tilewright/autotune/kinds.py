@@ -1,167 +1,36 @@
-"""Problem kinds, as the autotuner sees them: how to make inputs, poisoned outputs, run a
-launcher, and judge its result against the reference. One entry per kind ("gemm", and the loop
-kinds "pointwise" and "reduction"); select, evaluate, warm and bench go through these and know no
-kind themselves."""
+"""Where the problem kinds used to be listed; they are registered in :mod:`tilewright.kinds` now.
+
+Kept so that code importing the old names keeps working: ``KINDS`` (name -> kind, a live view of
+the registry), ``kind_of``, ``kind_name``, ``problem_from_json`` and the loop kind's input and
+error helpers (:mod:`tilewright.kinds.loop`). New code imports from :mod:`tilewright.kinds`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from collections.abc import Mapping
+from typing import Any, Iterator
 
-import torch
-
-from tilewright.autotune import inputs as gemm_inputs
-from tilewright.ir import dtypes
-from tilewright.ir.index import static_or_hint
-from tilewright import grouped
-from tilewright.problem import GemmProblem, LoopProblem
-
-# ‖out − ref‖ / ‖ref‖ allowed per output dtype (integers and booleans: the fraction of elements
-# that differ)
-LOOP_TOLERANCE = {"fp64": 1e-10, "fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2}
-DISCRETE_TOLERANCE = 1e-3
+from tilewright.kinds import ProblemKind, get_kind, kind_name, kind_names, kind_of, problem_from_json
+from tilewright.kinds.loop import (  # noqa: F401 - re-exported
+    DISCRETE_TOLERANCE, LOOP_TOLERANCE, LoopInputs, _loop_error, _loop_run, loop_error, make_loop_inputs,
+    poisoned_loop_outputs,
+)
 
 
-@dataclass
-class LoopInputs:
-    """Tensors for one run of a loop kernel: its inputs (in their traced layouts) and the values
-    of its size symbols."""
+class _Registry(Mapping):
+    """Kind name -> :class:`~tilewright.kinds.ProblemKind`, read from the registry at each use."""
 
-    tensors: list[torch.Tensor]
-    sizes: list[int]
+    def __getitem__(self, name: str) -> ProblemKind:
+        return get_kind(name)
 
-    def as_reference(self) -> "LoopInputs":
-        return self  # the torch emitter converts to float64 itself
+    def __iter__(self) -> Iterator[str]:
+        return iter(kind_names())
 
-
-def _strided_random(shape: Sequence[int], stride: Sequence[int], dtype: str, device: torch.device,
-                    gen: torch.Generator, bounds: tuple[int, int] | None) -> torch.Tensor:
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(n > 0 for n in shape) else 0
-    if dtype == "bool":
-        base = torch.randint(0, 2, (span,), generator=gen).bool()
-    elif dtypes.is_int(dtype) and bounds:
-        lo, hi = bounds
-        base = torch.randint(lo, max(hi, lo + 1), (span,), generator=gen).to(dtypes.TORCH[dtype])
-    elif dtypes.is_int(dtype):
-        # never zero (an integer divisor of 0 raises in the reference); both signs but for u8
-        base = torch.randint(1, 16, (span,), generator=gen)
-        if dtype != "u8":
-            base = base * (torch.randint(0, 2, (span,), generator=gen) * 2 - 1)
-        base = base.to(dtypes.TORCH[dtype])
-    else:
-        base = torch.randn(span, generator=gen).to(dtypes.TORCH[dtype])
-    return base.to(device).as_strided(tuple(shape), tuple(stride))
+    def __len__(self) -> int:
+        return len(kind_names())
 
 
-def make_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int = 0) -> LoopInputs:
-    """Random inputs (normal floats, never zeros; integers inside their index bounds) laid out
-    as traced, and the sizes the problem is tuned at."""
-    device = torch.device(device)
-    gen = torch.Generator().manual_seed(seed)
-    sizes = problem.size_map
-    tensors = []
-    for b in problem.kernel.inputs:
-        shape = [static_or_hint(s, sizes) for s in b.shape]
-        stride = [static_or_hint(s, sizes) for s in b.stride]
-        tensors.append(_strided_random(shape, stride, b.dtype, device, gen, b.bounds))
-    return LoopInputs(tensors, [static_or_hint(s, sizes) for s in problem.kernel.size_symbols()])
+KINDS: Mapping[str, Any] = _Registry()
 
-
-# integers: a value the type holds (a uint8 cannot hold -12345) that kernels rarely write
-_POISON = {"bool": True, "u8": 251, "i8": -123}
-
-
-def poisoned_loop_outputs(problem: LoopProblem, device: torch.device | str) -> tuple[torch.Tensor, ...]:
-    """Output buffers full of NaN (integers: a value no kernel writes here), in the kernel's
-    layout, so elements a kernel fails to write show up."""
-    sizes = problem.size_map
-    outs = []
-    for b in problem.kernel.outputs:
-        shape = [static_or_hint(s, sizes) for s in b.shape]
-        stride = [static_or_hint(s, sizes) for s in b.stride]
-        t = torch.empty_strided(shape, stride, dtype=dtypes.TORCH[b.dtype], device=device)
-        fill = float("nan") if dtypes.is_float(b.dtype) else _POISON.get(b.dtype, -12345)
-        t.fill_(fill)
-        outs.append(t)
-    return tuple(outs)
-
-
-def loop_error(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> float:
-    """Relative error of one output. Non-finite reference values (log of a negative input) must
-    be matched exactly (NaN by NaN, inf by the same inf); integer and boolean outputs count the
-    fraction of elements that differ."""
-    o, r = out.detach().cpu(), ref.detach().cpu()
-    if o.shape != r.shape:
-        return float("inf")
-    if not dtypes.is_float(dtype):
-        return (o.to(torch.float64) != r.to(torch.float64)).double().mean().item() if o.numel() else 0.0
-    o, r = o.double(), r.double()
-    finite = torch.isfinite(r)
-    if not torch.equal(torch.isnan(o), torch.isnan(r)) or not torch.equal(o[torch.isinf(r)], r[torch.isinf(r)]):
-        return float("inf")
-    if (~torch.isfinite(o[finite])).any():
-        return float("inf")
-    num, den = (o[finite] - r[finite]).norm().item(), r[finite].norm().item()
-    return num / den if den > 0 else num
-
-
-@dataclass(frozen=True)
-class Kind:
-    """What the autotuner needs to know of one problem kind."""
-
-    name: str
-    make_inputs: Callable[[Any, torch.device | str, int], Any]
-    poisoned: Callable[[Any, torch.device | str], Any]
-    run: Callable[[Callable, Any, Any], Any]
-    error: Callable[[Any, Any, Any, bool], tuple[float, float]]
-
-
-def _gemm_run(launch: Callable, x: gemm_inputs.GemmInputs, out: torch.Tensor) -> torch.Tensor:
-    return launch(x.a, x.b, *x.epilogue_inputs, out=out, **x.scale_kwargs)
-
-
-def _gemm_error(problem: GemmProblem, result: torch.Tensor, ref: torch.Tensor, tf32: bool) -> tuple[float, float]:
-    return gemm_inputs.rel_error(result, ref), gemm_inputs.tolerance(problem, tf32)
-
-
-def _loop_run(launch: Callable, x: LoopInputs, outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return tuple(launch(*x.tensors, *x.sizes, outs=outs))
-
-
-def _loop_error(problem: LoopProblem, result: Sequence[torch.Tensor], ref: Sequence[torch.Tensor],
-                tf32: bool) -> tuple[float, float]:
-    """The worst output's error relative to its own tolerance (returned as (error, tolerance))."""
-    worst_err, worst_tol = 0.0, 1.0
-    for b, o, r in zip(problem.kernel.outputs, result, ref):
-        tol = LOOP_TOLERANCE.get(b.dtype, DISCRETE_TOLERANCE)
-        err = loop_error(o, r, b.dtype)
-        if err != err or err / tol > worst_err / worst_tol:
-            worst_err, worst_tol = err, tol
-    return worst_err, worst_tol
-
-
-KINDS: dict[str, Kind] = {
-    "gemm": Kind("gemm", gemm_inputs.make_inputs, gemm_inputs.poisoned_output, _gemm_run, _gemm_error),
-    "pointwise": Kind("pointwise", make_loop_inputs, poisoned_loop_outputs, _loop_run, _loop_error),
-    "reduction": Kind("reduction", make_loop_inputs, poisoned_loop_outputs, _loop_run, _loop_error),
-    # synthetic even, aligned offsets (tilewright.grouped.synthetic_offsets)
-    "grouped_gemm": Kind("grouped_gemm", grouped.make_inputs, grouped.poisoned_output, grouped.run, grouped.error),
-}
-
-
-def kind_name(problem: Any) -> str:
-    return "gemm" if isinstance(problem, GemmProblem) else problem.kind
-
-
-def kind_of(problem: Any) -> Kind:
-    """The :class:`Kind` of a problem."""
-    return KINDS[kind_name(problem)]
-
-
-def problem_from_json(d: dict) -> Any:
-    """A problem back from its ``to_json()`` (loop problems carry a "kind")."""
-    if d.get("kind") in ("pointwise", "reduction"):
-        return LoopProblem.from_json(d)
-    if d.get("kind") == "grouped_gemm":
-        return grouped.GroupedGemmProblem.from_json(d)
-    return GemmProblem.from_json(d)
+__all__ = ["DISCRETE_TOLERANCE", "KINDS", "LOOP_TOLERANCE", "LoopInputs", "kind_name", "kind_of", "loop_error",
+           "make_loop_inputs", "poisoned_loop_outputs", "problem_from_json"]

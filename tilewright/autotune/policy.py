@@ -182,15 +182,9 @@ POLICIES: dict[tuple[str, str], Callable[[], GemmPolicy]] = {
 
 
 def policy_for(op: str, target: Target):
-    """The candidate policy for a problem kind ("gemm", "pointwise", "reduction") on a target
-    (targets without one get ATen only)."""
-    if op in ("pointwise", "reduction"):
-        from tilewright.autotune.loop_policy import LoopPolicy
+    """The candidate policy for a problem kind ("gemm", "pointwise", "reduction", "grouped_gemm",
+    any registered kind) on a target: the kind's own (:meth:`tilewright.kinds.ProblemKind.policy`;
+    GEMMs: ``POLICIES`` by target backend, targets without one get ATen only)."""
+    from tilewright.kinds import policy_for as kind_policy  # the registry imports this module
 
-        return LoopPolicy(op)
-    if op == "grouped_gemm":
-        from tilewright.autotune.grouped_policy import GroupedGemmPolicy
-
-        return GroupedGemmPolicy()
-    factory = POLICIES.get((op, target.backend))
-    return factory() if factory else GemmPolicy(())
+    return kind_policy(op, target)

@@ -39,8 +39,7 @@ from tilewright._config import config
 from tilewright.autotune.cache import ProblemKey, Record, TuningCache, default_cache
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.evaluate import EvalOutcome, EvalTask, evaluate, forget_inputs
-from tilewright.autotune.kinds import kind_name
-from tilewright.autotune.policy import policy_for
+from tilewright.kinds import kind_name, kind_of, policy_for
 from tilewright.autotune.pool import WorkerPool, acquire_pool
 from tilewright.errors import NoValidCandidateError
 from tilewright.runtime.targets import Target
@@ -75,7 +74,7 @@ class CandidateResult:
 class Selection:
     """The chosen candidate and what was learned about every candidate considered."""
 
-    problem: Any  # GemmProblem | LoopProblem
+    problem: Any  # a problem of any registered kind (tilewright.kinds)
     target: Target
     winner: Candidate
     results: list[CandidateResult] = field(default_factory=list)
@@ -233,9 +232,9 @@ def select(problem: Any, target: Target, factory: KernelFactory, *,
     candidates run on real tensors.
 
     Args:
-        problem: a :class:`~tilewright.problem.GemmProblem` or
-            :class:`~tilewright.problem.LoopProblem`, at concrete sizes (a dynamic problem at
-            its bucket).
+        problem: a problem of any registered kind (:mod:`tilewright.kinds`: a
+            :class:`~tilewright.problem.GemmProblem`, :class:`~tilewright.problem.LoopProblem`,
+            ...), at concrete sizes (a dynamic problem at its bucket).
         target: the chip to choose for.
         factory: builds launchers (must be picklable when candidates run isolated).
         cache: the tuning cache (default: the one under ``config.cache_dir``).
@@ -260,10 +259,10 @@ select_gemm = select  # the name GEMM callers knew
 
 
 def _untimed(problem: Any, candidates: list[Candidate]) -> bool:
-    """A loop kernel with only its torch form (a CPU not forcing Triton) has nothing to choose
-    between: it is not measured and leaves no record. GEMMs still time ATen, whose record
-    `warm` ships."""
-    return len(candidates) == 1 and candidates[0].backend == "aten" and kind_name(problem) != "gemm"
+    """A problem with only its ATen candidate (a loop kernel's torch form on a CPU not forcing
+    Triton) has nothing to choose between: it is not measured and leaves no record, unless its
+    kind times ATen alone (``tune_aten_alone``: GEMMs, whose ATen record `warm` ships)."""
+    return len(candidates) == 1 and candidates[0].backend == "aten" and not kind_of(problem).tune_aten_alone
 
 
 def leaves_no_record(problem: Any, target: Target) -> bool:

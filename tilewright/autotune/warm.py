@@ -8,7 +8,7 @@ candidates measured before. Locally the candidates of a problem are spread over 
 local GPU (:mod:`tilewright.autotune.pool`); for a fleet, :mod:`tilewright.autotune.warm_ray`
 runs one Ray task per problem and merges the results into the same cache.
 
-A dynamic problem (``GemmProblem.dynamic``) is expanded to every bucket up to its size or
+A dynamic problem (``problem.dynamic``) is expanded to every bucket up to its size or
 ``max_m`` (see :mod:`tilewright.autotune.buckets`), so a server never tunes on a request.
 """
 
@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from tilewright._config import config
-from tilewright.autotune.buckets import all_buckets
 from tilewright.autotune.cache import ProblemKey, TuningCache, default_cache
 from tilewright.autotune.files import check_replaceable, json_object
 from tilewright.autotune.pool import pool_scope
 from tilewright.autotune.select import leaves_no_record, local_devices, select_gemm
 from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
-from tilewright.problem import GemmProblem
+from tilewright.kinds import kind_of
 from tilewright.runtime.targets import Target
 
 log = logging.getLogger("tilewright.autotune")
@@ -42,19 +41,13 @@ class WarmError(TilewrightError):
 
 
 def expand_buckets(problems: Iterable[NamedProblem], max_m: int | None = None) -> list[NamedProblem]:
-    """Dynamic problems become one problem per bucket (M up to ``max_m`` or its own size)."""
+    """Dynamic problems become one problem per bucket, as their kind says
+    (:meth:`~tilewright.kinds.ProblemKind.bucket_variants`: a GEMM's M up to ``max_m`` or its
+    own size; loop kernels and grouped GEMMs come at their bucket already)."""
     out: list[NamedProblem] = []
     for item in problems:
-        if not isinstance(item.problem, GemmProblem):  # loop kernels come at their bucket already
-            out.append(item)
-            continue
-        upto = {"M": max_m} if max_m else None
-        variants = all_buckets(item.problem, upto)
-        if len(variants) == 1:
-            out.append(item)
-            continue
-        for p in variants:
-            out.append(NamedProblem(f"{item.name}@M{p.M}", p))
+        for suffix, p in kind_of(item.problem).bucket_variants(item.problem, max_m):
+            out.append(NamedProblem(item.name + suffix, p) if suffix or p is not item.problem else item)
     seen: set = set()
     return [p for p in out if not (p.problem in seen or seen.add(p.problem))]  # type: ignore[func-returns-value]
 

@@ -24,7 +24,7 @@ def _tune_one(problem_json: dict, target_name: str, factory: Any, settings: dict
     """Runs on a Ray worker: tune one problem, return its cache entries and winner."""
     from tilewright._config import config
     from tilewright.autotune.select import select_gemm
-    from tilewright.problem import GemmProblem
+    from tilewright.kinds import problem_from_json
     from tilewright.runtime.targets import get_target
 
     with tempfile.TemporaryDirectory(prefix="tilewright-ray-") as tmp, \
@@ -33,7 +33,7 @@ def _tune_one(problem_json: dict, target_name: str, factory: Any, settings: dict
         if known:
             cache.merge(known)
         try:
-            sel = select_gemm(GemmProblem.from_json(problem_json), get_target(target_name),
+            sel = select_gemm(problem_from_json(problem_json), get_target(target_name),
                               factory, cache=cache)
         except TilewrightError as e:
             return {"error": f"{type(e).__name__}: {e}", "entries": {}, "measured": 0}

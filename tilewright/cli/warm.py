@@ -50,19 +50,15 @@ def gather_problems(args: argparse.Namespace):
     from tilewright.autotune.shapes import NamedProblem, load_shapes, problems_from_shapes
 
     if ":" in args.shapes and not Path(args.shapes).exists():
-        from tilewright.autotune.buckets import bucket_problem
         from tilewright.compiler.capture import capture_kernels, load_model
-        from tilewright.problem import LoopProblem
+        from tilewright.kinds import kind_of
 
         name = args.shapes.split(":")[-1]
         out = []
         for i, c in enumerate(capture_kernels(load_model(args.shapes), train=args.train)):
-            p = c.problem
-            if isinstance(p, LoopProblem):  # tuned at the bucket the compiled model looks up
-                p = bucket_problem(p, dict(p.sizes))
-                out.append(NamedProblem(f"{name}.{i}.{p.kind}.{p.op}", p))
-            else:
-                out.append(NamedProblem(f"{name}.{i}.{p.M}x{p.N}x{p.K}", p))
+            # each at the sizes the compiled model looks up (a loop kernel's bucket), as its kind says
+            for suffix, p in kind_of(c.problem).warm_problems(c.problem):
+                out.append(NamedProblem(f"{name}.{i}.{suffix}", p))
         return out
     data = load_shapes(args.shapes)
     return problems_from_shapes(

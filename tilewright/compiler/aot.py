@@ -1,9 +1,9 @@
 """``tilewright aot``: lower a model once, then build its kernels for chips this machine lacks.
 
-Nothing can be timed, so per target and problem (the GEMMs, the grouped GEMMs and the loop
-kernels, pointwise and reduction, the pipeline makes of the model) the candidate policy of the
-problem's kind (:func:`~tilewright.autotune.policy.policy_for`) proposes tile shapes, the
-analytic cost model ranks them, and the best ``per_template`` of every template that supports
+Nothing can be timed, so per target and problem (the GEMMs, the grouped GEMMs, the loop
+kernels, pointwise and reduction, and the kernels of any other registered kind the pipeline
+makes of the model) the problem's kind (:mod:`tilewright.kinds`) proposes tile shapes with its
+policy, its cost model ranks them, and the best ``per_template`` of every template that supports
 the problem are rendered and compiled (with their PDL twins where the template has a
 PDL knob and ``TILEWRIGHT_PDL=auto`` leaves the choice to the device; in worker processes: see
 :mod:`tilewright.runtime.aot`). Every built kernel is checked for the instructions its template
@@ -21,15 +21,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tilewright.autotune.cache import current_versions
-from tilewright.autotune.kinds import kind_name
-from tilewright.autotune.policy import policy_for
 from tilewright.compiler.capture import CapturedKernel, ModelSpec, capture_kernels, load_model
 from tilewright.compiler.aot_metal import build_metal, plan_metal
 from tilewright.compiler.aot_sycl import build_sycl, plan_sycl
-from tilewright.compiler.aot_written import estimate
 from tilewright.errors import UnsupportedProblemError
-from tilewright.grouped import GroupedGemmProblem
-from tilewright.problem import GemmProblem
+from tilewright.kinds import kind_name, kind_of
 from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
 from tilewright.runtime.targets import Target, get_target
 from tilewright.runtime.verify import verify
@@ -57,7 +53,7 @@ class AotKernel:
 
     @property
     def kind(self) -> str:
-        """"gemm", "grouped_gemm", "pointwise" or "reduction"."""
+        """The problem's kind: "gemm", "grouped_gemm", "pointwise", "reduction", ..."""
         return kind_name(self.captured.problem)
 
     def to_json(self) -> dict[str, Any]:
@@ -152,39 +148,36 @@ def describe_params(params: dict[str, Any]) -> str:
 
 
 def describe_problem(problem: Any) -> str:
-    """A problem in a table cell: "mm 256x512x384 add[N]", "grouped_mm 2d3d G=128 128x1536x2048
-    -" (no epilogue) or "rms_norm [48 x reduce 128]"."""
-    if isinstance(problem, GemmProblem):
-        return f"{problem.op} {problem.M}x{problem.N}x{problem.K} {problem.describe_epilogue()}"
-    if isinstance(problem, GroupedGemmProblem):
-        return (f"{problem.op} {problem.case} G={problem.G} {problem.M}x{problem.N}x{problem.K} "
-                f"{problem.describe_epilogue()}")
-    return problem.describe()
+    """A problem in a table cell, as its kind writes it: "mm 256x512x384 add[N]", "grouped_mm
+    2d3d G=128 128x1536x2048 -" (no epilogue) or "rms_norm [48 x reduce 128]"."""
+    return kind_of(problem).describe_short(problem)
 
 
-def _tile_name(params: dict) -> str:
-    """A tiled kernel's parameters in a folder name: "128x128x64w4s3", then every other knob
-    ("-PDL1"); the warp and stage knobs only where the template has them."""
-    tile = f"{params['BLOCK_M']}x{params['BLOCK_N']}x{params['BLOCK_K']}"
-    tile += "".join(f"{c}{params[k]}" for k, c in (("num_warps", "w"), ("num_stages", "s")) if k in params)
-    return tile + "".join(f"-{k}{int(v) if isinstance(v, bool) else v}" for k, v in params.items()
-                          if k not in _TILE_KNOBS)
+def tile_name(params: dict) -> str:
+    """A kernel's parameters in a folder name: a tiled kernel's "128x128x64w4s3" then every
+    other knob ("-PDL1"), the warp and stage knobs only where the template has them; a loop
+    kernel's "x1024-w4", "x4-row-w4", "x1-r2048-w8-desc"; else every knob ("BLOCK_M64-...")."""
+    if all(k in params for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")):
+        tile = f"{params['BLOCK_M']}x{params['BLOCK_N']}x{params['BLOCK_K']}"
+        tile += "".join(f"{c}{params[k]}" for k, c in (("num_warps", "w"), ("num_stages", "s")) if k in params)
+        return tile + "".join(f"-{k}{int(v) if isinstance(v, bool) else v}" for k, v in params.items()
+                              if k not in _TILE_KNOBS)
+    if "XBLOCK" in params:
+        tile = f"x{params['XBLOCK']}"
+        if "PERSISTENT" in params:  # a reduction: whole rows, or RBLOCK columns at a time
+            tile += "-row" if params.get("PERSISTENT") else f"-r{params['RBLOCK']}"
+        return tile + f"-w{params['num_warps']}" + ("-desc" if params.get("DESC") else "")
+    return "-".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in params.items()) or "default"
+
+
+_tile_name = tile_name  # the name callers knew
 
 
 def _kernel_name(target: Target, captured: CapturedKernel, template: TemplateSpec, params: dict) -> str:
+    """``<arch>/<problem label>-<template>-<tile>``: the problem part is its kind's
+    (:meth:`~tilewright.kinds.ProblemKind.aot_label`)."""
     p = captured.problem
-    if isinstance(p, GroupedGemmProblem):  # the case and group count name it beside the sizes
-        return (f"{target.arch}/{p.op}_{p.case}_g{p.G}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}"
-                f"-{template.id.replace('.', '_')}-{_tile_name(params)}")
-    if not isinstance(p, GemmProblem):  # a loop kernel: its op label is free text, so the hash names it
-        tile = f"x{params['XBLOCK']}"
-        if p.kind == "reduction":
-            tile += "-row" if params.get("PERSISTENT") else f"-r{params['RBLOCK']}"
-        tile += f"-w{params['num_warps']}" + ("-desc" if params.get("DESC") else "")
-        numel = f"{p.xnumel}x{p.rnumel}" if p.kind == "reduction" else f"{p.xnumel}"
-        return f"{target.arch}/{p.kind}_{numel}_{p.stable_hash()[:8]}-{template.id.replace('.', '_')}-{tile}"
-    return (f"{target.arch}/{p.op}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}"
-            f"-{template.id.replace('.', '_')}-{_tile_name(params)}")
+    return f"{target.arch}/{kind_of(p).aot_label(p)}-{template.id.replace('.', '_')}-{tile_name(params)}"
 
 
 def _with_pdl_twins(ranked: list[tuple[float, dict]], per_template: int) -> list[tuple[float, dict]]:
@@ -205,8 +198,9 @@ def _with_pdl_twins(ranked: list[tuple[float, dict]], per_template: int) -> list
 def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_template: int = 1
          ) -> tuple[list[AotKernel], list[dict[str, str]]]:
     """Choose and render the kernels to build (no compiling yet): GEMMs, grouped GEMMs (tiles
-    ranked on their synthetic even offsets, :func:`tilewright.grouped.synthetic_offsets`) and
-    loop kernels, each kind through its own policy and cost model, and every template
+    ranked on their synthetic even offsets, :func:`tilewright.grouped.synthetic_offsets`), loop
+    kernels and those of any other registered kind, each kind through its own policy and cost
+    model (:meth:`~tilewright.kinds.ProblemKind.ranked`, ``estimate``), and every template
     ``templates_for`` lists for the kind on the target's backend.
 
     Returns the kernels and the (template, target, problem) pairs refused, with the reason
@@ -216,24 +210,22 @@ def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_t
     refused: list[dict[str, str]] = []
     captured = list(captured)
     for target in targets:
-        policies = {kind: policy_for(kind, target) for kind in {kind_name(c.problem) for c in captured}}
         for cap in captured:
-            kind = kind_name(cap.problem)
-            policy = policies[kind]
-            templates = [t for t in templates_for(kind, target.backend) if t.backend != "aten"]
+            kind = kind_of(cap.problem)
+            templates = [t for t in templates_for(kind_name(cap.problem), target.backend) if t.backend != "aten"]
             for template in templates:
                 support = template.supports(cap.problem, target)
                 if not support:
                     refused.append({"target": target.name, "template": template.id,
                                     "problem": cap.problem.describe(), "reason": support.reason})
                     continue
-                ranked = policy.ranked(cap.problem, target, template)
+                ranked = kind.ranked(cap.problem, target, template)
                 if not ranked:
                     refused.append({"target": target.name, "template": template.id,
                                     "problem": cap.problem.describe(),
                                     "reason": "no parameter setting is legal on this target"})
                 for ms, params in _with_pdl_twins(ranked, per_template):
-                    est = estimate(kind, cap.problem, params, target, template)
+                    est = kind.estimate(cap.problem, params, target, template)
                     k = AotKernel(_kernel_name(target, cap, template, params), target, cap, template,
                                   dict(params), ms, est.bound)
                     rendered = template.render(cap.problem, params, target)

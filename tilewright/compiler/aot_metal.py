@@ -19,8 +19,7 @@ from typing import Callable, Iterable
 
 from tilewright.compiler.aot_written import Written, build_written, digest, plan_written
 from tilewright.compiler.capture import CapturedKernel
-from tilewright.grouped import GroupedGemmProblem
-from tilewright.problem import GemmProblem
+from tilewright.kinds import kind_of
 from tilewright.runtime.aot import CompileResult
 from tilewright.runtime.metal_check import MetalShaderError, check_shader
 from tilewright.runtime.targets import Target
@@ -30,22 +29,23 @@ from tilewright.templates.base import RenderedKernel
 CHECK = "host syntax check (g++/clang++ -fsyntax-only with runtime/metal_shim.h)"
 
 
+# gemv kernels keep the folder names they always had, after the GEMM family they belong to
+_FOLDER_TEMPLATE = {"metal.gemv": "metal_gemm"}
+
+
 def kernel_name(target: Target, cap: CapturedKernel, template: TemplateSpec, params: dict) -> str:
     """``apple-gpu/reduction_48x128_<hash8>-metal_reduction-w4-row`` or
-    ``apple-gpu/mm_48x384x128_bf16_<hash6>-metal_gemm-32x32x16w4`` (the folder of its files)."""
+    ``apple-gpu/mm_48x384x128_bf16_<hash6>-metal_gemm-32x32x16w4`` (the folder of its files):
+    the problem part is its kind's (:meth:`~tilewright.kinds.ProblemKind.aot_label`)."""
     p = cap.problem
-    if isinstance(p, GemmProblem):
+    if "BLOCK_M" in params:  # a tiled kernel
         tile = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}w{num_warps}".format(**params)
-        return f"{target.arch}/{p.op}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}-metal_gemm-{tile}"
-    if isinstance(p, GroupedGemmProblem):
-        tile = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}w{num_warps}".format(**params)
-        return (f"{target.arch}/{p.op}_{p.case}_g{p.G}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}"
-                f"-metal_grouped_gemm-{tile}")
-    numel = f"{p.xnumel}x{p.rnumel}" if p.kind == "reduction" else f"{p.xnumel}"
-    tile = f"w{params['num_warps']}"
-    if p.kind == "reduction":
-        tile += "-row" if params.get("PERSISTENT") else "-looped"
-    return f"{target.arch}/{p.kind}_{numel}_{p.stable_hash()[:8]}-{template.id.replace('.', '_')}-{tile}"
+    else:  # a loop kernel: threads, and a reduction's whole or looped rows
+        tile = f"w{params['num_warps']}"
+        if "PERSISTENT" in params:
+            tile += "-row" if params.get("PERSISTENT") else "-looped"
+    folder = _FOLDER_TEMPLATE.get(template.id, template.id.replace(".", "_"))
+    return f"{target.arch}/{kind_of(p).aot_label(p)}-{folder}-{tile}"
 
 
 def plan_metal(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_template: int = 1):

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 from tilewright.compiler.aot_written import Written, build_written, digest, plan_written
 from tilewright.compiler.capture import CapturedKernel
-from tilewright.problem import GemmProblem
+from tilewright.kinds import kind_of
 from tilewright.runtime.aot import CompileResult
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec, templates_for
@@ -49,13 +49,14 @@ def sycl_source(rendered: RenderedKernel) -> tuple[str, str]:
 
 def kernel_name(target: Target, cap: CapturedKernel, template: TemplateSpec, params: dict) -> str:
     """``pvc/mm_8x128x128_fp32_<hash6>-sycl_gemm-32x32x32t2x2`` or
-    ``pvc/reduction_8x128_<hash8>-sycl_reduction-wg128`` (the folder of its files)."""
+    ``pvc/reduction_8x128_<hash8>-sycl_reduction-wg128`` (the folder of its files): the problem
+    part is its kind's (:meth:`~tilewright.kinds.ProblemKind.aot_label`)."""
     p = cap.problem
-    if isinstance(p, GemmProblem):
+    if "THREAD_M" in params:  # a tiled kernel: the tile, and each work-item's sub-tile
         tile = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}t{THREAD_M}x{THREAD_N}".format(**params)
-        return f"{target.arch}/{p.op}_{p.M}x{p.N}x{p.K}_{p.dtype}_{p.stable_hash()[:6]}-sycl_gemm-{tile}"
-    numel = f"{p.xnumel}x{p.rnumel}" if p.kind == "reduction" else f"{p.xnumel}"
-    return f"{target.arch}/{p.kind}_{numel}_{p.stable_hash()[:8]}-{template.id.replace('.', '_')}-wg{params['WG']}"
+    else:  # a loop kernel: work-items per group
+        tile = f"wg{params['WG']}"
+    return f"{target.arch}/{kind_of(p).aot_label(p)}-{template.id.replace('.', '_')}-{tile}"
 
 
 def plan_sycl(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_template: int = 1):

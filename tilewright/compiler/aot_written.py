@@ -18,11 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from tilewright.autotune.cost_model import estimate_gemm, estimate_loop
-from tilewright.autotune.grouped_policy import estimate as estimate_grouped
-from tilewright.autotune.kinds import kind_name
-from tilewright.autotune.policy import policy_for
 from tilewright.compiler.capture import CapturedKernel
+from tilewright.kinds import get_kind, kind_name, kind_of
 from tilewright.runtime.aot import CompileResult
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec
@@ -32,12 +29,9 @@ KernelNamer = Callable[[Target, CapturedKernel, TemplateSpec, dict], str]
 
 
 def estimate(kind: str, problem: Any, params: dict, target: Target, template: TemplateSpec):
-    """The cost model's estimate (``.ms``, ``.bound``) of one kernel of any kind."""
-    if kind == "gemm":
-        return estimate_gemm(problem, params, target, efficiency=template.efficiency(target))
-    if kind == "grouped_gemm":
-        return estimate_grouped(problem, params, target, efficiency=template.efficiency(target))
-    return estimate_loop(problem, params, target)
+    """The cost model's estimate (``.ms``, ``.bound``) of one kernel of any kind (the kind's
+    :meth:`~tilewright.kinds.ProblemKind.estimate`)."""
+    return get_kind(kind).estimate(problem, params, target, template)
 
 
 def plan_written(captured: Iterable[CapturedKernel], targets: Iterable[Target], *,
@@ -71,7 +65,7 @@ def plan_written(captured: Iterable[CapturedKernel], targets: Iterable[Target], 
                 if not support:
                     refuse(target, template.id, cap, support.reason)
                     continue
-                ranked = policy_for(kind, target).ranked(cap.problem, target, template)
+                ranked = kind_of(cap.problem).ranked(cap.problem, target, template)
                 if not ranked:
                     refuse(target, template.id, cap, "no parameter setting is legal on this target")
                 for ms, params in ranked[:per_template]:

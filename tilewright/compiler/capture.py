@@ -3,11 +3,12 @@
 
 The model is traced exactly as ``torch.compile(backend="tilewright")`` would (Dynamo, then
 aot_autograd with tilewright's decomposition table), then lowered and fused by the pipeline's
-own stages (:func:`tilewright.compiler.pipeline.fuse`); every GEMM node becomes a
-:class:`~tilewright.problem.GemmProblem` at its trace-time sizes, every grouped GEMM
-(``_grouped_mm`` lowered to ``tilewright.grouped_mm``) its
-:class:`~tilewright.grouped.GroupedGemmProblem` (the ragged total bucketed, as the op tunes it)
-and every loop kernel (pointwise, reduction) its :class:`~tilewright.problem.LoopProblem`.
+own stages (:func:`tilewright.compiler.pipeline.fuse`); then each registered problem kind
+(:mod:`tilewright.kinds`, its ``capture`` hook) names its kernels in the graph with their
+problems: every GEMM node a :class:`~tilewright.problem.GemmProblem` at its trace-time sizes,
+every grouped GEMM its :class:`~tilewright.grouped.GroupedGemmProblem` (the ragged total
+bucketed, as the compiled model tunes it), every loop kernel (pointwise, reduction) its
+:class:`~tilewright.problem.LoopProblem`.
 """
 
 from __future__ import annotations
@@ -24,45 +25,17 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright.compiler.decompositions import decomposition_table
-from tilewright.compiler.graph import ExternNode, GemmNode
 from tilewright.compiler.lower import lower
 from tilewright.errors import InvalidInputError
-from tilewright.grouped import GroupedGemmProblem
-from tilewright.ir.epilogue import dumps
-from tilewright.problem import DTYPE_NAMES, GemmProblem, LoopProblem
+from tilewright.kinds import kinds
 
 
-def gemm_problem(g: GemmNode) -> GemmProblem:
-    """The autotuner's view of a GEMM node, at its trace-time sizes."""
-    return GemmProblem(
-        M=g.hints["M"], N=g.hints["N"], K=g.hints["K"], batch=g.hints["batch"],
-        batched=g.batched, dtype=g.fmt or DTYPE_NAMES[g.dtype], out_dtype=DTYPE_NAMES[g.out_dtype],
-        layout_a=g.layout_a, layout_b=g.layout_b, epilogue=tuple(g.epilogue),
-        epilogue_inputs=tuple(e.pattern for e in g.epilogue_inputs), dynamic=g.dynamic, op=g.op,
-        scale_layout=g.scale_layout, store_acc=bool(g.acc_value), acc_after=g.acc_after if g.acc_value else 0,
-        epilogue_ir=dumps(g.epilogue_ir) if g.epilogue_ir is not None else "")
+def gemm_problem(g: Any) -> Any:
+    """The autotuner's view of a GEMM node (kept here for callers; the GEMM kind's
+    :func:`tilewright.kinds.gemm.gemm_problem`)."""
+    from tilewright.kinds.gemm import gemm_problem as problem_of_gemm
 
-
-def grouped_gemm_problem(node: fx.Node) -> GroupedGemmProblem:
-    """The problem a ``tilewright.grouped_mm`` call tunes, from its traced operands: the same
-    :func:`~tilewright.kernels.grouped.grouped_problem` the op builds at run time (ragged total
-    at its bucket, the activation fused by the compiler), the 2d2d group count from ``offs``.
-
-    Raises:
-        InvalidInputError: an operand without a traced tensor value.
-    """
-    from tilewright.kernels.grouped import grouped_problem
-
-    a, b, offs, bias, out_dtype, *rest = node.args
-    vals = [x.meta.get("val") if isinstance(x, fx.Node) else None for x in (a, b, offs, bias)]
-    if vals[0] is None or vals[1] is None:
-        raise InvalidInputError(f"grouped GEMM {node.name}: operands without traced values")
-    activation = rest[0] if rest else "none"
-    glu = rest[1] if len(rest) > 1 else "none"  # the fused gated product: (…, N/2) out
-    problem = grouped_problem(vals[0], vals[1], bias=vals[3], activation=activation, out_dtype=out_dtype, glu=glu)
-    if problem.case == "2d2d" and vals[2] is not None:
-        problem = problem.with_sizes(G=int(vals[2].shape[0]))
-    return problem
+    return problem_of_gemm(g)
 
 
 @dataclass
@@ -170,41 +143,30 @@ def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphMo
 
 @dataclass
 class CapturedKernel:
-    """One kernel problem (GEMM, grouped GEMM or loop) and where it occurs (graph kind and
-    node names)."""
+    """One kernel problem (of any registered kind) and where it occurs (graph kind and node
+    names)."""
 
-    problem: GemmProblem | GroupedGemmProblem | LoopProblem
+    problem: Any
     uses: list[str] = field(default_factory=list)
 
 
-def _identity(p: GemmProblem | LoopProblem) -> Any:
-    # a loop problem's op is a display label: the same kernel under two labels is one kernel
-    return ("loop", p.stable_hash()) if isinstance(p, LoopProblem) else p
-
-
 def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:
-    """Distinct kernel problems of the model: its GEMMs, then its grouped GEMMs, then its loop
-    kernels, each in first-seen order, with their uses."""
+    """Distinct kernel problems of the model, kind by kind in registration order (GEMMs, grouped
+    GEMMs, loop kernels, ...), each in first-seen order, with their uses."""
     from tilewright.compiler.pipeline import fuse  # the pipeline imports this module
 
-    gemms: dict[Any, CapturedKernel] = {}
-    grouped: dict[Any, CapturedKernel] = {}
-    loops: dict[Any, CapturedKernel] = {}
-    for kind, gm in aten_graphs(spec, train=train).items():
+    registered = kinds()
+    found: list[dict[Any, CapturedKernel]] = [{} for _ in registered]
+    for graph, gm in aten_graphs(spec, train=train).items():
         kg = lower(gm)
         fuse(kg, gm)
-        for g in kg.gemms:
-            p = gemm_problem(g)
-            gemms.setdefault(_identity(p), CapturedKernel(p)).uses.append(f"{kind}.{g.name}")
-        for n in kg.nodes:
-            if isinstance(n, ExternNode) and n.kind == "grouped_gemm":
-                p = grouped_gemm_problem(n.fx_node)
-                grouped.setdefault(p, CapturedKernel(p)).uses.append(f"{kind}.{n.name}")
-        for f in kg.fused:
-            loops.setdefault(_identity(f.problem), CapturedKernel(f.problem)).uses.append(f"{kind}.{f.name}")
-    return list(gemms.values()) + list(grouped.values()) + list(loops.values())
+        for kind, seen in zip(registered, found):
+            for name, p in kind.capture(kg):
+                seen.setdefault(kind.capture_key(p), CapturedKernel(p)).uses.append(f"{graph}.{name}")
+    return [c for seen in found for c in seen.values()]
 
 
 def capture_gemms(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:
-    """Distinct GEMM problems of the model, in first-seen order, with their uses."""
-    return [c for c in capture_kernels(spec, train=train) if isinstance(c.problem, GemmProblem)]
+    """Distinct GEMM problems of the model, in first-seen order, with their uses (kept for
+    callers: :func:`capture_kernels` of the kind "gemm")."""
+    return [c for c in capture_kernels(spec, train=train) if c.problem.kind == "gemm"]

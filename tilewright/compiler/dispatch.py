@@ -1,11 +1,13 @@
 """The run-time side of every generated kernel in the wrapper: one :class:`KernelCall` type.
 
-A kernel's problem (a GEMM or a loop kernel) has its kernel chosen at compile time for static
-sizes. For a problem with a symbolic size the kernel is chosen per *bucket* of that size (see
-:mod:`tilewright.autotune.buckets`: powers of two up to ``config.bucket_max``), and each call
-dispatches on the run-time size to its bucket's kernel. A bucket is tuned the first time a size in
-it is seen, or at compile time for every bucket up to the trace-time size with
-``config.pretune_buckets``; kernels are size-generic, so any size in the bucket runs correctly.
+A kernel's problem (a GEMM, a loop kernel, a grouped GEMM, any registered problem kind) has its
+kernel chosen at compile time for static sizes. For a problem with a symbolic size the kernel is
+chosen per *bucket* of that size (see :mod:`tilewright.autotune.buckets`: powers of two up to
+``config.bucket_max``), and each call dispatches on the run-time size to its bucket's kernel. A
+bucket is tuned the first time a size in it is seen, or at compile time for every bucket up to the
+trace-time size with ``config.pretune_buckets``; kernels are size-generic, so any size in the
+bucket runs correctly. How a call's arguments map to the launcher and where its run-time sizes
+come from is the problem kind's (:meth:`tilewright.kinds.ProblemKind.invoker`).
 
 The call path is short on purpose (its cost is measured by ``tilewright bench``'s launch-overhead
 row): a static kernel binds its launcher once and every call goes straight to it.
@@ -13,75 +15,58 @@ row): a static kernel binds its launcher once and every call goes straight to it
 
 from __future__ import annotations
 
-import math
 import threading
-from typing import Any, Sequence
-
-import torch
+from typing import Any, Mapping
 
 from tilewright._config import config
 from tilewright.autotune.buckets import all_buckets, bucket, bucket_problem
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.kinds import kind_name
 from tilewright.autotune.select import KernelFactory, Launcher, Selection, select
-from tilewright.problem import VALUES_PER_BYTE, GemmProblem
+from tilewright.kinds import kind_of
 from tilewright.runtime.targets import Target
 from tilewright.templates import get_template
 
 __all__ = ["KernelCall", "bucket"]
 
-GEMM_DIMS = ("M", "N", "K", "batch")
-
-
-def _resolve_view(shape: Sequence[int], numel: int) -> list[int]:
-    shape = [int(s) for s in shape]
-    if -1 in shape:
-        known = math.prod(s for s in shape if s != -1)
-        shape[shape.index(-1)] = numel // known if known else 0
-    return shape
-
 
 class KernelCall:
-    """The wrapper's callable for one kernel.
-
-    GEMM: ``call(a, b, *epilogue_inputs, view=None, **scales) -> Tensor`` (``(out, product)``
-    when the problem stores its product too).
-    Loop kernel: ``call(*inputs, *sizes) -> Tensor`` (one output) or a tuple of outputs.
+    """The wrapper's callable for one kernel; what it takes is its kind's
+    (:meth:`~tilewright.kinds.ProblemKind.invoker`): a GEMM ``call(a, b, *epilogue_inputs,
+    view=None, **scales) -> Tensor`` (``(out, product)`` when the problem stores its product
+    too), a loop kernel ``call(*inputs, *sizes)`` -> its output or a tuple of outputs, a grouped
+    GEMM ``call(a, b, offs[, bias]) -> Tensor``.
 
     Args:
-        name: the kernel's name in the wrapper ("gemm_3", "kernel_7").
+        name: the kernel's name in the wrapper ("gemm_3", "kernel_7", "grouped_gemm_0").
         problem: the problem at its trace-time sizes (``dynamic`` names the symbolic dims).
         target: where it runs.
         factory: builds launchers for candidates.
-        spaces: GEMMs only: per epilogue input, "gemm" or "view", the shape it broadcasts
-            against.
+        options: what the kind's call needs from the node
+            (:meth:`~tilewright.kinds.ProblemKind.call_options`; a GEMM: ``spaces``, per
+            epilogue input "gemm" or "view", the shape it broadcasts against).
         fixed: a candidate to use without tuning (unknown targets fall back to ATen this way).
     """
 
     def __init__(self, name: str, problem: Any, target: Target, factory: KernelFactory, *,
-                 spaces: Sequence[str] = (), fixed: Candidate | None = None):
+                 options: Mapping[str, Any] | None = None, fixed: Candidate | None = None):
         self.name = name
         self.problem = problem
-        self.kind = kind_name(problem)
+        self.kind = problem.kind
         self.target = target
         self.factory = factory
-        self.spaces = tuple(spaces)
+        self.options = dict(options or {})
         self.fixed = fixed
         self.fixed_reason = "fixed"
         self.selections: dict[tuple[int, ...], Selection] = {}
         self._launchers: dict[tuple[int, ...], Launcher] = {}
         self._lock = threading.Lock()
         self._fast: Launcher | None = None
-        self.dims = GEMM_DIMS if self.kind == "gemm" else tuple(k for k, _ in problem.sizes)
-        if self.kind != "gemm":
-            self._n_inputs = len(problem.kernel.inputs)
-            self._single = len(problem.kernel.outputs) == 1
+        self._kind = kind_of(problem)
+        self.dims = self._kind.dims(problem)
+        self._invoke = self._kind.invoker(self)
 
     def _sizes_of(self, problem: Any) -> dict[str, int]:
-        if self.kind == "gemm":
-            return {d: getattr(problem, d) for d in GEMM_DIMS}
-        return dict(problem.sizes)
-
+        return self._kind.sizes(problem)
     # -- choosing ---------------------------------------------------------------------------------
     def choose(self, sizes: dict[str, int] | None = None) -> tuple[Any, Selection]:
         """The problem at the bucket of ``sizes`` and the selection for it (tuned if new), without
@@ -103,7 +88,7 @@ class KernelCall:
         """Give up on generated kernels for this call: from now on every bucket uses the ATen
         candidate of its kind (a loop kernel's torch form), untimed. Returns the trace-time
         problem and its selection."""
-        aten = get_template(f"aten.{self.kind}")
+        aten = get_template(self._kind.aten_template_id(self.problem))
         self.fixed = Candidate.of(aten.id, aten.source_hash)
         self.fixed_reason = "ATen after the generated kernel failed"
         with self._lock:
@@ -153,38 +138,7 @@ class KernelCall:
 
     # -- running ----------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.kind == "gemm":
-            return self._call_gemm(*args, **kwargs)
-        launch = self._fast
-        if launch is None:
-            values = args[self._n_inputs:]
-            launch = self._launcher({d: int(v) for d, v in zip(self.dims, values)})
-        outs = launch(*args)
-        return outs[0] if self._single else outs
-
-    def _call_gemm(self, a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
-                   view: Sequence[int] | None = None, **scales: torch.Tensor) -> torch.Tensor:
-        problem: GemmProblem = self.problem
-        if problem.block_scaled:  # stored (M, K/v) and (N, K/v), v values per byte
-            M, K, N = a.shape[0], a.shape[1] * VALUES_PER_BYTE[problem.dtype], b.shape[0]
-        else:
-            M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
-        if problem.batched:
-            batch = max(a.shape[0], b.shape[0])
-            gemm_shape: tuple[int, ...] = (batch, M, N)
-        else:
-            batch, gemm_shape = 1, (M, N)
-        launch = self._fast or self._launcher({"M": M, "N": N, "K": K, "batch": batch})
-        view_shape = _resolve_view(view, math.prod(gemm_shape)) if view is not None else None
-        prepared = [
-            e.expand(view_shape).reshape(gemm_shape) if space == "view" else e.expand(gemm_shape)
-            for e, space in zip(epilogue_inputs, self.spaces)
-        ]
-        out = launch(a, b, *prepared, **scales)
-        if problem.store_acc:  # (epilogue result, the product itself)
-            out, acc = out
-            return (out.view(view_shape) if view_shape is not None else out), acc
-        return out.view(view_shape) if view_shape is not None else out
+        return self._invoke(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<KernelCall {self.name}: {self.problem.describe()}>"

@@ -7,6 +7,9 @@ A :class:`KernelGraph` is an ordered list of nodes over named values (FX node na
 * :class:`LoopNode`: one pointwise or reduction op lowered to the expression IR
   (:mod:`tilewright.ir`), before fusion;
 * :class:`FusedNode`: after fusion, a group of loop nodes as one loop kernel;
+* :class:`KernelNode`: a kernel of any other registered problem kind (grouped GEMM, ...;
+  :mod:`tilewright.kinds`), made by that kind's ``lower`` hook: the wrapper calls it as
+  ``outputs = name(*args)``;
 * :class:`ExternNode`: any other FX node, run as the ATen call it already is. ``kind`` says
   what it is ("pointwise", "view", "reduction", "attention", "extern") for reports.
 
@@ -175,6 +178,29 @@ class FusedNode(Node):
 
 
 @dataclass
+class KernelNode(Node):
+    """One kernel of a registered problem kind other than GEMMs and loop kernels (those have
+    :class:`GemmNode` and :class:`FusedNode`): ``problem`` at its trace-time sizes (dynamic ones
+    at their bucket), chosen and built by the pipeline like every kernel. The wrapper calls it as
+    ``outputs = name(*args)``: each arg an FX node (a graph value) or a literal."""
+
+    kind: str = ""
+    problem: Any = None
+    args: list[Any] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def inputs(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for a in self.args:
+            for x in (a if isinstance(a, (list, tuple)) else [a]):
+                if isinstance(x, fx.Node):
+                    seen.setdefault(x.name, None)
+        return list(seen)
+
+
+@dataclass
 class FusedInput:
     """A tensor the epilogue reads: the value's name, its broadcast pattern, and in which shape
     space it broadcasts ("gemm": the GEMM's (batch?, M, N); "view": the absorbed view's)."""
@@ -248,6 +274,11 @@ class KernelGraph:
     def fused(self) -> list[FusedNode]:
         return [n for n in self.nodes if isinstance(n, FusedNode)]
 
+    @property
+    def kernels(self) -> list[Node]:
+        """Every node the wrapper calls a compiled kernel for, in order."""
+        return [n for n in self.nodes if isinstance(n, (GemmNode, FusedNode, KernelNode))]
+
     def producers(self) -> dict[str, Node]:
         """Value name -> the node that computes it."""
         out: dict[str, Node] = {}
@@ -291,6 +322,9 @@ class KernelGraph:
                 lines.append(f"{', '.join(n.outputs)} = {n.name}({', '.join(n.args)}) "
                              f"[{', '.join(map(str, n.symbols))}] computes {n.members}")
                 lines.extend("    " + line for line in n.kernel.describe().splitlines())
+            elif isinstance(n, KernelNode):
+                lines.append(f"{', '.join(n.outputs)} = {n.name}: {n.kind} {n.problem.describe()} "
+                             f"inputs: {n.inputs} absorbs: {[f.name for f in n.fx_nodes]}")
             else:
                 assert isinstance(n, ExternNode)
                 lines.append(f"{n.name} = {n.kind}: {n.fx_node.target}({', '.join(n.inputs)})")
@@ -302,6 +336,6 @@ def produced(n: Node) -> list[str]:
     """The graph values a node computes."""
     if isinstance(n, GemmNode):
         return [n.value] + ([n.acc_value] if n.acc_value else [])
-    if isinstance(n, FusedNode):
+    if isinstance(n, (FusedNode, KernelNode)):
         return list(n.outputs)
     return [n.name]

@@ -5,8 +5,11 @@ GEMM-family nodes with float operands on one device become :class:`GemmNode`s: `
 ``baddbmm``, fp8 ``_scaled_mm`` (its scales and bias as epilogue steps) and NVFP4
 ``tilewright.nvfp4_mm`` and MXFP4 ``tilewright.mx_mm`` (packed operands with block scales; alpha
 and bias in the epilogue). Transposed or sliced operands stay views: the GEMM reads them through their
-strides, nothing is copied. Everything else becomes an :class:`ExternNode`, run as ATen, so an op
-tilewright cannot lower never fails the model.
+strides, nothing is copied. Every other call is offered to the registered problem kinds
+(:mod:`tilewright.kinds`: each may first rewrite the FX graph, then take nodes as kernels of its
+own, e.g. a ``_grouped_mm`` becomes a grouped-GEMM :class:`~tilewright.compiler.graph.KernelNode`);
+what none takes becomes an :class:`ExternNode`, run as ATen, so an op tilewright cannot lower never
+fails the model.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tilewright.compiler.graph import (
 )
 import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_mm
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
-from tilewright.compiler.lower_grouped import TILEWRIGHT_GROUPED_MM, fuse_epilogues, lower_grouped_mm
+from tilewright.kinds import kinds
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, VALUES_PER_BYTE, EpilogueInput, EpilogueOp
 
 aten = torch.ops.aten
@@ -234,15 +237,26 @@ def lower_mx_mm(node: fx.Node, index: int) -> GemmNode | None:
     return lower_block_scaled_mm(node, index, fmt, a, a_scale, b, b_scale, (alpha,), bias, VALUES_PER_BYTE[fmt])
 
 
+def _lower_by_kind(registered: list, node: fx.Node, counts: dict[int, int]) -> Node | None:
+    """The node a registered problem kind makes of ``node`` (the first that takes it), or None."""
+    for kind in registered:
+        made = kind.lower(node, counts.get(id(kind), 0))
+        if made is not None:
+            counts[id(kind)] = counts.get(id(kind), 0) + 1
+            return made
+    return None
+
+
 def lower(gm: fx.GraphModule) -> KernelGraph:
     """The kernel IR of an ATen FX graph (one node per FX call; fusion comes after)."""
     placeholders: list[fx.Node] = []
     nodes: list[Node] = []
     output = None
     n_gemm = 0
-    for node in list(gm.graph.nodes):  # grouped GEMMs first: epilogues fold into them
-        lower_grouped_mm(node)
-    fuse_epilogues(gm)
+    registered = kinds()
+    for kind in registered:  # e.g. grouped GEMMs retargeted, their epilogues folded into them
+        kind.rewrite_fx(gm)
+    lowered_by: dict[int, int] = {}  # kinds' own nodes so far (their index)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             placeholders.append(node)
@@ -263,8 +277,8 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
                 mxn := lower_mx_mm(node, n_gemm)) is not None:
             nodes.append(mxn)
             n_gemm += 1
-        elif node.op == "call_function" and node.target == TILEWRIGHT_GROUPED_MM:
-            nodes.append(ExternNode(node.name, [node], kind="grouped_gemm"))  # tilewright.compiler.lower_grouped
+        elif node.op == "call_function" and (other := _lower_by_kind(registered, node, lowered_by)) is not None:
+            nodes.append(other)
         elif node.op == "call_function":
             nodes.append(ExternNode(node.name, [node], kind=_kind(node)))
         elif node.op == "get_attr":
@@ -282,8 +296,9 @@ def lower_loop_nodes(kg: KernelGraph, gm: fx.GraphModule) -> int:
     from tilewright.compiler.graph import LoopNode
     from tilewright.compiler.loops import lower_loops
 
-    gemm_fx = {f.name for g in kg.gemms for f in g.fx_nodes}
-    loops, values = lower_loops(gm, skip=gemm_fx)
+    # what a GEMM or another kind's kernel computes is theirs, never a loop node's
+    kernel_fx = {f.name for k in kg.kernels for f in k.fx_nodes}
+    loops, values = lower_loops(gm, skip=kernel_fx)
     by_fx: dict[str, list[LoopNode]] = {}
     for ln in loops.values():
         by_fx.setdefault(ln.fx_nodes[0].name, []).append(ln)

@@ -3,9 +3,10 @@ forward and, from aot_autograd, backward: a 2d3d forward's input gradient is ano
 its weight gradient a 2d2d ragged-K call) to ``torch.ops.tilewright.grouped_mm``, the custom op
 whose kernel the autotuner picks per problem (bucketed on the token count).
 
-The node stays an extern call in the kernel graph (its target replaced, its arguments made
-positional), so the wrapper runs it as it runs any op; the offsets tensor is passed through
-untouched, on the device. Epilogues whose intermediates nobody else reads (inference; in
+The retargeted node (its arguments made positional) then becomes a grouped-GEMM kernel node of
+the kernel graph (:mod:`tilewright.kinds.grouped_gemm`, which runs these rewrites as its
+``rewrite_fx`` hook), chosen, rendered and compiled in the pipeline's stages; the offsets tensor
+is passed through untouched, on the device. Epilogues whose intermediates nobody else reads (inference; in
 training the product is also saved for the backward, so nothing folds) are fused into the op
 by :func:`fuse_epilogues`, in this order:
 
@@ -233,7 +234,7 @@ def fuse_casts(gm: fx.GraphModule) -> int:
 def fuse_epilogues(gm: fx.GraphModule) -> int:
     """Fold gated products, then activations, then casts into the ``tilewright.grouped_mm``
     calls :func:`lower_grouped_mm` made, in place (module docstring); returns the number of
-    nodes folded. ``lower`` calls it once per graph."""
+    nodes folded. The grouped-GEMM kind calls it once per graph, before lowering."""
     folded = fuse_glu(gm) + fuse_activations(gm) + fuse_casts(gm)
     if folded:
         gm.recompile()

@@ -2,9 +2,10 @@
 
     lower → fuse → select → render → compile → wrap
 
-``lower`` builds the kernel graph (GEMMs, and loop nodes in the expression IR for the pointwise
-ops and reductions), ``fuse`` folds epilogues into GEMMs and groups loop nodes into kernels,
-``select`` has the autotuner choose a kernel per GEMM and loop kernel (choices only), ``render``
+``lower`` builds the kernel graph (GEMMs, the kernels of other problem kinds such as grouped
+GEMMs, and loop nodes in the expression IR for the pointwise ops and reductions), ``fuse`` folds
+epilogues into GEMMs and groups loop nodes into kernels, ``select`` has the autotuner choose a
+kernel per kernel node of every kind (:mod:`tilewright.kinds`; choices only), ``render``
 turns each choice into source, ``compile`` loads it, ``wrap`` generates and loads the Python
 wrapper that calls them. Run-time buckets of dynamic sizes and ``tilewright aot`` use the same
 stage functions. With ``config.debug_dir`` set, each graph dumps its FX graph, kernel graph,
@@ -28,18 +29,18 @@ import torch.fx as fx
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.pool import pool_scope
-from tilewright.compiler.capture import gemm_problem
 from tilewright.autotune.select import Selection
 from tilewright.compiler.dispatch import KernelCall
 from tilewright.compiler.fuse import fuse_epilogues
-from tilewright.compiler.graph import FusedNode, GemmNode, KernelGraph
+from tilewright.compiler.graph import KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
-from tilewright.compiler.report import CandidateReport, GemmReport, GraphReport, KernelReport, publish
+from tilewright.compiler.report import GemmReport, GraphReport, publish
 from tilewright.compiler.schedule import schedule
 from tilewright.compiler.traffic import compiled_cost, eager_cost
 from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
 from tilewright.errors import UnknownTargetError
 from tilewright.kernels.build import default_factory
+from tilewright.kinds import ProblemKind, kernel_nodes, kind_of_node
 from tilewright.runtime.targets import Target, detect_target, get_target
 from tilewright.templates import get_template
 
@@ -65,10 +66,12 @@ def cpu_target(target: Target) -> Target:
     return get_target("xpu:opencl-cpu")
 
 
-def make_call(n: GemmNode | FusedNode) -> KernelCall:
-    """The wrapper's call for a GEMM or loop kernel, its kernel not yet chosen."""
-    problem = gemm_problem(n) if isinstance(n, GemmNode) else n.problem
-    kind = "gemm" if isinstance(n, GemmNode) else problem.kind
+def make_call(n: Node, kind: ProblemKind | None = None) -> KernelCall:
+    """The wrapper's call for a kernel node of any kind, its kernel not yet chosen."""
+    kind = kind or kind_of_node(n)
+    if kind is None:
+        raise ValueError(f"{n.name} is not a kernel of any registered problem kind")
+    problem = kind.problem_of(n)
     fixed = None
     try:
         target = cpu_target(detect_target(n.device))
@@ -78,32 +81,9 @@ def make_call(n: GemmNode | FusedNode) -> KernelCall:
             log.warning("%s (first kernel: %s)", e, n.name)
         log.debug("%s runs on ATen: no target for %s", n.name, n.device)
         target = get_target("cpu") if n.device.type == "cpu" else get_target("cuda:sm_90a")
-        aten = get_template(f"aten.{kind}")
+        aten = get_template(kind.aten_template_id(problem))
         fixed = Candidate.of(aten.id, aten.source_hash)
-    spaces = [e.space for e in n.epilogue_inputs] if isinstance(n, GemmNode) else []
-    return KernelCall(n.name, problem, target, default_factory, spaces=spaces, fixed=fixed)
-
-
-def _gemm_report(g: GemmNode, call: KernelCall) -> GemmReport:
-    sel = next(iter(call.selections.values()))
-    rec = sel.winner_record
-    p = call.problem
-    return GemmReport(
-        node=g.name, op=g.op, batch=p.batch, M=p.M, N=p.N, K=p.K, dtype=p.dtype,
-        out_dtype=p.out_dtype, epilogue=p.describe_epilogue(), dynamic=sorted(p.dynamic),
-        winner=sel.winner.name, winner_ms=rec.median_ms if rec else None, reason=sel.reason,
-        candidates=[CandidateReport(r.candidate.name, r.record.status, r.record.median_ms,
-                                    r.record.spread_ms, r.candidate.predicted_ms,
-                                    r.record.rel_err, r.record.reason, r.from_cache)
-                    for r in sel.results],
-        tune_seconds=sel.seconds)
-
-
-def _kernel_report(f: FusedNode, call: KernelCall) -> KernelReport:
-    sel = next(iter(call.selections.values()))
-    return KernelReport(node=f.name, kind=f.problem.kind, op=f.problem.op, members=len(f.members),
-                        winner=sel.winner.name, reason=sel.reason, bytes=f.problem.min_bytes,
-                        tune_seconds=sel.seconds)
+    return KernelCall(n.name, problem, target, default_factory, options=kind.call_options(n), fixed=fixed)
 
 
 def _or_aten(call: KernelCall, what: str, fn: Callable[[], Any], fallback: Callable[[], Any]) -> Any:
@@ -173,8 +153,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
         kg = lower(gm)
     with stage("fuse"):
         fuse(kg, gm, report)
-    kernels: list[GemmNode | FusedNode] = [n for n in kg.nodes if isinstance(n, (GemmNode, FusedNode))]
-    calls = {n.name: make_call(n) for n in kernels}
+    kernels = kernel_nodes(kg)  # (node, its kind) of every kernel, in graph order
+    calls = {n.name: make_call(n, kind) for n, kind in kernels}
     # a failure in any of the next three stages costs one kernel, which then runs on ATen
     choices: dict[str, tuple[Any, Selection]] = {}
     with stage("select"), pool_scope():  # isolated tuning shares one worker pool per graph
@@ -202,11 +182,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
         debug = _dump_or_warn(report, gm, kg, calls, rendered, source) if config.debug_dir else None
         fn = load_wrapper(source, calls, codegen.consts, filename=debug)
     report.gemm_nodes = len(kg.gemms)
-    report.extern_nodes = len(kg.nodes) - len(kg.gemms) - len(kg.fused)
-    report.gemms = [_gemm_report(g, calls[g.name]) for g in kg.gemms]
-    report.kernels = [_kernel_report(f, calls[f.name]) for f in kg.fused]
+    report.extern_nodes = len(kg.nodes) - len(kernels)
+    for n, kind in kernels:  # each kind reports its own kernels
+        r = kind.report(n, calls[n.name])
+        (report.gemms if isinstance(r, GemmReport) else report.kernels).append(r)
+        report.kernel_counts[calls[n.name].kind] = report.kernel_counts.get(calls[n.name].kind, 0) + 1
     report.extern_ops, report.bytes_moved = compiled_cost(
-        kg, {g.name: calls[g.name].problem.min_bytes for g in kg.gemms})
+        kg, {name: int(getattr(c.problem, "min_bytes", 0)) for name, c in calls.items()})
     publish(report)
     return fn
 

@@ -51,9 +51,12 @@ class GemmReport:
 
 @dataclass
 class KernelReport:
-    """One generated loop kernel (pointwise or reduction): what it computes, the kernel chosen,
-    and the bytes it moves per call at the trace-time sizes (modelled: each input read and each
-    output written once)."""
+    """One kernel of any kind but GEMM (those have :class:`GemmReport`): a loop kernel
+    (pointwise or reduction), a grouped GEMM, ...: what it computes, the kernel chosen, and the
+    bytes it moves per call at the trace-time sizes (modelled: each input read and each output
+    written once). ``kind`` is the problem kind, ``members`` the loop nodes a loop kernel
+    computes (0 for other kinds), ``problem`` the problem's description and ``problem_json``
+    its JSON (:func:`tilewright.kinds.problem_from_json` reads it back). Times in ms."""
 
     node: str
     kind: str
@@ -63,16 +66,30 @@ class KernelReport:
     reason: str
     bytes: int
     tune_seconds: float = 0.0
+    problem: str = ""
+    problem_json: dict[str, Any] = field(default_factory=dict)
+    winner_ms: float | None = None
+    candidates: list[CandidateReport] = field(default_factory=list)
+
+
+def candidate_reports(selection: Any) -> list[CandidateReport]:
+    """Every candidate a :class:`~tilewright.autotune.select.Selection` considered."""
+    return [CandidateReport(r.candidate.name, r.record.status, r.record.median_ms, r.record.spread_ms,
+                            r.candidate.predicted_ms, r.record.rel_err, r.record.reason, r.from_cache)
+            for r in selection.results]
 
 
 @dataclass
 class GraphReport:
     """One compiled FX graph (a forward, backward or inference graph).
 
-    Launch counts are per call of the graph: ``gemm_nodes`` GEMM kernels, ``loop_kernels``
-    generated pointwise/reduction kernels, ``extern_ops`` ATen calls that launch work (views and
-    tuple accesses are free and not counted). ``bytes_moved`` models the memory traffic of the
-    compiled graph, ``eager_bytes`` that of running the same graph op by op in eager mode.
+    Launch counts are per call of the graph: ``kernel_counts`` the kernels of each problem kind
+    ("gemm", "pointwise", "reduction", "grouped_gemm", ...), of which ``gemm_nodes`` GEMM
+    kernels and ``loop_kernels`` generated pointwise/reduction kernels; ``extern_ops`` ATen calls
+    that launch work (views and tuple accesses are free and not counted). ``gemms`` reports each
+    GEMM, ``kernels`` each kernel of every other kind. ``bytes_moved`` models the memory
+    traffic of the compiled graph, ``eager_bytes`` that of running the same graph op by op in
+    eager mode.
     """
 
     graph_id: int
@@ -87,6 +104,7 @@ class GraphReport:
     bytes_moved: int = 0
     eager_bytes: int = 0
     eager_launches: int = 0
+    kernel_counts: dict[str, int] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     gemms: list[GemmReport] = field(default_factory=list)
     kernels: list[KernelReport] = field(default_factory=list)
@@ -95,8 +113,13 @@ class GraphReport:
 
     @property
     def launches(self) -> int:
-        """Kernel launches per call: GEMMs + generated kernels + ATen calls."""
-        return self.gemm_nodes + self.loop_kernels + self.extern_ops
+        """Kernel launches per call: the kernels of every kind + ATen calls."""
+        return sum(self.kernel_counts.values()) + self.extern_ops
+
+    @property
+    def generated_kernels(self) -> int:
+        """Kernels other than GEMMs (loop kernels, grouped GEMMs, ...) launched per call."""
+        return sum(self.kernel_counts.values()) - self.gemm_nodes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"launches": self.launches}

@@ -13,7 +13,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph, TensorMeta
+from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph, KernelNode, TensorMeta
 from tilewright.ir import dtypes
 
 FREE_KINDS = ("view", "getitem", "constant")
@@ -66,15 +66,14 @@ def eager_cost(gm: fx.GraphModule) -> tuple[int, int]:
     return launches, traffic
 
 
-def compiled_cost(kg: KernelGraph, gemm_bytes: dict[str, int]) -> tuple[int, int]:
-    """(ATen calls that launch work, bytes) of the compiled graph; ``gemm_bytes`` gives each
-    GEMM node's modelled traffic (its problem's ``min_bytes``)."""
+def compiled_cost(kg: KernelGraph, kernel_bytes: dict[str, int]) -> tuple[int, int]:
+    """(ATen calls that launch work, bytes) of the compiled graph; ``kernel_bytes`` gives each
+    kernel node's modelled traffic (its problem's ``min_bytes``: GEMMs, loop kernels and the
+    kernels of every other kind)."""
     externs = traffic = 0
     for n in kg.nodes:
-        if isinstance(n, GemmNode):
-            traffic += gemm_bytes.get(n.name, 0)
-        elif isinstance(n, FusedNode):
-            traffic += n.problem.min_bytes
+        if isinstance(n, (GemmNode, FusedNode, KernelNode)):
+            traffic += kernel_bytes.get(n.name, 0)
         elif isinstance(n, ExternNode) and not is_free(n.fx_node) and n.kind not in FREE_KINDS:
             externs += 1
             traffic += _node_bytes(n.fx_node)

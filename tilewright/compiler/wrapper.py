@@ -1,7 +1,8 @@
 """Wrapper codegen: the kernel graph becomes a Python module whose ``call(args)`` Dynamo runs.
 
 The module calls ATen for extern nodes and the chosen kernel (through its
-:class:`~tilewright.compiler.dispatch.KernelCall`) for each GEMM and loop kernel, in order, and
+:class:`~tilewright.compiler.dispatch.KernelCall`) for each GEMM, loop kernel and kernel of
+another problem kind (:class:`~tilewright.compiler.graph.KernelNode`), in order, and
 drops every value after its last use so memory is freed as early as eager would. It takes its
 inputs as one list and clears it (aot_autograd's boxed calling convention), so inputs can be
 freed early too. Symbolic sizes a loop kernel needs are read off the graph's inputs once, at the
@@ -21,7 +22,7 @@ import torch.fx as fx
 
 import sympy
 
-from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph, produced, to_sympy
+from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph, KernelNode, produced, to_sympy
 
 RESERVED = {"torch", "aten", "prims", "operator", "math", "kernels", "consts", "args", "call",
             "device", "inf", "nan"}
@@ -34,7 +35,7 @@ class WrapperCodegen:
     Args:
         kg: the fused kernel graph.
         gm: the FX graph module it came from (for ``get_attr`` constants).
-        describe: per GEMM node name, a one-line comment (problem and chosen kernel).
+        describe: per kernel node name, a one-line comment (problem and chosen kernel).
     """
 
     def __init__(self, kg: KernelGraph, gm: fx.GraphModule, describe: dict[str, str] | None = None):
@@ -120,6 +121,12 @@ class WrapperCodegen:
         lines = [f"# {f.name}: {self.describe[f.name]}"] if f.name in self.describe else []
         return lines + [f"{outs} = {f.name}({', '.join(args)})"]
 
+    def _kernel(self, k: KernelNode) -> list[str]:
+        args = ", ".join(self.literal(a) for a in k.args)
+        outs = ", ".join(self.name(v) for v in k.outputs)
+        lines = [f"# {k.name}: {self.describe[k.name]}"] if k.name in self.describe else []
+        return lines + [f"{outs} = {k.name}({args})"]  # several outputs: the call returns a tuple
+
     def symbol(self, s: sympy.Symbol) -> str:
         if s not in self.symbols:
             raise ValueError(f"size {s} is not readable from the graph's inputs")
@@ -176,6 +183,8 @@ class WrapperCodegen:
                 body.extend(self._gemm(n))
             elif isinstance(n, FusedNode):
                 body.extend(self._fused(n))
+            elif isinstance(n, KernelNode):
+                body.extend(self._kernel(n))
             else:
                 body.append(self._extern(n))  # type: ignore[arg-type]
             used = set(n.inputs)
@@ -195,7 +204,7 @@ class WrapperCodegen:
             "prims = torch.ops.prims",
             "",
         ]
-        header += [f"{g.name} = kernels[{g.name!r}]" for g in kg.gemms + kg.fused]
+        header += [f"{k.name} = kernels[{k.name!r}]" for k in kg.kernels]
         return "\n".join(header + ["", "", "def call(args):"] + ["    " + line for line in body]) + "\n"
 
 

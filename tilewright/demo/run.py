@@ -5,7 +5,7 @@ Each case runs twice: ``auto`` (the autotuner's choices; on a CPU, ATen wins, wh
 interpreter), so the generated code is proven on real weights. A case fails when an output's
 relative error ‖out − ref‖/‖ref‖ against eager exceeds its dtype's bound (fp32 1e-4, bf16 2e-2),
 when a graph falls back to ATen, or, in ``triton`` mode, when a kernel did not run on Triton.
-The MoE case also fails when its experts' grouped GEMMs (counted per call at run time by
+The MoE case also fails when its experts' grouped GEMMs (listed by the graph reports, counted by
 :func:`counting_grouped`) did not run, or ran on anything but Triton in ``triton`` mode.
 Each case's launches per call are shown beside Inductor's for the same model (compiled in the
 same process, :mod:`tilewright.demo.inductor`), and its modelled bytes beside eager's.
@@ -70,8 +70,8 @@ class CaseResult:
     backend: Any = "tilewright"  # what the case compiles with (Inductor for the comparison)
     inductor: list[InductorGraph] = field(default_factory=list)
     inductor_error: str = ""
-    # grouped GEMM calls at run time (tuned when first called, so in no graph report):
-    # one entry per distinct (problem, winner) with how many calls ran it
+    # grouped GEMMs: one entry per distinct (problem, winner) with how many calls ran it (a
+    # compiled graph's grouped kernel, from its report, counts once per graph)
     grouped: list[GroupedCall] = field(default_factory=list)
 
     @property
@@ -117,7 +117,8 @@ class CaseResult:
 
 @dataclass(frozen=True)
 class GroupedCall:
-    """Grouped GEMMs (``tilewright.grouped_mm``) that ran one problem on one kernel."""
+    """Grouped GEMMs that ran one problem on one kernel: ``calls`` eager calls of
+    ``tilewright.grouped_mm`` plus compiled graphs listing it (once per graph)."""
 
     case: str
     G: int
@@ -132,13 +133,16 @@ class GroupedCall:
 
 @contextlib.contextmanager
 def counting_grouped() -> Iterator[Counter]:
-    """Count the grouped GEMM calls made inside the block, per (problem, winning template).
-
-    ``tilewright.grouped_mm`` asks :func:`tilewright.kernels.build.tuned_launcher` for its
-    kernel on every call; the launcher it returns carries its rendering (``.rendered``), so
-    wrapping the lookup sees which template each call ran, ATen's included.
+    """Count the grouped GEMMs run inside the block, per (problem, winning template): each
+    grouped kernel of a graph compiled in the block once (its graph report lists it, with the
+    kernel the select stage chose), and each call of the eager op ``tilewright.grouped_mm`` (a
+    call the compiler left to the op, or one outside any compiled graph), which asks
+    :func:`tilewright.kernels.build.tuned_launcher` for its kernel on every call; the launcher
+    carries its rendering (``.rendered``), so wrapping the lookup sees which template each call
+    ran, ATen's included. The counts are complete when the block ends.
     """
     import tilewright.kernels.grouped as grouped_kernels
+    from tilewright.kinds import problem_from_json
 
     counts: Counter = Counter()
     original = grouped_kernels.tuned_launcher
@@ -151,9 +155,14 @@ def counting_grouped() -> Iterator[Counter]:
 
     grouped_kernels.tuned_launcher = counted
     try:
-        yield counts
+        with collect_reports() as graphs:
+            yield counts
     finally:
         grouped_kernels.tuned_launcher = original
+        for g in graphs:
+            for k in g.kernels:
+                if k.kind == "grouped_gemm":
+                    counts[(problem_from_json(k.problem_json), k.winner.split("[")[0])] += 1
 
 
 def _minilm(result: CaseResult) -> None:

@@ -66,7 +66,7 @@ def launch_table(result: CaseResult) -> Table:
     ind = {g.kind: g for g in result.inductor}
     for g in result.graphs:
         i = ind.get(g.kind)
-        table.add_row(g.kind, str(g.gemm_nodes), str(g.loop_kernels), str(g.extern_ops), str(g.launches),
+        table.add_row(g.kind, str(g.gemm_nodes), str(g.generated_kernels), str(g.extern_ops), str(g.launches),
                       f"{i.launches} ({i.kernels}+{i.externs})" if i else "-", str(g.eager_launches),
                       _mb(g.bytes_moved), _mb(g.eager_bytes))
     if len(result.graphs) > 1:
@@ -85,7 +85,7 @@ def summary_table(results: list[CaseResult]) -> Table:
         table.add_column(col, justify="left" if col in ("case", "mode", "dtype", "result") else "right")
     for r in results:
         gemms = sum(g.gemm_nodes for g in r.graphs)
-        kernels = sum(g.loop_kernels for g in r.graphs)
+        kernels = sum(g.generated_kernels for g in r.graphs)
         verdict = Text("PASS", style="green") if r.passed else Text("FAIL", style="red")
         grouped = sum(g.calls for g in r.grouped)
         table.add_row(r.case, r.mode, r.dtype, str(gemms), str(grouped) if grouped else "-", str(kernels), str(r.launches),

@@ -3,23 +3,20 @@ the runtime loader and the autotuner (which must not render source itself)."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Any
 
 import torch
 
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.inputs import GemmInputs, output_shape
 from tilewright.errors import KernelCompileError
-from tilewright.autotune.kinds import LoopInputs
-from tilewright.problem import GemmProblem, LoopProblem
+from tilewright.kinds import kind_of
 from tilewright.runtime.loader import load_module
-from tilewright.runtime.targets import Target, get_target
+from tilewright.runtime.targets import Target
 from tilewright.templates import RenderedKernel, get_template
 
 
-def render(problem: GemmProblem, candidate: Candidate, target: Target) -> RenderedKernel:
+def render(problem: Any, candidate: Candidate, target: Target) -> RenderedKernel:
     """Source for a candidate (see :meth:`TemplateSpec.render` for the errors it raises)."""
     template = get_template(candidate.template_id)
     if template.source_hash != candidate.template_hash:
@@ -46,7 +43,7 @@ class TemplateKernelFactory:
     def __setstate__(self, state: dict) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def render(self, problem: GemmProblem | LoopProblem, candidate: Candidate, target: Target) -> RenderedKernel:
+    def render(self, problem: Any, candidate: Candidate, target: Target) -> RenderedKernel:
         """The candidate's source (see :func:`render`)."""
         return render(problem, candidate, target)
 
@@ -57,7 +54,7 @@ class TemplateKernelFactory:
         launch.rendered = rendered  # for debug dumps and `explain`
         return launch
 
-    def build(self, problem: GemmProblem | LoopProblem, candidate: Candidate, target: Target):
+    def build(self, problem: Any, candidate: Candidate, target: Target):
         from tilewright._config import config
 
         # allow_tf32 changes the rendered source of fp32 GEMMs on tensor-core targets
@@ -70,52 +67,11 @@ class TemplateKernelFactory:
             self._launchers[key] = launch
         return launch
 
-    def reference(self, problem: GemmProblem | LoopProblem, inputs: GemmInputs | LoopInputs) -> Any:
-        """The float64 result (a loop kernel: the tuple of its outputs, floats in float64)."""
-        if getattr(problem, "kind", None) == "grouped_gemm":
-            from tilewright.grouped import reference
-
-            return reference(problem, inputs)
-        if isinstance(problem, LoopProblem):
-            aten = get_template(f"aten.{problem.kind}")
-            launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
-            return launch(*inputs.tensors, *inputs.sizes, reference=True)
-        step = _reference_columns(problem)
-        if step >= problem.N:
-            return self._gemm_reference(problem, inputs.as_dtype(torch.float64))
-        # a wide B (an lm_head weight) in float64 would be 4x its size: go a slab of columns at
-        # a time, so the reference costs one slab beside the result
-        a = inputs.a.double()
-        outs = []
-        for n0 in range(0, problem.N, step):
-            cols = slice(n0, min(problem.N, n0 + step))
-            part = GemmInputs(a, inputs.b[..., cols].double(),
-                              [e[..., cols].double() for e in inputs.epilogue_inputs])
-            outs.append(self._gemm_reference(dataclasses.replace(problem, N=cols.stop - n0), part))
-        if problem.store_acc:
-            return tuple(torch.cat([o[i] for o in outs], dim=-1) for i in range(2))
-        return torch.cat(outs, dim=-1)
-
-    def _gemm_reference(self, problem: GemmProblem, x: GemmInputs) -> Any:
-        aten = get_template("aten.gemm")
-        launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
-        out = torch.empty(output_shape(problem), dtype=torch.float64, device=x.a.device)
-        if problem.store_acc:
-            out = (out, torch.empty_like(out))
-        return launch(x.a, x.b, *x.epilogue_inputs, out=out, **x.scale_kwargs)
-
-
-REFERENCE_SLAB_BYTES = 64 << 20  # float64 B columns converted at a time
-
-
-def _reference_columns(problem: GemmProblem) -> int:
-    """Columns of B the float64 reference converts per step (N when all of them fit in
-    :data:`REFERENCE_SLAB_BYTES`, or when the epilogue may depend on the column index: IR
-    epilogues and block-scaled operands are computed whole)."""
-    if problem.block_scaled or problem.epilogue_ir:
-        return problem.N
-    per_column = 8 * problem.K * (problem.batch if problem.batched else 1)
-    return max(1, min(problem.N, REFERENCE_SLAB_BYTES // max(1, per_column)))
+    def reference(self, problem: Any, inputs: Any) -> Any:
+        """The float64 result, as the problem's kind computes it
+        (:meth:`tilewright.kinds.ProblemKind.reference`; a loop kernel: the tuple of its outputs,
+        floats in float64)."""
+        return kind_of(problem).reference(problem, inputs, self)
 
 
 default_factory = TemplateKernelFactory()
@@ -131,7 +87,7 @@ ops' launchers are keyed on them, so a call inside ``config.patch(...)`` uses th
 under that block's settings, and the next call after it the one chosen under the old ones."""
 
 
-def tuned_launcher(problem: GemmProblem, device: torch.device):
+def tuned_launcher(problem: Any, device: torch.device):
     """The autotuner's choice for ``problem`` on ``device`` under the current settings, built
     once per process and per value of :data:`CHOICE_SETTINGS`."""
     from tilewright._config import config

@@ -1,0 +1,373 @@
+"""The problem-kind registry (tilewright.kinds): every registered kind's problems round-trip
+through JSON and hash stably (each field changes the hash), an unknown kind is a clear error, and
+the worked example of docs/kernel-authors.md ("Adding a problem kind"): a toy kind, ``axpy``
+(``out = alpha * x + y``), registered from this module (outside the package) with its own
+ATen-style template and a Triton one, chosen through ``select`` (checked against its float64
+reference, outputs poisoned), round-tripped through JSON and the tuning cache's key, and planned
+by ``tilewright aot``'s plan step."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import pytest
+import torch
+
+import tilewright
+from tilewright import templates
+from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.cost_model import CostEstimate
+from tilewright.kinds import (
+    ProblemKind, UnknownKindError, get_kind, kind_of, kinds, problem_from_json, register_kind, unregister_kind,
+)
+from tilewright.runtime.aot import AotSpec
+from tilewright.runtime.targets import Target, get_target
+from tilewright.templates import (
+    SUPPORTED, Knob, ParamSpace, RenderedKernel, Support, TemplateSpec, get_template, templates_for,
+)
+
+# fields that cannot vary in an example: one legal value so far
+SINGLE_VALUED = {"grouped_gemm": {"offsets"}}
+
+
+# -- the registry -------------------------------------------------------------------------------
+def _fields(p: Any) -> dict[str, Any]:
+    return {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
+
+
+@pytest.mark.parametrize("kind", kinds(), ids=lambda k: k.name)
+def test_every_kind_round_trips_json_and_each_field_changes_its_hash(kind: ProblemKind):
+    examples = kind.examples()
+    assert len(examples) > 1, f"{kind!r} gives no examples (ProblemKind.examples)"
+    base, varied = examples[0], set()
+    for p in examples:
+        assert kind_of(p) is kind
+        text = json.dumps(p.to_json())  # JSON, not just a dict
+        back = problem_from_json(json.loads(text))
+        assert back == p and back.stable_hash() == p.stable_hash()
+        assert p.stable_hash() == type(p).from_json(p.to_json()).stable_hash()  # stable across copies
+    for p in examples[1:]:
+        changed = {k for k, v in _fields(p).items() if _fields(base)[k] != v}
+        assert changed, f"{p} repeats the first example"
+        varied |= changed
+        assert p.to_json() != base.to_json()
+        if changed - set(kind.display_fields):
+            assert p.stable_hash() != base.stable_hash(), f"changing {changed} keeps the hash"
+    missing = set(_fields(base)) - varied - SINGLE_VALUED.get(kind.name, set())
+    assert not missing, f"{kind!r}: no example varies {sorted(missing)}"
+
+
+def test_the_registry_knows_the_built_in_kinds_in_order():
+    assert [k.names for k in kinds()[:3]] == [("gemm",), ("grouped_gemm",), ("pointwise", "reduction")]
+    assert get_kind("reduction") is get_kind("pointwise")
+
+
+def test_unknown_kind_json_is_a_clear_error():
+    with pytest.raises(UnknownKindError) as e:
+        problem_from_json({"kind": "attention", "B": 1})
+    text = str(e.value)
+    assert "'attention'" in text and "gemm" in text and "register_kind" in text
+    assert isinstance(e.value, KeyError)  # the cache treats a key it cannot read as a miss
+
+
+def test_gemm_json_without_a_kind_is_a_gemm():
+    """Tuning caches hold GEMM problems without a "kind": they stay readable."""
+    p = get_kind("gemm").examples()[0]
+    assert "kind" not in p.to_json() and problem_from_json(p.to_json()) == p
+
+
+def test_a_kind_with_a_taken_name_or_no_problem_type_is_refused():
+    class Twin(ProblemKind):
+        names = ("gemm",)
+        problem_type = AxpyProblem
+
+    class Bare(ProblemKind):
+        names = ("bare",)
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_kind(Twin())
+    with pytest.raises(ValueError, match="problem_type"):
+        register_kind(Bare())
+
+
+# -- the worked example: a toy kind from outside the package --------------------------------------
+@dataclass(frozen=True)
+class AxpyProblem:
+    """``out = alpha * x + y`` over ``n`` elements of ``dtype`` (x, y, out contiguous)."""
+
+    n: int
+    dtype: str = "fp32"
+    alpha: float = 2.0
+    dynamic: frozenset[str] = field(default_factory=frozenset)
+    op: str = "axpy"  # display only
+
+    kind = "axpy"  # the kind's name: a class attribute, not a field
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "dynamic": sorted(self.dynamic), "kind": self.kind}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "AxpyProblem":
+        d = {k: v for k, v in d.items() if k != "kind"}
+        return cls(**{**d, "dynamic": frozenset(d.get("dynamic", ()))})
+
+    def stable_hash(self) -> str:
+        d = {k: v for k, v in self.to_json().items() if k != "op"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return f"{self.op} n={self.n} {self.dtype} alpha={self.alpha}"
+
+    def with_sizes(self, **sizes: int) -> "AxpyProblem":
+        return dataclasses.replace(self, **sizes)
+
+    @property
+    def min_bytes(self) -> int:
+        return 3 * self.n * torch.finfo(_TORCH[self.dtype]).bits // 8
+
+
+_TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class AxpyInputs:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class AtenAxpy(TemplateSpec):
+    """The fallback and, in float64, the reference: PyTorch operators."""
+
+    id = "aten.axpy"
+    backend = "aten"
+    op = "axpy"
+
+    def supports(self, problem: Any, target: Target) -> Support:
+        return SUPPORTED if isinstance(problem, AxpyProblem) else Support(False, "axpy problems only")
+
+    def render(self, problem: AxpyProblem, params: Mapping[str, Any], target: Target) -> RenderedKernel:
+        source = (f"ALPHA = {problem.alpha!r}\n\n"
+                  "def launch(x, y, out=None):\n"
+                  "    r = ALPHA * x.to(out.dtype if out is not None else x.dtype) + y\n"
+                  "    return r if out is None else out.copy_(r)\n")
+        return RenderedKernel(self.id, {}, target.name, source, "aten_axpy")
+
+
+TRITON_AXPY = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def axpy_kernel(x_ptr, y_ptr, out_ptr, n, ALPHA: tl.constexpr, XBLOCK: tl.constexpr):
+    offs = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    y = tl.load(y_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, (ALPHA * x + y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch(x, y, out=None):
+    out = torch.empty_like(x) if out is None else out
+    n = x.numel()
+    axpy_kernel[(triton.cdiv(n, {XBLOCK}),)](x, y, out, n, ALPHA={ALPHA}, XBLOCK={XBLOCK}, num_warps={num_warps})
+    return out
+'''
+
+
+class TritonAxpy(TemplateSpec):
+    """A generated kernel: ``XBLOCK`` elements per program."""
+
+    id = "triton.axpy"
+    backend = "triton"
+    op = "axpy"
+    space = ParamSpace((Knob("XBLOCK", (64, 256, 1024), 1024, "elements per program"),
+                        Knob("num_warps", (1, 2, 4), 4, "warps per program")))
+
+    def supports(self, problem: Any, target: Target) -> Support:
+        if not isinstance(problem, AxpyProblem):
+            return Support(False, "axpy problems only")
+        return SUPPORTED if target.triton is not None or target.interpreted else Support(False, "no Triton")
+
+    def render(self, problem: AxpyProblem, params: Mapping[str, Any], target: Target) -> RenderedKernel:
+        p = self.space.complete(params)
+        source = TRITON_AXPY.format(ALPHA=problem.alpha, **p)
+        aot = AotSpec("axpy_kernel", "triton", {"x_ptr": f"*{problem.dtype}", "y_ptr": f"*{problem.dtype}",
+                                                "out_ptr": f"*{problem.dtype}"},
+                      {"ALPHA": problem.alpha, "XBLOCK": p["XBLOCK"]}, ("x_ptr", "y_ptr", "out_ptr"),
+                      {"num_warps": p["num_warps"], "num_stages": 1})
+        return RenderedKernel(self.id, p, target.name, source, f"triton_axpy_x{p['XBLOCK']}",
+                              interpret=target.interpreted, aot=aot)
+
+
+class AxpyPolicy:
+    """ATen first (rank 0); then each generated template's settings by predicted time (only when
+    forced on an interpreted target: an interpreter cannot beat ATen)."""
+
+    def __init__(self, kind: "AxpyKind"):
+        self.kind = kind
+
+    def ranked(self, problem: AxpyProblem, target: Target, template: TemplateSpec) -> list[tuple[float, dict]]:
+        seeds = [{"XBLOCK": 1024, "num_warps": 4}, {"XBLOCK": 256, "num_warps": 2}]
+        legal = [template.space.complete(p) for p in seeds if template.check(p, problem, target) is None]
+        return sorted(((self.kind.estimate(problem, p, target, template).ms, p) for p in legal),
+                      key=lambda item: item[0])
+
+    def candidates(self, problem: AxpyProblem, target: Target) -> list[Candidate]:
+        aten = get_template("aten.axpy")
+        out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0)]
+        if target.interpreted and tilewright.config.force_backend == "auto":
+            return out
+        for t in templates_for("axpy", target.backend, jit=True):
+            if t.backend != "aten" and t.supports(problem, target):
+                for ms, p in self.ranked(problem, target, t):
+                    out.append(Candidate.of(t.id, t.source_hash, p, rank=len(out), predicted_ms=ms))
+        return out
+
+
+class AxpyKind(ProblemKind):
+    names = ("axpy",)
+    problem_type = AxpyProblem
+
+    def examples(self) -> list[AxpyProblem]:
+        base = AxpyProblem(1000)
+        return [base, AxpyProblem(999), AxpyProblem(1000, "bf16"), AxpyProblem(1000, alpha=0.5),
+                AxpyProblem(1000, dynamic=frozenset({"n"})), AxpyProblem(1000, op="saxpy")]
+
+    def policy(self, name: str, target: Target) -> AxpyPolicy:
+        return AxpyPolicy(self)
+
+    def estimate(self, problem: AxpyProblem, params: Mapping[str, Any], target: Target, template: Any) -> CostEstimate:
+        programs = math.ceil(problem.n / params["XBLOCK"])
+        ms = problem.min_bytes / ((target.hbm_gbps or 1.0) * 1e6) + 1e-3 * programs / max(target.num_sms, 1)
+        return CostEstimate(ms, 0.0, ms, "memory", programs / max(target.num_sms, 1), 1.0)
+
+    def make_inputs(self, problem: AxpyProblem, device: Any, seed: int = 0) -> AxpyInputs:
+        gen = torch.Generator().manual_seed(seed)
+        x, y = (torch.randn(problem.n, generator=gen).to(device, _TORCH[problem.dtype]) for _ in range(2))
+        return AxpyInputs(x, y)
+
+    def poisoned(self, problem: AxpyProblem, device: Any) -> torch.Tensor:
+        return torch.full((problem.n,), float("nan"), dtype=_TORCH[problem.dtype], device=device)
+
+    def run(self, launch, x: AxpyInputs, out: torch.Tensor) -> torch.Tensor:
+        return launch(x.x, x.y, out=out)
+
+    def error(self, problem: AxpyProblem, result: torch.Tensor, ref: torch.Tensor, tf32: bool) -> tuple[float, float]:
+        r = ref.double()
+        err = (result.double() - r).norm().item() / r.norm().item()
+        return (err if math.isfinite(err) else float("inf")), {"fp32": 1e-5, "fp16": 1e-2, "bf16": 2e-2}[problem.dtype]
+
+    def reference(self, problem: AxpyProblem, x: AxpyInputs, factory: Any) -> torch.Tensor:
+        aten = get_template(self.aten_template_id(problem))
+        launch = factory.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
+        return launch(x.x.double(), x.y.double())
+
+    def call_sizes(self, problem: AxpyProblem, args: tuple) -> dict[str, int]:
+        return {"n": args[0].numel()} if problem.dynamic else {}
+
+
+@pytest.fixture
+def axpy(monkeypatch):
+    """The toy kind and its two templates registered, as a plug-in would (then removed)."""
+    templates.manifests()  # the built-in templates first
+    monkeypatch.setattr(templates, "_MANIFESTS", dict(templates._MANIFESTS))
+    monkeypatch.setattr(templates, "_TEMPLATES", dict(templates._TEMPLATES))
+    for template in (AtenAxpy(), TritonAxpy()):
+        m = templates.manifests()[template.backend]
+        templates.register(dataclasses.replace(m, templates=m.templates + (template,)))
+    kind = register_kind(AxpyKind())
+    yield kind
+    unregister_kind(kind)
+
+
+def test_toy_kind_round_trips_through_json_and_the_cache_key(axpy):
+    from tilewright.autotune.cache import ProblemKey
+
+    p = AxpyProblem(1000, alpha=0.5)
+    assert problem_from_json(json.loads(json.dumps(p.to_json()))) == p
+    key = ProblemKey.for_problem(p, "cpu")
+    assert ProblemKey.from_entry(key.to_json()) == key
+    # the display label stays out of the cache key
+    assert ProblemKey.for_problem(dataclasses.replace(p, op="saxpy"), "cpu").digest == key.digest
+
+
+def test_toy_kind_is_chosen_through_select(axpy, tmp_path):
+    """ATen alone on the CPU (untimed); with Triton forced, the interpreted kernel is built,
+    run into a NaN-poisoned output, checked against the float64 reference and timed."""
+    from tilewright.autotune.select import select
+    from tilewright.kernels.build import default_factory
+
+    cpu = get_target("cpu")
+    p = AxpyProblem(1000)
+    with tilewright.config.patch(cache_dir=str(tmp_path)):
+        sel = select(p, cpu, default_factory)
+        assert sel.winner.template_id == "aten.axpy" and not sel.measured
+        with tilewright.config.patch(force_backend="triton"):
+            sel = select(p, cpu, default_factory)
+    assert sel.winner.template_id == "triton.axpy" and sel.measured, sel.reason
+    # checked against float64 (a slow second setting may be aborted after its checked first run)
+    assert all(r.record.status in ("ok", "aborted") and r.record.rel_err < 1e-6 for r in sel.results)
+    x = axpy.make_inputs(p, "cpu", seed=1)
+    out = default_factory.build(p, sel.winner, cpu)(x.x, x.y)
+    torch.testing.assert_close(out, 2.0 * x.x + x.y)
+
+
+def test_a_wrong_toy_kernel_is_caught_by_its_check(axpy, tmp_path, monkeypatch):
+    """A kernel that forgets ``+ y`` fails its check against the float64 reference: with Triton
+    forced nothing is left, which the pipeline answers by running that kernel on ATen."""
+    from tilewright.autotune.select import select
+    from tilewright.errors import NoValidCandidateError
+    from tilewright.kernels.build import default_factory
+
+    monkeypatch.setitem(globals(), "TRITON_AXPY", TRITON_AXPY.replace("(ALPHA * x + y)", "(ALPHA * x)"))
+    with tilewright.config.patch(cache_dir=str(tmp_path), force_backend="triton"), \
+            pytest.raises(NoValidCandidateError, match="relative error"):
+        select(AxpyProblem(777, alpha=3.0), get_target("cpu"), default_factory)
+
+
+def test_toy_kind_is_planned_by_aot(axpy):
+    """``tilewright aot``'s plan step: the kind's policy ranks the Triton template's settings, its
+    cost model estimates them, its label names the kernel; the render carries its AotSpec."""
+    from tilewright.compiler import aot
+    from tilewright.compiler.capture import CapturedKernel
+
+    p = AxpyProblem(1 << 20, "bf16")
+    kernels, refused = aot.plan([CapturedKernel(p, ["inference.axpy_0"])], [get_target("sm_90a")])
+    assert not refused and len(kernels) == 1
+    (k,) = kernels
+    assert k.kind == "axpy" and k.template.id == "triton.axpy" and k.bound == "memory"
+    assert k.name.startswith("sm_90a/axpy_") and k.name.endswith("-triton_axpy-x1024-w4")
+    assert k.job.spec["kernel"] == "axpy_kernel" and k.job.spec["pointer_types"]["x_ptr"] == "*bf16"
+    assert aot.describe_problem(p) == p.describe()
+
+
+def test_entry_point_kinds_are_registered_and_a_broken_one_is_skipped(monkeypatch, caplog):
+    import logging
+
+    import tilewright.kinds as registry
+
+    class EntryPoint:
+        def __init__(self, name, load):
+            self.name, self.value, self.load = name, f"tests.{name}:KIND", load
+
+    def broken():
+        raise ImportError("no module named mypackage")
+    monkeypatch.setattr(registry, "entry_points", lambda group: [
+        EntryPoint("axpy", lambda: AxpyKind), EntryPoint("broken", broken)] if group == "tilewright.kinds" else [])
+    with caplog.at_level(logging.WARNING, logger="tilewright.kinds"):
+        added = registry._load_entry_points()
+    try:
+        assert [k.names for k in added] == [("axpy",)] and get_kind("axpy") is added[0]
+        assert "broken" in caplog.text and "no module named mypackage" in caplog.text
+    finally:
+        for k in added:
+            unregister_kind(k)
+    with pytest.raises(UnknownKindError):
+        get_kind("axpy")

@@ -1,0 +1,246 @@
+"""The loop-kernel kind, "pointwise" and "reduction": :class:`~tilewright.problem.LoopProblem`,
+a fused group of pointwise ops and reductions in the expression IR.
+
+Policy :class:`~tilewright.autotune.loop_policy.LoopPolicy`, cost model
+:func:`~tilewright.autotune.cost_model.estimate_loop`, ATen templates ``aten.pointwise`` and
+``aten.reduction`` (the torch emitter; with ``reference=True`` in float64, the reference). Its
+kernels are the kernel graph's :class:`~tilewright.compiler.graph.FusedNode`\\ s, which the
+fusion scheduler makes (:mod:`tilewright.compiler.schedule`). Sizes are the kernel's size
+symbols (``z0``, ``z1``, ...), passed after the tensors at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import sympy
+import torch
+
+from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.cost_model import estimate_loop
+from tilewright.autotune.loop_policy import LoopPolicy
+from tilewright.ir import dtypes
+from tilewright.ir.index import static_or_hint
+from tilewright.kinds import ProblemKind
+from tilewright.problem import LoopProblem
+
+# ‖out − ref‖ / ‖ref‖ allowed per output dtype (integers and booleans: the fraction of elements
+# that differ)
+LOOP_TOLERANCE = {"fp64": 1e-10, "fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2}
+DISCRETE_TOLERANCE = 1e-3
+
+
+@dataclass
+class LoopInputs:
+    """Tensors for one run of a loop kernel: its inputs (in their traced layouts) and the values
+    of its size symbols."""
+
+    tensors: list[torch.Tensor]
+    sizes: list[int]
+
+    def as_reference(self) -> "LoopInputs":
+        return self  # the torch emitter converts to float64 itself
+
+
+def _strided_random(shape: Sequence[int], stride: Sequence[int], dtype: str, device: torch.device,
+                    gen: torch.Generator, bounds: tuple[int, int] | None) -> torch.Tensor:
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(n > 0 for n in shape) else 0
+    if dtype == "bool":
+        base = torch.randint(0, 2, (span,), generator=gen).bool()
+    elif dtypes.is_int(dtype) and bounds:
+        lo, hi = bounds
+        base = torch.randint(lo, max(hi, lo + 1), (span,), generator=gen).to(dtypes.TORCH[dtype])
+    elif dtypes.is_int(dtype):
+        # never zero (an integer divisor of 0 raises in the reference); both signs but for u8
+        base = torch.randint(1, 16, (span,), generator=gen)
+        if dtype != "u8":
+            base = base * (torch.randint(0, 2, (span,), generator=gen) * 2 - 1)
+        base = base.to(dtypes.TORCH[dtype])
+    else:
+        base = torch.randn(span, generator=gen).to(dtypes.TORCH[dtype])
+    return base.to(device).as_strided(tuple(shape), tuple(stride))
+
+
+def make_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int = 0) -> LoopInputs:
+    """Random inputs (normal floats, never zeros; integers inside their index bounds) laid out
+    as traced, and the sizes the problem is tuned at."""
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    sizes = problem.size_map
+    tensors = []
+    for b in problem.kernel.inputs:
+        shape = [static_or_hint(s, sizes) for s in b.shape]
+        stride = [static_or_hint(s, sizes) for s in b.stride]
+        tensors.append(_strided_random(shape, stride, b.dtype, device, gen, b.bounds))
+    return LoopInputs(tensors, [static_or_hint(s, sizes) for s in problem.kernel.size_symbols()])
+
+
+# integers: a value the type holds (a uint8 cannot hold -12345) that kernels rarely write
+_POISON = {"bool": True, "u8": 251, "i8": -123}
+
+
+def poisoned_loop_outputs(problem: LoopProblem, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+    """Output buffers full of NaN (integers: a value no kernel writes here), in the kernel's
+    layout, so elements a kernel fails to write show up."""
+    sizes = problem.size_map
+    outs = []
+    for b in problem.kernel.outputs:
+        shape = [static_or_hint(s, sizes) for s in b.shape]
+        stride = [static_or_hint(s, sizes) for s in b.stride]
+        t = torch.empty_strided(shape, stride, dtype=dtypes.TORCH[b.dtype], device=device)
+        fill = float("nan") if dtypes.is_float(b.dtype) else _POISON.get(b.dtype, -12345)
+        t.fill_(fill)
+        outs.append(t)
+    return tuple(outs)
+
+
+def loop_error(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> float:
+    """Relative error of one output. Non-finite reference values (log of a negative input) must
+    be matched exactly (NaN by NaN, inf by the same inf); integer and boolean outputs count the
+    fraction of elements that differ."""
+    o, r = out.detach().cpu(), ref.detach().cpu()
+    if o.shape != r.shape:
+        return float("inf")
+    if not dtypes.is_float(dtype):
+        return (o.to(torch.float64) != r.to(torch.float64)).double().mean().item() if o.numel() else 0.0
+    o, r = o.double(), r.double()
+    finite = torch.isfinite(r)
+    if not torch.equal(torch.isnan(o), torch.isnan(r)) or not torch.equal(o[torch.isinf(r)], r[torch.isinf(r)]):
+        return float("inf")
+    if (~torch.isfinite(o[finite])).any():
+        return float("inf")
+    num, den = (o[finite] - r[finite]).norm().item(), r[finite].norm().item()
+    return num / den if den > 0 else num
+
+
+def _loop_run(launch: Callable, x: LoopInputs, outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(launch(*x.tensors, *x.sizes, outs=outs))
+
+
+def _loop_error(problem: LoopProblem, result: Sequence[torch.Tensor], ref: Sequence[torch.Tensor],
+                tf32: bool) -> tuple[float, float]:
+    """The worst output's error relative to its own tolerance (returned as (error, tolerance))."""
+    worst_err, worst_tol = 0.0, 1.0
+    for b, o, r in zip(problem.kernel.outputs, result, ref):
+        tol = LOOP_TOLERANCE.get(b.dtype, DISCRETE_TOLERANCE)
+        err = loop_error(o, r, b.dtype)
+        if err != err or err / tol > worst_err / worst_tol:
+            worst_err, worst_tol = err, tol
+    return worst_err, worst_tol
+
+
+def _example_kernel(reduce: bool, dtype: str = "fp32", stride: int = 1, op: str = "exp") -> Any:
+    """``out0[x] = op(in0[x])`` or, reducing, ``out0[x] = sum(in0[x, :])`` (registry tests)."""
+    from tilewright.ir import expr as E
+    from tilewright.ir.index import var
+    from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol
+
+    z0, z1, one = size_symbol(0), size_symbol(1), sympy.Integer(1)
+    x0, r0 = var("x", 0), var("r", 0)
+    if not reduce:
+        value = E.op(op, E.load("in0", (x0,), dtype))
+        return LoopKernel((z0,), (), (Buffer("in0", dtype, (z0,), (sympy.Integer(stride),)),),
+                          (Buffer("out0", dtype, (z0,), (one,)),), (Store("out0", (x0,), value),))
+    value = E.reduce("sum", E.load("in0", (x0, r0), dtype))
+    return LoopKernel((z0,), (z1,), (Buffer("in0", dtype, (z0, z1), (z1, one)),),
+                      (Buffer("out0", value.dtype, (z0,), (one,)),), (Store("out0", (x0,), value),))
+
+
+class LoopKind(ProblemKind):
+    names = ("pointwise", "reduction")
+    problem_type = LoopProblem
+
+    def examples(self) -> list[LoopProblem]:
+        base = LoopProblem(_example_kernel(False), (("z0", 40),), frozenset(), "exp")
+        return [base,
+                LoopProblem(_example_kernel(False, op="sin"), (("z0", 40),), frozenset(), "exp"),
+                LoopProblem(_example_kernel(False, stride=2), (("z0", 40),), frozenset(), "exp"),
+                LoopProblem(_example_kernel(False, dtype="bf16"), (("z0", 40),), frozenset(), "exp"),
+                LoopProblem(_example_kernel(False), (("z0", 48),), frozenset(), "exp"),
+                LoopProblem(_example_kernel(False), (("z0", 40),), frozenset({"z0"}), "exp"),
+                LoopProblem(_example_kernel(False), (("z0", 40),), frozenset(), "exp_again"),
+                LoopProblem(_example_kernel(True), (("z0", 6), ("z1", 30)), frozenset(), "sum")]
+
+    # -- choosing ---------------------------------------------------------------------------------
+    def policy(self, name: str, target: Any) -> LoopPolicy:
+        return LoopPolicy(name)
+
+    def estimate(self, problem: LoopProblem, params: Mapping[str, Any], target: Any, template: Any) -> Any:
+        return estimate_loop(problem, params, target)
+
+    # -- checking ---------------------------------------------------------------------------------
+    def make_inputs(self, problem: LoopProblem, device: Any, seed: int = 0) -> LoopInputs:
+        return make_loop_inputs(problem, device, seed)
+
+    def poisoned(self, problem: LoopProblem, device: Any) -> tuple[torch.Tensor, ...]:
+        return poisoned_loop_outputs(problem, device)
+
+    def run(self, launch: Callable, x: LoopInputs, outs: Any) -> tuple[torch.Tensor, ...]:
+        return _loop_run(launch, x, outs)
+
+    def error(self, problem: LoopProblem, result: Any, ref: Any, tf32: bool) -> tuple[float, float]:
+        return _loop_error(problem, result, ref, tf32)
+
+    def reference(self, problem: LoopProblem, inputs: LoopInputs, factory: Any) -> Any:
+        """The torch emitter in float64: the tuple of the kernel's outputs."""
+        from tilewright.runtime.targets import get_target
+        from tilewright.templates import get_template
+
+        aten = get_template(self.aten_template_id(problem))
+        launch = factory.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
+        return launch(*inputs.tensors, *inputs.sizes, reference=True)
+
+    # -- the compiler's side --------------------------------------------------------------------
+    def owns(self, node: Any) -> bool:
+        from tilewright.compiler.graph import FusedNode  # the compiler imports the registry
+
+        return isinstance(node, FusedNode)
+
+    def capture_key(self, problem: LoopProblem) -> Any:
+        # a loop problem's op is a display label: the same kernel under two labels is one kernel
+        return ("loop", problem.stable_hash())
+
+    def dims(self, problem: LoopProblem) -> tuple[str, ...]:
+        return tuple(k for k, _ in problem.sizes)
+
+    def sizes(self, problem: LoopProblem) -> dict[str, int]:
+        return dict(problem.sizes)
+
+    def invoker(self, call: Any) -> Callable[..., Any]:
+        """``call(*inputs, *sizes)`` -> the output, or a tuple of outputs."""
+        n_inputs = len(call.problem.kernel.inputs)
+        single = len(call.problem.kernel.outputs) == 1
+        dims = call.dims
+
+        def invoke(*args: Any) -> Any:
+            launch = call._fast
+            if launch is None:
+                launch = call._launcher({d: int(v) for d, v in zip(dims, args[n_inputs:])})
+            outs = launch(*args)
+            return outs[0] if single else outs
+        return invoke
+
+    # -- reports and names ----------------------------------------------------------------------
+    def report(self, node: Any, call: Any) -> Any:
+        from tilewright.compiler.report import KernelReport  # the compiler imports the registry
+
+        sel = next(iter(call.selections.values()))
+        p = node.problem
+        return KernelReport(node=node.name, kind=p.kind, op=p.op, members=len(node.members),
+                            winner=sel.winner.name, reason=sel.reason, bytes=p.min_bytes,
+                            tune_seconds=sel.seconds)
+
+    def aot_label(self, problem: LoopProblem) -> str:
+        # the op label is free text, so the hash names it
+        numel = f"{problem.xnumel}x{problem.rnumel}" if problem.kind == "reduction" else f"{problem.xnumel}"
+        return f"{problem.kind}_{numel}_{problem.stable_hash()[:8]}"
+
+    def warm_problems(self, problem: LoopProblem) -> list[tuple[str, Any]]:
+        from tilewright.autotune.buckets import bucket_problem
+
+        p = bucket_problem(problem, dict(problem.sizes))  # tuned at the bucket the compiled model looks up
+        return [(f"{p.kind}.{p.op}", p)]
+
+
+KIND = LoopKind()
