@@ -214,3 +214,34 @@ def test_loop_kernels_on_the_gpu_forward_and_backward(fresh_cache, dtype):
     kernels = [k for r in reports for k in r.kernels]
     assert kernels and all(k.winner.startswith("triton.") for k in kernels), [k.winner for k in kernels]
     assert no_workers_left()
+
+
+def test_compiled_grouped_gemm_is_chosen_in_select_on_the_gpu(fresh_cache):
+    """A compiled MoE-style grouped GEMM (forward, and both gradients: a 2d3d and a 2d2d call)
+    on compiled Triton grouped kernels, chosen in the pipeline's select stage and listed in the
+    graph reports (issue 17), against float64; an empty group and a one-token group included."""
+    from tilewright.kinds import problem_from_json
+
+    gen = torch.Generator().manual_seed(0)
+    offs = torch.tensor([0, 1, 90, 200], dtype=torch.int32, device="cuda")
+    a = torch.randn(200, 64, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+    b = torch.randn(4, 64, 96, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+
+    def f(a, b, offs):
+        return torch.nn.functional.silu(torch._grouped_mm(a, b, offs=offs)) * 2
+
+    ad, bd = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    start, parts = 0, []
+    for g, end in enumerate(offs.tolist()):
+        parts.append(torch.nn.functional.silu(ad[start:end] @ bd[g]) * 2)
+        start = end
+    ref = torch.cat(parts)
+    ref.square().sum().backward()
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        out = torch.compile(f, backend="tilewright")(a, b, offs)
+        out.float().square().sum().backward()
+    assert rel_err(out, ref) < 2e-2 and rel_err(a.grad, ad.grad) < 2e-2 and rel_err(b.grad, bd.grad) < 2e-2
+    grouped = [k for r in reports for k in r.kernels if k.kind == "grouped_gemm"]
+    assert sorted(problem_from_json(k.problem_json).case for k in grouped) == ["2d2d", "2d3d", "2d3d"]
+    assert all(k.winner.startswith("triton.") for k in grouped), [k.winner for k in grouped]
+    assert no_workers_left()

@@ -371,3 +371,34 @@ def test_entry_point_kinds_are_registered_and_a_broken_one_is_skipped(monkeypatc
             unregister_kind(k)
     with pytest.raises(UnknownKindError):
         get_kind("axpy")
+
+
+# the shared code that asks the kinds and must name none (tilewright/kinds is where kinds live)
+SHARED = ("autotune/select.py", "autotune/evaluate.py", "autotune/warm.py", "autotune/warm_ray.py",
+          "autotune/bench.py", "autotune/cache.py", "autotune/cache_io.py", "compiler/dispatch.py",
+          "compiler/pipeline.py", "compiler/capture.py", "compiler/aot.py", "compiler/aot_written.py",
+          "compiler/aot_metal.py", "compiler/aot_sycl.py", "kernels/build.py", "cli/warm.py")
+KIND_NAMES = {"gemm", "grouped_gemm", "pointwise", "reduction"}
+KIND_TYPES = {"GemmProblem", "LoopProblem", "GroupedGemmProblem", "GemmPolicy", "LoopPolicy", "GroupedGemmPolicy"}
+# compatibility names kept for callers: capture_gemms filters capture_kernels by the kind "gemm"
+ALLOWED = {("compiler/capture.py", "gemm")}
+
+
+@pytest.mark.parametrize("path", SHARED)
+def test_shared_code_names_no_problem_kind(path):
+    """A new kind is its own module plus one registration: the shared code never lists kinds
+    (docstrings and comments may mention them)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(tilewright.__file__).parent / path).read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    named = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings and n.value in KIND_NAMES:
+            named.add(n.value)
+        elif isinstance(n, ast.Name) and n.id in KIND_TYPES or isinstance(n, ast.alias) and n.name in KIND_TYPES:
+            named.add(getattr(n, "id", None) or n.name)
+    assert not {x for x in named if (path, x) not in ALLOWED}, f"{path} names {sorted(named)}: ask tilewright.kinds"

@@ -65,8 +65,9 @@ class ProblemKind:
             ``describe()``, ``with_sizes(**sizes)``, ``dynamic`` (names of run-time sizes) and
             ``min_bytes`` (modelled traffic of one call). It lives below the templates (they
             import it), never in the kind module, which imports the autotuner.
-        display_fields: fields that only label a problem (``op``): left out of its identity
-            where the kind says so (a loop problem's hash, every tuning-cache key).
+        display_fields: fields that only label a problem: a change of one may leave the stable
+            hash as it is (a loop problem's ``op``); the tuning cache's key always leaves ``op``
+            out.
         tune_aten_alone: whether a problem whose only candidate is ATen is still timed and
             recorded (GEMMs: ``tilewright warm`` ships ATen's record as the bar); other kinds
             choose it without measuring.
