@@ -50,7 +50,6 @@ from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
 from tilewright.templates.base import SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec
 from tilewright.templates.flydsl.emit import FLY, FlyExpr, check_nodes, literal
-from tilewright.templates.flydsl.gemm import aot_only_refusal
 
 ARCH = "gfx950"
 WAVE = 64
@@ -296,13 +295,8 @@ class _FlyLoops(TemplateSpec):
     backend = "flydsl"
     jinja = "loops.py.jinja"
 
-    def supports(self, problem: Any, target: Target) -> Support:
-        if (why := aot_only_refusal(self.id)) is not None:
-            return Support(False, why)
-        return self.problem_support(problem, target)
-
     def problem_support(self, problem: Any, target: Target) -> Support:
-        """``supports`` without the toolchain and device checks (rendering needs only jinja)."""
+        """Whether this template renders ``problem`` for ``target`` (the toolchain is the language's check)."""
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.arch != ARCH:
@@ -323,13 +317,8 @@ class _FlyLoops(TemplateSpec):
     def _check(self, p: dict, lanes: int) -> str | None:
         return None
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        support = self.problem_support(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
-        p = self.space.complete(params)
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
+        p = params
         k = problem.kernel
         lanes = p["num_warps"] * WAVE
         body = _Body(k, lanes)

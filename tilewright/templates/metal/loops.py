@@ -21,12 +21,10 @@ group_size=...)``; elsewhere it refuses in one line (see
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import sympy
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import code, offset, unflatten
@@ -345,13 +343,7 @@ class _MetalLoops(TemplateSpec):
     jinja = "loops.metal.jinja"
     launcher = "launcher.py.jinja"
 
-    @property
-    def render_sources(self) -> tuple[Path, ...]:  # the launcher template shapes the output too
-        from tilewright.templates.base import _jinja_closure
-
-        return tuple(sorted(set(super().render_sources) | _jinja_closure(self.folder, self.launcher)))
-
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.backend != "mps":
@@ -399,13 +391,7 @@ class _MetalLoops(TemplateSpec):
             body.reduction_looped()
         return body
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
         k = problem.kernel
         body = self._body(problem, params)
         names = {s: s.name for s in k.size_symbols()}
@@ -450,10 +436,6 @@ class _MetalLoops(TemplateSpec):
                   "threads": grid, "group_size": group, "threadgroup_bytes": body.smem_bytes(),
                   "persistent": body.persistent})
 
-    def render_jinja_file(self, name: str, **context: Any) -> str:
-        from tilewright.templates.base import jinja_env
-
-        return jinja_env(self.folder).get_template(name).render(**context)
 
 
 class MetalPointwise(_MetalLoops):

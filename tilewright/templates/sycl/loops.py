@@ -325,7 +325,7 @@ class _SyclLoops(TemplateSpec):
     backend = "sycl"
     jinja = "loops.py.jinja"
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.backend != "xpu":
@@ -335,22 +335,12 @@ class _SyclLoops(TemplateSpec):
                 return Support(False, f"{b.dtype} buffers ({b.name}) have no SYCL conversion here")
         if any(n.op == "acc" for n in problem.kernel.nodes()):
             return Support(False, "GEMM accumulators belong to a GEMM template")
-        from tilewright.runtime import sycl as runtime
-
-        if (why := runtime.unavailable_reason()) is not None:
-            return Support(False, why)
         return SUPPORTED
 
     def check(self, params: Params, problem: Any, target: Target) -> str | None:
         return self.space_refusal(params)
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
         k = problem.kernel
         body = _Body(k)
         if problem.kind == "pointwise":

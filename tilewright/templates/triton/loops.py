@@ -16,7 +16,6 @@ from typing import Any
 
 import sympy
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import code, offset, unflatten
@@ -370,7 +369,7 @@ class _TritonLoops(TemplateSpec):
     jinja = "loops.py.jinja"
     # the body comes from the emitter: a change there must retire the tuning records
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.backend not in ("cuda", "hip", "cpu"):
@@ -431,13 +430,7 @@ class _TritonLoops(TemplateSpec):
             body.reduction_looped()
         return body, persistent
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
         k = problem.kernel
         body, persistent = self._render_body(problem, params, target)
         names = {s: s.name for s in k.size_symbols()}
