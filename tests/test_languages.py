@@ -246,3 +246,13 @@ def test_aot_jobs_find_their_compiler_through_the_language(scratch_language, tmp
     res = compile_jobs(jobs, tmp_path, workers=1, timeout_s=60)
     assert res[0].status == "failed" and "language 'testlang_noaot' has no ahead-of-time compiler" in res[0].error
     assert res[1].status == "failed" and "no language 'nolang'" in res[1].error
+
+
+def test_forcing_a_language_gives_its_templates_the_whole_candidate_budget():
+    # bug: the policy spent its budget (2 on the interpreter) on other languages' templates and
+    # the forced language's were then filtered out, leaving ATen ("no template supports")
+    with tilewright.config.patch(force_backend="cutedsl"):
+        forced = {t.backend for t in templates_for("gemm", "cuda", jit=True)}
+        assert forced == {"aten", "cutedsl"}
+        everything = {t.backend for t in templates_for("gemm", "cuda")}  # aot plans them all
+        assert {"triton", "cutedsl"} <= everything

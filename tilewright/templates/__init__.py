@@ -263,26 +263,26 @@ def get_template(template_id: str) -> TemplateSpec:
 
 def templates_for(op: str, target_backend: str | None = None, *, jit: bool = False) -> list[TemplateSpec]:
     """Templates implementing ``op`` whose language can run on ``target_backend``; with ``jit``
-    only those a running model can launch (not the ``aot_only`` ones)."""
+    only those a running model may launch: not the ``aot_only`` ones, and under
+    ``config.force_backend=<language>`` only that language's and ATen's (so the forced
+    language's templates alone share the policy's candidate budget)."""
+    from tilewright._config import config
+
+    force = config.force_backend if jit else "auto"
     out = []
     for m in manifests().values():
         if target_backend is not None and target_backend not in m.target_backends:
             continue
+        if force != "auto" and m.name not in (force, "aten"):
+            continue
         out.extend(t for t in m.templates if t.op == op and not (jit and t.aot_only))
     return out
-
-
-def register_language_folder(module: ModuleType) -> None:
-    """Register a folder laid out like the package's own (``LANGUAGE`` and ``MANIFEST``)."""
-    ensure_registered()
-    with _lock:
-        _register_module(module)
 
 
 __all__ = [
     "BackendManifest", "Knob", "Language", "ParamSpace", "RenderedKernel", "SUPPORTED", "Support",
     "TemplateSpec", "all_templates", "ensure_registered", "get_template", "load_entry_points",
     "manifests",
-    "powers_of_two", "register", "register_language", "register_language_folder",
+    "powers_of_two", "register", "register_language",
     "register_template", "templates_for", "unregister_template", "validate_template",
 ]
