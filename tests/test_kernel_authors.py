@@ -133,3 +133,25 @@ def test_the_guide_quotes_the_example_files_verbatim():
         block = re.search(rf"<!-- file: docs/examples/{re.escape(name)} -->\n```\w*\n(.*?)```", guide, re.S)
         assert block, f"docs/kernel-authors.md does not show docs/examples/{name}"
         assert block.group(1) == (EXAMPLES / name).read_text(), f"the guide's copy of {name} is stale"
+
+
+def test_tuning_workers_see_templates_registered_by_calls(tutorial, tmp_path):
+    # bug guarded: a spawned tuning worker starts with only what a scan finds, so a template
+    # registered from user code was "no template 'tutorial.gemm'" there (isolation is on by
+    # default on GPUs); the pool now replays the parent's registrations in each worker
+    from tilewright.templates import registered_by_calls
+
+    sent = registered_by_calls()
+    assert tutorial in sent and any(getattr(o, "name", "") == "tutorial" for o in sent)
+    torch.manual_seed(1)
+    model = Head().to(torch.float16)
+    x = torch.randn(24, 48, dtype=torch.float16)
+    with torch.no_grad(), collect_reports() as reports, tilewright.config.patch(
+            force_backend="tutorial", cache_dir=str(tmp_path), isolate="on", strict=True):
+        out = torch.compile(model, backend="tilewright")(x)
+    (gemm,) = [g for r in reports for g in r.gemms]
+    assert gemm.winner.startswith("tutorial.gemm"), gemm
+    with torch.no_grad():
+        ref = Head().double()
+        ref.load_state_dict(model.state_dict())
+        assert rel_err(out, ref(x.double())) < 2e-3

@@ -61,6 +61,9 @@ _lock = threading.RLock()
 _TEMPLATES: dict[str, TemplateSpec] = {}
 _BY_LANGUAGE: dict[str, list[TemplateSpec]] = {}
 _discovered = False
+# what the scan of the folders and entry points registered (the rest came from calls)
+_SCANNED_LANGUAGES: set[str] = set()
+_SCANNED_TEMPLATES: set[str] = set()
 
 
 def validate_template(t: Any) -> None:
@@ -161,10 +164,20 @@ def _add(t: TemplateSpec) -> None:
 def _register_module(module: ModuleType) -> None:
     lang = getattr(module, "LANGUAGE", None)
     if lang is not None:
-        register_language(lang)
+        _scanned_language(lang)
     manifest = getattr(module, "MANIFEST", None)
     if manifest is not None:
-        register(manifest)
+        _scanned_manifest(manifest)
+
+
+def _scanned_language(lang: Language) -> None:
+    register_language(lang)
+    _SCANNED_LANGUAGES.add(lang.name)
+
+
+def _scanned_manifest(manifest: BackendManifest) -> None:
+    register(manifest)
+    _SCANNED_TEMPLATES.update(t.id for t in manifest.templates)
 
 
 def _register_object(obj: Any) -> None:
@@ -173,12 +186,13 @@ def _register_object(obj: Any) -> None:
     if isinstance(obj, ModuleType):
         _register_module(obj)
     elif isinstance(obj, Language):
-        register_language(obj)
+        _scanned_language(obj)
     elif isinstance(obj, BackendManifest):
-        register(obj)
+        _scanned_manifest(obj)
     elif isinstance(obj, TemplateSpec):
         validate_template(obj)
         _add(obj)
+        _SCANNED_TEMPLATES.add(obj.id)
     elif isinstance(obj, (list, tuple)):
         for item in obj:
             _register_object(item)
@@ -195,6 +209,45 @@ def _entry_points(group: str) -> list:
     except Exception as e:  # noqa: BLE001 - broken package metadata must not break tilewright
         log.warning("cannot read the %s entry points: %s", group, e)
         return []
+
+
+def registered_by_calls() -> list[Language | TemplateSpec]:
+    """The languages and templates this process registered by calling ``register_language`` /
+    ``register_template`` (not found by scanning the folders and entry points), those that
+    can be sent to another process: a tuning worker (spawned: it starts with only what a scan
+    finds) replays them with :func:`replay`. One that cannot be pickled (a lambda among a
+    language's hooks, a class defined inside a function) is left out with a warning: its
+    candidates then fail in workers, with the reason."""
+    import pickle
+
+    with _lock:
+        found = [lang for lang in languages() if lang.name not in _SCANNED_LANGUAGES]
+        found += [t for t in _TEMPLATES.values() if t.id not in _SCANNED_TEMPLATES]
+    out = []
+    for obj in found:
+        try:
+            pickle.dumps(obj)
+        except Exception as e:  # noqa: BLE001 - any pickling failure means the same
+            name = getattr(obj, "id", None) or obj.name
+            log.warning("%s cannot be sent to tuning workers (%s: %s); define it at module level "
+                        "or register it through an entry point", name, type(e).__name__, e)
+            continue
+        out.append(obj)
+    return out
+
+
+def replay(registrations: Iterable[Language | TemplateSpec]) -> None:
+    """Register what another process registered by calls (:func:`registered_by_calls`)."""
+    ensure_registered()
+    for obj in registrations:
+        if isinstance(obj, Language):
+            register_language(obj, replace=True)
+        else:
+            with _lock:
+                if obj.id in _TEMPLATES:
+                    continue
+                validate_template(obj)
+                _add(obj)
 
 
 def ensure_registered() -> None:
@@ -284,5 +337,6 @@ __all__ = [
     "TemplateSpec", "all_templates", "ensure_registered", "get_template", "load_entry_points",
     "manifests",
     "powers_of_two", "register", "register_language",
-    "register_template", "templates_for", "unregister_template", "validate_template",
+    "register_template", "registered_by_calls", "replay", "templates_for", "unregister_template",
+    "validate_template",
 ]
