@@ -176,14 +176,15 @@ class Config:
         one each time, whose traceback starts at the caller (not at the import, and not growing
         with every call that raises it). Choices that come from a registry (``force_backend``:
         the languages) are checked here, on first use, not at import."""
-        with self._lock:
+        if self._deferred:  # no lock: this runs inside traced code (torch.compile of an op), and
+            # two threads checking the same value at once is harmless
             pending, self._deferred = self._deferred, {}
-        for name, env_value in pending.items():
-            try:
-                _check_value(self.__dataclass_fields__[name], getattr(self, name))  # type: ignore[attr-defined]
-            except ConfigError as e:
-                object.__setattr__(self, name, self.__dataclass_fields__[name].default)  # type: ignore[attr-defined]
-                self._env_error = self._env_error or e
+            for name in pending:
+                try:
+                    _check_value(self.__dataclass_fields__[name], getattr(self, name))  # type: ignore[attr-defined]
+                except ConfigError as e:
+                    object.__setattr__(self, name, self.__dataclass_fields__[name].default)  # type: ignore[attr-defined]
+                    self._env_error = self._env_error or e
         if self._env_error is not None:
             raise ConfigError(*self._env_error.args) from None
 
