@@ -43,8 +43,9 @@ def pairs():
 
 
 def big_tile(template, target, problem=BF16) -> dict:
-    if hasattr(template, "seed_params"):  # templates with their own knobs (CuTeDSL)
-        params = template.seed_params(problem, target)[0]
+    seeds = template.seed_params(problem, target)
+    if seeds is not None:  # templates with their own knobs (CuTeDSL)
+        params = seeds[0]
         assert template.check(params, problem, target) is None
         return params
     params = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,

@@ -44,8 +44,12 @@ def test_patch_restores_and_validates():
         with tilewright.config.patch(no_such_setting=1):
             pass
     with pytest.raises(ConfigError, match="not one of"):
-        with tilewright.config.patch(force_backend="metal"):
+        with tilewright.config.patch(force_backend="cuda"):  # a target backend, not a language
             pass
+    # every registered language can be forced (metal, gluon and flydsl were missing once)
+    for name in ("metal", "gluon", "flydsl"):
+        with tilewright.config.patch(force_backend=name):
+            assert tilewright.config.force_backend == name
 
 
 def test_every_setting_is_documented():

@@ -147,10 +147,10 @@ class AtenAxpy(TemplateSpec):
     backend = "aten"
     op = "axpy"
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         return SUPPORTED if isinstance(problem, AxpyProblem) else Support(False, "axpy problems only")
 
-    def render(self, problem: AxpyProblem, params: Mapping[str, Any], target: Target) -> RenderedKernel:
+    def render_kernel(self, problem: AxpyProblem, params: Mapping[str, Any], target: Target) -> RenderedKernel:
         source = (f"ALPHA = {problem.alpha!r}\n\n"
                   "def launch(x, y, out=None):\n"
                   "    r = ALPHA * x.to(out.dtype if out is not None else x.dtype) + y\n"
@@ -190,12 +190,12 @@ class TritonAxpy(TemplateSpec):
     space = ParamSpace((Knob("XBLOCK", (64, 256, 1024), 1024, "elements per program"),
                         Knob("num_warps", (1, 2, 4), 4, "warps per program")))
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, AxpyProblem):
             return Support(False, "axpy problems only")
         return SUPPORTED if target.triton is not None or target.interpreted else Support(False, "no Triton")
 
-    def render(self, problem: AxpyProblem, params: Mapping[str, Any], target: Target) -> RenderedKernel:
+    def render_kernel(self, problem: AxpyProblem, params: Mapping[str, Any], target: Target) -> RenderedKernel:
         p = self.space.complete(params)
         source = TRITON_AXPY.format(ALPHA=problem.alpha, **p)
         aot = AotSpec("axpy_kernel", "triton", {"x_ptr": f"*{problem.dtype}", "y_ptr": f"*{problem.dtype}",
@@ -276,15 +276,12 @@ class AxpyKind(ProblemKind):
 @pytest.fixture
 def axpy(monkeypatch):
     """The toy kind and its two templates registered, as a plug-in would (then removed)."""
-    templates.manifests()  # the built-in templates first
-    monkeypatch.setattr(templates, "_MANIFESTS", dict(templates._MANIFESTS))
-    monkeypatch.setattr(templates, "_TEMPLATES", dict(templates._TEMPLATES))
-    for template in (AtenAxpy(), TritonAxpy()):
-        m = templates.manifests()[template.backend]
-        templates.register(dataclasses.replace(m, templates=m.templates + (template,)))
+    added = [templates.register_template(t) for t in (AtenAxpy(), TritonAxpy())]
     kind = register_kind(AxpyKind())
     yield kind
     unregister_kind(kind)
+    for t in added:
+        templates.unregister_template(t.id)
 
 
 def test_toy_kind_round_trips_through_json_and_the_cache_key(axpy):

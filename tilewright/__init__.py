@@ -5,9 +5,32 @@ GEMMs, and runs each GEMM on the kernel the autotuner picks (generated Triton or
 Settings live in :data:`tilewright.config`.
 """
 
+from typing import Any
+
 from tilewright._config import Config, config
 from tilewright.errors import TilewrightError
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "TilewrightError", "__version__", "config"]
+# the registries' public calls, imported when first used (so ``import tilewright`` stays light):
+# a language or template registered from a user's code is a candidate like the package's own
+# (docs/kernel-authors.md)
+_LAZY = {
+    "Language": "tilewright.runtime.languages",
+    "register_language": "tilewright.runtime.languages",
+    "register_template": "tilewright.templates",
+    "TemplateSpec": "tilewright.templates.base",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tilewright' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["Config", "Language", "TemplateSpec", "TilewrightError", "__version__", "config",
+           "register_language", "register_template"]

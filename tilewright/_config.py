@@ -15,17 +15,27 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from tilewright.errors import ConfigError
 
-FORCE_BACKENDS = ("auto", "triton", "aten", "cutedsl", "sycl")
+
+
+def force_backends() -> tuple[str, ...]:
+    """What ``force_backend`` accepts: "auto" and every registered language (looked up when a
+    value is checked, so a language registered from outside the package is accepted too)."""
+    from tilewright.runtime.languages import force_choices
+
+    return force_choices()
+
+
 CPU_TARGETS = ("cpu", "xpu")
 PDL_MODES = ("off", "on", "auto")
 ISOLATE_MODES = ("auto", "on", "off")
 
 
-def _setting(default: Any, env: str, doc: str, choices: tuple[str, ...] | None = None) -> Any:
+def _setting(default: Any, env: str, doc: str,
+             choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None) -> Any:
     meta = {"env": env, "doc": doc, "choices": choices}
     if callable(default):
         return field(default_factory=default, metadata=meta)
@@ -49,11 +59,13 @@ class Config:
 
     force_backend: str = _setting(
         "auto", "TILEWRIGHT_FORCE_BACKEND",
-        "Restrict candidates to one backend: 'auto' (autotuner picks among all), 'triton' "
-        "(generated Triton kernels only, GEMMs and loop kernels), 'aten' (ATen only; loop "
-        "kernels as PyTorch operators), 'cutedsl' (CuTeDSL GEMMs), 'sycl' (SYCL GEMMs and loop "
-        "kernels, on the xpu target: see cpu_target).",
-        FORCE_BACKENDS)
+        "Restrict candidates to one language: 'auto' (the autotuner picks among all) or a "
+        "registered language's name, whose templates alone are candidates (a problem none of "
+        "them serves runs on ATen): 'aten' (ATen only; loop kernels as PyTorch operators), "
+        "'triton' (generated Triton GEMMs and loop kernels, interpreted on the cpu target), "
+        "'sycl' (on the xpu target: see cpu_target), 'gluon', 'cutedsl', 'metal', 'flydsl', "
+        "and any registered from outside the package (`tilewright templates` lists them).",
+        force_backends)
     cpu_target: str = _setting(
         "cpu", "TILEWRIGHT_CPU_TARGET",
         "The target kernels on CPU tensors are generated for: 'cpu' (ATen, Triton interpreted "
@@ -150,6 +162,8 @@ class Config:
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
         self._env_error: ConfigError | None = None
+        # settings read from the environment whose choices are checked on first use
+        self._deferred: dict[str, str] = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
         f = self.__dataclass_fields__.get(name)  # type: ignore[attr-defined]
@@ -160,7 +174,17 @@ class Config:
     def raise_env_error(self) -> None:
         """Raise the ConfigError a ``TILEWRIGHT_*`` variable caused at import, if any: a fresh
         one each time, whose traceback starts at the caller (not at the import, and not growing
-        with every call that raises it)."""
+        with every call that raises it). Choices that come from a registry (``force_backend``:
+        the languages) are checked here, on first use, not at import."""
+        if self._deferred:  # no lock: this runs inside traced code (torch.compile of an op), and
+            # two threads checking the same value at once is harmless
+            pending, self._deferred = self._deferred, {}
+            for name in pending:
+                try:
+                    _check_value(self.__dataclass_fields__[name], getattr(self, name))  # type: ignore[attr-defined]
+                except ConfigError as e:
+                    object.__setattr__(self, name, self.__dataclass_fields__[name].default)  # type: ignore[attr-defined]
+                    self._env_error = self._env_error or e
         if self._env_error is not None:
             raise ConfigError(*self._env_error.args) from None
 
@@ -176,7 +200,7 @@ class Config:
         cfg.reload_env(environ)
         return cfg
 
-    def reload_env(self, environ: dict[str, str] | None = None) -> None:
+    def reload_env(self, environ: dict[str, str] | None = None, *, defer_registry: bool = False) -> None:
         """Re-read every ``TILEWRIGHT_*`` override (defaults for those unset are kept).
 
         Raises:
@@ -186,7 +210,16 @@ class Config:
         for f in dataclasses.fields(self):
             raw = environ.get(f.metadata["env"])
             if raw is not None:
-                setattr(self, f.name, _parse(f, raw))
+                value = _parse(f, raw)
+                if defer_registry and callable(f.metadata.get("choices")):
+                    # a registry's choices, read while tilewright itself imports: importing the
+                    # registry here would be circular, so the value is checked on first use
+                    # (raise_env_error)
+                    _check_value(f, value, choices=False)
+                    object.__setattr__(self, f.name, value)
+                    self._deferred[f.name] = raw
+                else:
+                    setattr(self, f.name, value)
         self._env_error = None
 
     # -- scoped overrides ----------------------------------------------------------------------
@@ -233,17 +266,19 @@ class Config:
 _TYPES = {"bool": bool, "int": int, "float": (int, float), "str": str}
 
 
-def _check_value(f: dataclasses.Field, value: Any) -> None:
-    """Type, choices and range of a setting's value."""
+def _check_value(f: dataclasses.Field, value: Any, choices: bool = True) -> None:
+    """Type, choices (unless ``choices`` is False) and range of a setting's value."""
     kind = f.type if isinstance(f.type, str) else f.type.__name__
     expected = _TYPES.get(kind)
     if expected is not None and (not isinstance(value, expected)
                                  or (kind in ("int", "float") and isinstance(value, bool))):
         raise ConfigError(f"config.{f.name} must be a {kind}, got {value!r} ({f.metadata['env']})")
-    choices = f.metadata.get("choices")
-    if choices and value not in choices:
+    allowed = f.metadata.get("choices") if choices and value != f.default else None
+    if callable(allowed):
+        allowed = allowed()
+    if allowed and value not in allowed:
         raise ConfigError(
-            f"{f.name}={value!r} is not one of {', '.join(choices)} "
+            f"{f.name}={value!r} is not one of {', '.join(allowed)} "
             f"(set {f.metadata['env']} or config.{f.name} to one of those)")
     if kind == "float" and not math.isfinite(value):  # NaN passes every comparison below
         raise ConfigError(f"{f.name}={value!r} must be a finite number ({f.metadata['env']})")
@@ -289,12 +324,13 @@ def _from_env_or_defaults() -> Config:
     """The process's config. A bad ``TILEWRIGHT_*`` value must not make ``import tilewright``
     fail with a traceback: the defaults are used and the error is raised, with its message, by
     the first compile, kernel call or command (``Config.raise_env_error``)."""
+    cfg = Config()
     try:
-        return Config.from_env()
+        cfg.reload_env(defer_registry=True)
     except ConfigError as e:
         cfg = Config()
         cfg._env_error = e
-        return cfg
+    return cfg
 
 
 config = _from_env_or_defaults()

@@ -19,6 +19,11 @@ class UnsupportedProblemError(TilewrightError):
     """A template or target cannot run this problem; the message says why."""
 
 
+class RegistrationError(TilewrightError, ValueError):
+    """A language or template handed to the registries is inconsistent (the message names the
+    field and what it must be)."""
+
+
 class UnknownTargetError(TilewrightError, KeyError):
     """A target name that is not in the registry."""
 

@@ -58,10 +58,10 @@ class GroupedGemmPolicy:
         """(predicted ms, params) for one template, best first: its seed tiles that its
         ``check`` accepts, ranked by :func:`estimate` (what ``tilewright aot`` builds); none
         for a fused gated product the template does not render (``fuses_glu``)."""
-        if problem.glu and not getattr(template, "fuses_glu", False):
+        if problem.glu and not template.fuses_glu:
             return []
         seen, scored = set(), []
-        for params in template.seed_params(problem, target):
+        for params in template.seed_params(problem, target) or []:
             params = template.space.complete(params)
             key = tuple(sorted(params.items(), key=lambda kv: kv[0]))
             if key in seen or template.check(params, problem, target):
@@ -80,10 +80,10 @@ class GroupedGemmPolicy:
         for template in templates_for("grouped_gemm", target.backend, jit=True):
             if template.backend == "aten" or not template.supports(problem, target):
                 continue
-            if problem.glu and not getattr(template, "fuses_glu", False):
+            if problem.glu and not template.fuses_glu:
                 continue
             seen, legal = set(), []
-            seeds = template.seed_params(problem, target)
+            seeds = template.seed_params(problem, target) or []
             for params in seeds[:1] if target.interpreted else seeds:
                 params = template.space.complete(params)
                 key = tuple(params.items())

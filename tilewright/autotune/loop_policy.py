@@ -87,8 +87,8 @@ class LoopPolicy:
         """(predicted ms, params) for one template, best first: the proposals it accepts."""
         seen, scored = set(), []
         # a template whose knobs are its own (Metal's simdgroups per threadgroup) seeds them
-        seed = getattr(template, "seed_params", None)
-        for p in seed(problem, target) if seed is not None else self.proposals(problem, target):
+        seeds = template.seed_params(problem, target)
+        for p in seeds if seeds is not None else self.proposals(problem, target):
             params = template.space.complete({k: v for k, v in p.items() if k in template.space.names()})
             key = tuple(sorted(params.items()))
             if key in seen or template.check(params, problem, target):

@@ -83,8 +83,9 @@ class GemmPolicy:
         template can run."""
         knobs = set(template.space.names())
         defaults = template.space.default()
-        if hasattr(template, "seed_params"):
-            proposals = list(template.seed_params(problem, target))
+        seeds = template.seed_params(problem, target)
+        if seeds is not None:
+            proposals = list(seeds)
         else:
             proposals = []
             if problem.M <= self.decode_m and not target.interpreted:

@@ -77,9 +77,12 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _worker_main(conn: mpc.Connection, device: str, parent_pid: int) -> None:
+def _worker_main(conn: mpc.Connection, device: str, parent_pid: int, registrations: list) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     from tilewright.autotune.evaluate import evaluate
+    from tilewright.templates import replay
+
+    replay(registrations)  # languages and templates the parent registered from user code
 
     if device.startswith("cuda"):
         import torch
@@ -121,7 +124,9 @@ class _Worker:
     def __init__(self, ctx: Any, device: str):
         self.device = device
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, device, os.getpid()),
+        from tilewright.templates import registered_by_calls
+
+        self.proc = ctx.Process(target=_worker_main, args=(child, device, os.getpid(), registered_by_calls()),
                                 daemon=True, name=f"tilewright-tuner-{device}")
         self.proc.start()
         child.close()

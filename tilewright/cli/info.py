@@ -10,8 +10,16 @@ from tilewright.cli.common import console
 
 
 def cmd_templates(args: argparse.Namespace) -> int:
+    from tilewright.runtime.languages import languages
     from tilewright.templates import manifests
 
+    langs = Table(title="registered languages")
+    for col in ("language", "runs on", "here", "force_backend=<language>"):
+        langs.add_column(col)
+    for lang in languages():
+        why = lang.check()
+        langs.add_row(lang.name, ",".join(lang.target_backends), "usable" if why is None else why, lang.forcing)
+    console.print(langs)
     table = Table(title="registered templates")
     for col in ("backend", "template", "runs on", "parameters", "source hash"):
         table.add_column(col)

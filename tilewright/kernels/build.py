@@ -11,7 +11,7 @@ import torch
 from tilewright.autotune.candidates import Candidate
 from tilewright.errors import KernelCompileError
 from tilewright.kinds import kind_of
-from tilewright.runtime.loader import load_module
+from tilewright.runtime.languages import get_language
 from tilewright.runtime.targets import Target
 from tilewright.templates import RenderedKernel, get_template
 
@@ -48,9 +48,9 @@ class TemplateKernelFactory:
         return render(problem, candidate, target)
 
     def compile(self, rendered: RenderedKernel):
-        """The launcher of rendered source (imported once per distinct source)."""
-        module = load_module(rendered.source, name=rendered.name, interpret=rendered.interpret)
-        launch = getattr(module, rendered.entry)
+        """The launcher of rendered source, made by its template's language (``Language.load``;
+        a Python module, imported once per distinct source, for every language so far)."""
+        launch = get_language(rendered.template_id.split(".", 1)[0]).load(rendered)
         launch.rendered = rendered  # for debug dumps and `explain`
         return launch
 

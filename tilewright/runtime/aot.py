@@ -1,9 +1,12 @@
 """Ahead-of-time compile driver: rendered kernel source → PTX/cubin or AMDGCN/HSACO for a target
 this machine does not have.
 
-Each job is compiled with ``triton.compile(ASTSource(...), target=GPUTarget(...))`` (Triton and
-Gluon sources) or by the rendered module's own ``compile_aot(arch, dump_dir)`` (CuTeDSL, whose
-``cute.compile`` gets ``--gpu-arch`` explicitly) in a worker process: some invalid AMD compiles abort the process (LLVM), and a hang must not stall the
+Each job is compiled by its language's compiler (``Language.aot_compile``, looked up by the
+``AotSpec.language`` name in :mod:`tilewright.runtime.languages`): ``triton.compile(ASTSource(...),
+target=GPUTarget(...))`` for Triton (:func:`compile_triton`) and Gluon (:func:`compile_gluon`),
+the rendered module's own ``compile_aot(arch, dump_dir)`` for CuTeDSL (:func:`compile_cutedsl`,
+whose ``cute.compile`` gets ``--gpu-arch`` explicitly), FlyDSL's compile-only driver for FlyDSL.
+Jobs run in worker processes: some invalid AMD compiles abort the process (LLVM), and a hang must not stall the
 build, so a crash or a timeout costs one kernel, and a fresh worker takes the next job. Every
 stage's output (ttir or Gluon's IR, ttgir, llir, ptx/amdgcn, cubin/hsaco) is written next to
 the source, with a
@@ -23,9 +26,12 @@ import signal
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+
+from tilewright.errors import RegistrationError
 
 @dataclass(frozen=True)
 class AotSpec:
@@ -34,9 +40,10 @@ class AotSpec:
     Attributes:
         kernel: the ``@triton.jit`` / ``@gluon.jit`` function's name in the source (CuTeDSL:
             the ``@cute.jit`` host function, for the record).
-        language: "triton" or "gluon" (picks ``ASTSource`` or ``GluonASTSource``), or
-            "cutedsl" (the module's ``compile_aot(options["gpu_arch"], dump_dir)`` is called),
-            or "flydsl" (compiled compile-only in a child process: :mod:`tilewright.runtime.flydsl`).
+        language: a registered language's name; its ``aot_compile`` builds the job ("triton",
+            "gluon": ``ASTSource`` or ``GluonASTSource``; "cutedsl": the module's
+            ``compile_aot(options["gpu_arch"], dump_dir)``; "flydsl": compile-only in a child
+            process, :mod:`tilewright.runtime.flydsl`).
         pointer_types: pointer arguments and their Triton types ("*bf16", "*fp32", ...).
         constexprs: values of constexpr arguments, and of int arguments specialised as the JIT
             would (a stride known to be 1).
@@ -79,22 +86,19 @@ class CompileJob:
     spec: dict[str, Any]
     target: tuple[str, Any, int]
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """Hash of everything the artifacts depend on (source, spec, target, triton version, and
-        the nvidia-cutlass-dsl version for CuTeDSL jobs, flydsl's for FlyDSL ones)."""
+        """Hash of everything the artifacts depend on: source, spec, target, the triton version
+        and the versions the job's language names (``Language.versions``: nvidia-cutlass-dsl's
+        for CuTeDSL, flydsl's for FlyDSL). Computed once (in the parent: it travels with the
+        job to the worker)."""
         import triton
+
+        from tilewright.runtime.languages import get_language
 
         facts = {"source": self.source, "spec": self.spec, "target": list(self.target),
                  "triton": triton.__version__}
-        if self.spec.get("language") == "cutedsl":
-            from tilewright.runtime.cutedsl import dsl_version
-
-            facts["cutlass_dsl"] = dsl_version()
-        if self.spec.get("language") == "flydsl":
-            from tilewright.runtime import flydsl
-
-            facts["flydsl"] = flydsl.dsl_version()
+        facts.update(get_language(self.spec.get("language", "triton")).versions())
         blob = json.dumps(facts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -162,7 +166,7 @@ def _load_source(job: CompileJob, folder: Path) -> tuple[Any, Path]:
 _CUTEDSL_STAGES = {".ptx": "ptx", ".cubin": "cubin", ".sass": "sass"}
 
 
-def _compile_cutedsl(job: CompileJob, root: Path) -> CompileResult:
+def compile_cutedsl(job: CompileJob, root: Path) -> CompileResult:
     """Call the rendered module's ``compile_aot(arch, dump_dir)`` and collect what it dumped
     (``<host function>.<arch>.ptx`` and ``.cubin``) as ``kernel.ptx`` / ``kernel.cubin``."""
     from tilewright.runtime.cutedsl import dsl_version
@@ -195,16 +199,23 @@ def _compile_cutedsl(job: CompileJob, root: Path) -> CompileResult:
     return CompileResult(job.name, job.key, "built", seconds, artifacts, hashes, metadata)
 
 
-def _compile_in_worker(job: CompileJob, root: Path) -> CompileResult:
-    if job.spec.get("language") == "cutedsl":
-        return _compile_cutedsl(job, root)
-    if job.spec.get("language") == "flydsl":
-        from tilewright.runtime.flydsl import compile_aot_job
+def compile_triton(job: CompileJob, root: Path) -> CompileResult:
+    """``triton.compile(ASTSource(...))`` of the job's ``@triton.jit`` kernel for its target."""
+    from triton.compiler import ASTSource
 
-        return compile_aot_job(job, root)
+    return _compile_ast(job, root, ASTSource)
+
+
+def compile_gluon(job: CompileJob, root: Path) -> CompileResult:
+    """``triton.compile(GluonASTSource(...))`` of the job's ``@gluon.jit`` kernel."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    return _compile_ast(job, root, GluonASTSource)
+
+
+def _compile_ast(job: CompileJob, root: Path, Source: Any) -> CompileResult:
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     folder = root / job.name
     t0 = time.perf_counter()
@@ -217,10 +228,6 @@ def _compile_in_worker(job: CompileJob, root: Path) -> CompileResult:
                  for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
              for n in s["divisible_by_16"] if n in fn.arg_names and n not in constexprs}
-    if s["language"] == "gluon":
-        from triton.experimental.gluon._runtime import GluonASTSource as Source
-    else:
-        Source = ASTSource
     compiled = triton.compile(Source(fn, signature, constexprs, attrs),
                               target=GPUTarget(*job.target), options=dict(s["options"]))
     seconds = time.perf_counter() - t0
@@ -241,18 +248,34 @@ def _compile_in_worker(job: CompileJob, root: Path) -> CompileResult:
     return CompileResult(job.name, job.key, "built", seconds, artifacts, hashes, metadata)
 
 
+def _compiler_of(job: CompileJob) -> Callable[[CompileJob, Path], CompileResult] | str:
+    """The job's language's ``aot_compile``, or why there is none (looked up in the parent,
+    where the languages are registered, and sent to the worker with the job)."""
+    from tilewright.runtime.languages import get_language
+
+    name = job.spec.get("language", "triton")
+    try:
+        lang = get_language(name)
+    except RegistrationError as e:
+        return str(e)
+    return lang.aot_compile or f"language {name!r} has no ahead-of-time compiler"
+
+
 def _worker_main(conn: Connection, root: str) -> None:
     os.environ["TRITON_INTERPRET"] = "0"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     while True:
         try:
-            job = conn.recv()
+            msg = conn.recv()
         except EOFError:
             break
-        if job is None:
+        if msg is None:
             break
+        job, compile_fn = msg
         try:
-            result = _compile_in_worker(job, Path(root))
+            if isinstance(compile_fn, str):
+                raise RuntimeError(compile_fn)
+            result = compile_fn(job, Path(root))
         except Exception as e:  # noqa: BLE001 - any compiler error is this job's failure
             tb = traceback.format_exc(limit=-4)
             result = CompileResult(job.name, job.key, "failed", error=f"{type(e).__name__}: {e}\n{tb}"[-4000:])
@@ -311,7 +334,13 @@ def compile_jobs(jobs: Iterable[CompileJob], root: Path | str, *, workers: int =
     jobs = list(jobs)
     results: dict[str, CompileResult] = {}
     pending: list[CompileJob] = []
+    unknown: list[CompileResult] = []
     for job in jobs:
+        try:
+            job.key  # noqa: B018 - computed here, where the languages are registered; it travels with the job
+        except RegistrationError as e:  # a job of a language nobody registered costs that job
+            unknown.append(CompileResult(job.name, "", "failed", error=str(e)))
+            continue
         hit = cached_result(job, root)
         if hit is not None:
             results[job.name] = hit
@@ -328,6 +357,8 @@ def compile_jobs(jobs: Iterable[CompileJob], root: Path | str, *, workers: int =
         if on_result:
             on_result(result)
 
+    for result in unknown:
+        finish(result)
     ctx = mp.get_context("spawn")
     pool: list[_Worker] = []
     try:
@@ -337,7 +368,7 @@ def compile_jobs(jobs: Iterable[CompileJob], root: Path | str, *, workers: int =
             for w in pool:
                 if w.job is None and queue:
                     w.job, w.started = queue.pop(), time.monotonic()
-                    w.conn.send(w.job)
+                    w.conn.send((w.job, _compiler_of(w.job)))
             busy = [w for w in pool if w.job is not None]
             ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=1.0)
             for i, w in enumerate(pool):

@@ -21,8 +21,10 @@ from typing import Any, ClassVar, Mapping
 
 import jinja2
 
+from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import GemmProblem
 from tilewright.runtime.aot import AotSpec
+from tilewright.runtime.languages import Language, get_language
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
 
@@ -211,16 +213,22 @@ class TemplateSpec(ABC):
     """Base of every kernel template.
 
     Class attributes a subclass sets:
-        id: unique "<backend>.<name>" ("triton.gemm").
-        backend: the folder under templates/ it lives in ("triton", "aten", "cutedsl", ...).
-        op: the problem kind it implements ("gemm").
+        id: unique "<language>.<name>" ("triton.gemm").
+        backend: the language it is written in, which is also its folder under templates/
+            ("triton", "aten", "cutedsl", ...); a registered
+            :class:`~tilewright.runtime.languages.Language`.
+        op: the problem kind it implements ("gemm", "pointwise", "reduction", "grouped_gemm").
         space: its :class:`ParamSpace`.
         jinja: file name of its source template beside the subclass's module (or None).
 
-    Optional hook: ``seed_params(problem, target) -> list[dict]``, the template's own candidate
-    parameters (for templates whose knobs are not the Triton family's BLOCK_*/GROUP_M/num_warps/
-    num_stages set, e.g. CuTeDSL's cluster and PDL knobs); the candidate policy uses it instead
-    of its tile table when a template defines it.
+    Methods a subclass implements: :meth:`problem_support` (can it run a problem on a target)
+    and :meth:`render_kernel` (the source, for parameters already checked). The base class
+    owns :meth:`supports` (the language's availability, then ``problem_support``) and
+    :meth:`render` (complete the parameters, ``problem_support``, :meth:`check`, then
+    ``render_kernel``), so every template refuses the same way. Every other hook is declared
+    below with its default: :meth:`check`, :meth:`seed_params`, :meth:`expected_instructions`,
+    :meth:`efficiency`, and the class attributes ``stores_acc``, ``fuses_glu``, ``aot_only``,
+    ``launcher``.
     """
 
     id: ClassVar[str]
@@ -233,6 +241,12 @@ class TemplateSpec(ABC):
     # built ahead of time only (``tilewright aot``): there is no launcher for it, so the
     # autotuner never offers it to a compiled model (``templates_for(..., jit=True)``)
     aot_only: ClassVar[bool] = False
+    # whether it renders a grouped GEMM's fused gated product (GroupedGemmProblem.glu: gate
+    # and up columns in one program); the grouped policy offers such problems only to these
+    fuses_glu: ClassVar[bool] = False
+    # a second jinja file beside ``jinja`` (Metal: the Python launcher module around the
+    # shader), rendered with :meth:`render_jinja_file`; it counts in :attr:`render_sources`
+    launcher: ClassVar[str | None] = None
 
     @cached_property
     def folder(self) -> Path:
@@ -243,11 +257,14 @@ class TemplateSpec(ABC):
         """Every file the rendered source comes from, found rather than listed: the modules of
         the class hierarchy (``base.py`` included), the tilewright template and IR modules they
         import (transitively), the jinja file and every jinja file it includes or imports."""
-        files = {Path(inspect.getfile(cls)) for cls in type(self).__mro__
-                 if cls.__module__.startswith("tilewright.templates")}
+        mro = type(self).__mro__
+        # every class from this one up to TemplateSpec: a template from outside the package
+        # counts its own module too
+        files = {Path(inspect.getfile(cls)) for cls in mro[:mro.index(TemplateSpec) + 1]}
         files |= _imported_render_modules(files)
-        if self.jinja:
-            files |= _jinja_closure(self.folder, self.jinja)
+        for name in (self.jinja, self.launcher):
+            if name:
+                files |= _jinja_closure(self.folder, name)
         return tuple(sorted(files))
 
     @cached_property
@@ -256,21 +273,52 @@ class TemplateSpec(ABC):
         h = hashlib.sha256()
         root = TEMPLATES_ROOT.parent
         for path in self.render_sources:
-            h.update(str(path.relative_to(root)).encode())
+            # a file outside the package by its name only: the hash must not depend on where
+            # a user's checkout lives
+            h.update(str(path.relative_to(root) if path.is_relative_to(root) else path.name).encode())
             h.update(path.read_bytes())
         return h.hexdigest()[:16]
+
+    @property
+    def language(self) -> Language:
+        """The registered language this template is written in."""
+        return get_language(self.backend)
 
     def render_jinja(self, **context: Any) -> str:
         assert self.jinja is not None
         return jinja_env(self.folder).get_template(self.jinja).render(**context)
 
-    @abstractmethod
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
-        """Can this template run ``problem`` on ``target`` at all (any parameters)?"""
+    def render_jinja_file(self, name: str, **context: Any) -> str:
+        """Render another jinja file of this template's folder (a :attr:`launcher`)."""
+        return jinja_env(self.folder).get_template(name).render(**context)
 
-    def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
-        """Why ``params`` are illegal for this problem on this target (None when legal)."""
+    # -- what can run -----------------------------------------------------------------------------
+    def supports(self, problem: Any, target: Target) -> Support:
+        """Can this template run ``problem`` on ``target`` at all (any parameters)? Its
+        language's toolchain must be usable here (:meth:`Language.check`), then
+        :meth:`problem_support` decides. Not overridden: implement ``problem_support``."""
+        if (why := self.language.check()) is not None:
+            return Support(False, why)
+        return self.problem_support(problem, target)
+
+    @abstractmethod
+    def problem_support(self, problem: Any, target: Target) -> Support:
+        """Can this template run ``problem`` on ``target`` (any parameters), leaving the
+        toolchain out (rendering needs none)? ``Support(False, reason)`` names what is
+        missing: the problem kind, a dtype, a layout, a target."""
+
+    def check(self, params: Params, problem: Any, target: Target) -> str | None:
+        """Why ``params`` (defaults filled in) are illegal for this problem on this target, or
+        None when legal. Default: only the parameter space's own values."""
         return self.space_refusal(params)
+
+    def seed_params(self, problem: Any, target: Target) -> list[dict[str, Any]] | None:
+        """The template's own candidate parameters for ``problem`` on ``target``, best guess
+        first (knobs left out take their defaults; the policy drops the ones :meth:`check`
+        refuses), or None to let the kind's policy propose (the Triton family's
+        BLOCK_*/GROUP_M/num_warps/num_stages tiles, the loop kernels' blocks). Templates
+        whose knobs are their own (CuTeDSL's clusters, Metal's simdgroups) return a list."""
+        return None
 
     def space_refusal(self, params: Params) -> str | None:
         """Why ``params`` (defaults filled in for knobs left out) are outside the space."""
@@ -280,13 +328,28 @@ class TemplateSpec(ABC):
             return str(e)
         return None
 
-    @abstractmethod
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        """Source text for ``problem`` with ``params`` on ``target``.
+    # -- rendering --------------------------------------------------------------------------------
+    def render(self, problem: Any, params: Params, target: Target) -> RenderedKernel:
+        """Source text for ``problem`` with ``params`` (knobs left out take their defaults) on
+        ``target``. The toolchain is not needed. Not overridden: implement
+        :meth:`render_kernel`.
 
         Raises:
-            UnsupportedProblemError: ``supports`` or ``check`` refuses.
+            UnsupportedProblemError: ``problem_support`` or ``check`` refuses (the message
+                names the template, the problem or the parameters, and the reason).
         """
+        params = self.space.complete(params)
+        support = self.problem_support(problem, target)
+        if not support:
+            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
+        if (why := self.check(params, problem, target)) is not None:
+            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+        return self.render_kernel(problem, params, target)
+
+    @abstractmethod
+    def render_kernel(self, problem: Any, params: dict[str, Any], target: Target) -> RenderedKernel:
+        """Source text for a problem :meth:`problem_support` accepts and complete ``params``
+        :meth:`check` accepts (called by :meth:`render` after those checks)."""
 
     def expected_instructions(self, problem: GemmProblem, params: Params,
                               target: Target) -> list[InstructionCheck]:

@@ -54,12 +54,12 @@ class AtenGemm(TemplateSpec):
     op = "gemm"
     jinja = "gemm.py.jinja"
 
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
+    def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         if problem.block_scaled and problem.scale_layout != "row":
             return Support(False, "ATen path dequantises block-scaled operands with row-major scales only")
         return SUPPORTED
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
+    def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
         ops = list(problem.epilogue)
         addmm = None
         first = ops[0] if ops else None

@@ -21,12 +21,12 @@ class AtenGroupedGemm(TemplateSpec):
     jinja = "grouped_gemm.py.jinja"
     fuses_glu = True  # renders problem.glu
 
-    def supports(self, problem: GroupedGemmProblem, target: Target) -> Support:
+    def problem_support(self, problem: GroupedGemmProblem, target: Target) -> Support:
         if not isinstance(problem, GroupedGemmProblem):
             return Support(False, f"{self.id} runs grouped GEMMs (tilewright.grouped.GroupedGemmProblem)")
         return SUPPORTED
 
-    def render(self, problem: GroupedGemmProblem, params: Params, target: Target) -> RenderedKernel:
+    def render_kernel(self, problem: GroupedGemmProblem, params: Params, target: Target) -> RenderedKernel:
         has_epilogue = bool(problem.epilogue or problem.epilogue_ir)
         source = self.render_jinja(
             problem_text=problem.describe(), problem_json=problem.to_json(),

@@ -41,12 +41,12 @@ class _AtenLoops(TemplateSpec):
     backend = "aten"
     jinja = "loops.py.jinja"
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         return SUPPORTED
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
         return RenderedKernel(template_id=self.id, params={}, target=target.name,
                               source=render_torch(problem), name=f"aten_{problem.kind}",
                               meta={"kind": problem.kind})

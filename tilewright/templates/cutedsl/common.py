@@ -13,9 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from tilewright._config import config
-from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS, GemmProblem
-from tilewright.runtime import cutedsl as dsl_runtime
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, Params, RenderedKernel, Support, TemplateSpec,
@@ -80,13 +78,8 @@ class CuteDslGemm(TemplateSpec):
     def dtype_support(self, problem: GemmProblem) -> Support:
         raise NotImplementedError
 
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
-        if not dsl_runtime.available():
-            return Support(False, dsl_runtime.NOT_INSTALLED)
-        return self.problem_support(problem, target)
-
     def problem_support(self, problem: GemmProblem, target: Target) -> Support:
-        """``supports`` without the installation check (rendering needs only jinja)."""
+        """Whether this template renders ``problem`` for ``target`` (the DSL's installation is the language's check)."""
         if problem.store_acc:
             return Support(False, f"{self.id} does not store the product beside its epilogue")
         if problem.epilogue_ir:
@@ -172,13 +165,7 @@ class CuteDslGemm(TemplateSpec):
             **self.extra_context(problem, params), **params,
         )
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        support = self.problem_support(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        why = self.check(params, problem, target)
-        if why:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
         source = self.render_jinja(**self.context(problem, params, target))
         return RenderedKernel(
             template_id=self.id, params=dict(params), target=target.name, source=source,

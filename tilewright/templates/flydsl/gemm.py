@@ -29,7 +29,6 @@ from typing import Any
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
-from tilewright.runtime import flydsl as fly_runtime
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
@@ -42,13 +41,6 @@ OUT_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.
 INPUT_DTYPES = OUT_DTYPES
 INT32_MAX = 2**31 - 1  # buffer offsets are 32-bit byte offsets
 PLACEHOLDER_MAX = 512  # largest side of a compile_aot placeholder tensor
-
-
-def aot_only_refusal(template_id: str) -> str | None:
-    """Why a FlyDSL template cannot be planned here (None when it can): the compile-only
-    toolchain is missing (the reason names the fix). FlyDSL templates are ``aot_only``: no
-    launcher exists yet, so a compiled model's autotuner never offers them."""
-    return fly_runtime.toolchain_problem()
 
 
 def greater_than(n: int) -> str:
@@ -93,13 +85,8 @@ class FlyDslGemm(TemplateSpec):
     ))
 
     # -- what can run ------------------------------------------------------------------------
-    def supports(self, problem: Any, target: Target) -> Support:
-        if (why := aot_only_refusal(self.id)) is not None:
-            return Support(False, why)
-        return self.problem_support(problem, target)
-
     def problem_support(self, problem: Any, target: Target) -> Support:
-        """``supports`` without the toolchain and device checks (rendering needs only jinja)."""
+        """Whether this template renders ``problem`` for ``target`` (the toolchain is the language's check)."""
         if not isinstance(problem, GemmProblem):
             return Support(False, f"{self.id} runs GEMM problems")
         if target.arch != limits.ARCH:
@@ -220,13 +207,7 @@ class FlyDslGemm(TemplateSpec):
         return (min(max(problem.M, 1), PLACEHOLDER_MAX), min(max(problem.N, 1), PLACEHOLDER_MAX),
                 min(max(problem.K, limits.MFMA_K), PLACEHOLDER_MAX))
 
-    def render(self, problem: Any, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.problem_support(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: Any, params: Params, target: Target) -> RenderedKernel:
         M, N, K = self.aot_sizes(problem)
         source = self.render_jinja(aot_M=M, aot_N=N, aot_K=K, **self.context(problem, params, target))
         return RenderedKernel(

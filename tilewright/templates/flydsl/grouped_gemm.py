@@ -34,7 +34,7 @@ from tilewright.templates.base import (
 )
 from tilewright.templates.flydsl import limits
 from tilewright.templates.flydsl.gemm import (
-    AB_DTYPES, INPUT_DTYPES, INT32_MAX, OUT_DTYPES, FlyDslGemm, aot_only_refusal, mfma_check,
+    AB_DTYPES, INPUT_DTYPES, INT32_MAX, OUT_DTYPES, FlyDslGemm, mfma_check,
 )
 
 
@@ -57,13 +57,8 @@ class FlyDslGroupedGemm(TemplateSpec):
         Knob("INTERLEAVE", (False, True), False, "overlap half-slab LDS reads with MFMAs"),
     ))
 
-    def supports(self, problem: Any, target: Target) -> Support:
-        if (why := aot_only_refusal(self.id)) is not None:
-            return Support(False, why)
-        return self.problem_support(problem, target)
-
     def problem_support(self, problem: Any, target: Target) -> Support:
-        """``supports`` without the toolchain and device checks."""
+        """Whether this template renders ``problem`` for ``target`` (the toolchain is the language's check)."""
         if not isinstance(problem, GroupedGemmProblem):
             return Support(False, f"{self.id} runs grouped GEMMs (tilewright.grouped.GroupedGemmProblem)")
         if target.arch != limits.ARCH:
@@ -115,13 +110,7 @@ class FlyDslGroupedGemm(TemplateSpec):
         out = [self.space.complete(s) for s in seeds]
         return [p for p in out if self.check(p, problem, target) is None]
 
-    def render(self, problem: Any, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.problem_support(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: Any, params: Params, target: Target) -> RenderedKernel:
         lines, out_value, helpers = FlyDslGemm().epilogue_code(problem)
         wm, wn = limits.wave_grid(params["num_warps"])
         ab_fx, ab_torch = AB_DTYPES[problem.dtype]

@@ -39,18 +39,17 @@ from typing import Any
 import sympy
 import torch
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import CodePrinter, static_or_hint, unflatten
+from tilewright.ir.expr import Node, load_mask
+from tilewright.ir.index import CodePrinter, static_or_hint
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
 from tilewright.templates.base import SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec
+from tilewright.templates.loop_schedule import LoopSchedule
 from tilewright.templates.flydsl.emit import FLY, FlyExpr, check_nodes, literal
-from tilewright.templates.flydsl.gemm import aot_only_refusal
 
 ARCH = "gfx950"
 WAVE = 64
@@ -100,24 +99,25 @@ def problem_refusal(problem: LoopProblem) -> str | None:
     return check_nodes(k.nodes())
 
 
-class _Body:
-    """The kernel body of one loop problem: variables, loads, stores, reductions."""
+class _Body(LoopSchedule):
+    """The loop schedule in FlyDSL: lane ``tid`` of ``LANES`` walks its elements (pointwise:
+    ``XBLOCK`` per workgroup; reductions: its strided share of the row), the workgroup's
+    ``_ROW`` (``fx.coop.BlockReduce``) combines a row's partials."""
 
     def __init__(self, kernel: LoopKernel, lanes: int):
-        self.k = kernel
         self.lanes = lanes
-        self.names = {s: s.name for s in kernel.size_symbols()}
-        self.e = FlyExpr(load=self._load, index=self._index, reduce=self._no_reduce)
         self.storages: list[str] = []
         self._loop = 0
+        super().__init__(kernel)
 
-    # -- hooks ------------------------------------------------------------------------------------
+    def make_emitter(self) -> FlyExpr:
+        return FlyExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
+
+    # -- values -----------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:
         name, idx, _ = n.arg
         buf = self.k.buffer(name)
-        names = dict(self.names)
-        for k, v in enumerate(load_indirect(n)):  # gathered indices: the values computed for them
-            names[indirect_symbol(k)] = f"{self.e.names[v]}.to(fx.Int32)"
+        names = self.load_names(n, "{}.to(fx.Int32)")  # gathered indices: the values computed for them
         coords = [fcode(i, names) for i in idx]
         element = f"{name}[{coords[0]}]" if len(coords) == 1 else f"{name}[({', '.join(coords)})]"
         value = self.e.load_value(element, buf.dtype)
@@ -138,24 +138,11 @@ class _Body:
     def _index(self, n: Node) -> str:
         return f"{FLY[dtypes.compute_type(n.dtype)]}({fcode(n.arg, self.names)})"
 
-    def _no_reduce(self, n: Node, v: str) -> str:  # pragma: no cover - every reduction is bound first
-        raise UnsupportedProblemError("a reduction outside its pass")
+    # -- statements -------------------------------------------------------------------------------
+    def index_code(self, e: sympy.Expr) -> str:
+        return fcode(e, self.names)
 
-    # -- pieces -----------------------------------------------------------------------------------
-    def decompose(self, flat: str, vars_, ranges, suffix: str = "") -> None:
-        """Lines defining each used variable from the flat index (row-major). ``suffix`` makes a
-        loop's variables its own, so FlyDSL's loop rewriter never sees them carried across loops."""
-        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: fcode(e, self.names)):
-            name = f"{v.name}{suffix}"
-            self.e.line(f"{name} = {text}")
-            self.names[v] = name
-
-    def store(self, s) -> None:
-        buf = self.k.buffer(s.buffer)
-        node = s.value
-        if node.op == "cast" and node.dtype == buf.dtype and dtypes.is_float(node.dtype):
-            node = node.src[0]  # the store rounds once; no need to round before it too
-        value = self.e.emit(node)
+    def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
         coords = [fcode(i, self.names) for i in s.index]
         target = f"{buf.name}[{coords[0]}]" if len(coords) == 1 else f"{buf.name}[({', '.join(coords)})]"
         text = f"{target} = {self.e.store_value(value, node.dtype, buf.dtype)}"
@@ -164,35 +151,12 @@ class _Body:
             text = "    " + text
         self.e.line(text)
 
-    def pointwise(self) -> None:
-        self.decompose("xindex", self.k.x_vars, self.k.ranges)
-        for s in self.k.stores:
-            self.store(s)
-
-    def reduce_rows(self) -> None:
-        k = self.k
-        self.decompose("xindex", k.x_vars, k.ranges)
-        level: dict[Node, int] = {}
-        for n in toposort(k.values()):
-            below = max((level.get(s, 0) for s in n.src), default=0)
-            level[n] = below + (1 if n.op == "reduce" else 0)
-        reduces = k.reductions()
-        for lv in sorted({level[r] for r in reduces}):
-            self._pass([r for r in reduces if level[r] == lv])
-        on_r = lambda s: k.depends_on_r(s.value) or (s.mask is not None and k.depends_on_r(s.mask))  # noqa: E731
-        x_stores = [s for s in k.stores if not on_r(s)]
-        r_stores = [s for s in k.stores if on_r(s)]
-        if x_stores:
-            self.e.line("if tid == 0:")
-            self._open()
-            for s in x_stores:
-                self.store(s)
-            self._close()
-        if r_stores:
-            self._open_loop()
-            for s in r_stores:
-                self.store(s)
-            self._close()
+    def write_row_stores(self, stores: list) -> None:
+        self.e.line("if tid == 0:")
+        self._open()
+        for s in stores:
+            self.store(s, None)
+        self._close()
 
     def _open(self) -> None:
         self.e.indent += "    "
@@ -202,33 +166,33 @@ class _Body:
         self.e.pop()
         self.e.indent = self.e.indent[:-4]
 
-    def _open_loop(self) -> None:
+    def open_row_loop(self) -> tuple[str, str]:
+        # each loop's variables are its own, so FlyDSL's loop rewriter never sees them carried
+        # across loops
         self._loop += 1
         rindex = f"rindex{self._loop}"
         self.e.line(f"for {rindex} in range(tid, rnumel, LANES):")
         self._open()
-        self.decompose(rindex, self.k.r_vars, self.k.reduction_ranges, suffix=f"_{self._loop}")
+        return rindex, f"_{self._loop}"
 
-    def _pass(self, reduces: list[Node]) -> None:
-        """One pass over the row accumulating ``reduces`` (their operands need only earlier
-        levels) per lane, then the workgroup combine that gives every lane the row's values."""
-        e = self.e
-        accs = []
-        for r in reduces:
-            acc = e.fresh()
-            e.line(f"{acc} = {literal(REDUCE_OPS[r.arg][1], 'fp32')}")
-            accs.append(acc)
-        self._open_loop()
-        for r, acc in zip(reduces, accs):
-            v = e.emit(r.src[0])
-            e.line(f"{acc} = {_COMBINE[r.arg].format(a=acc, v=v)}")
+    def close_row_loop(self) -> None:
         self._close()
-        for r, acc in zip(reduces, accs):
-            storage = f"lds{len(self.storages)}"  # one LDS slot per reduction: no reuse, no extra barrier
-            self.storages.append(storage)
-            out = e.fresh()
-            e.line(f"{out} = _ROW({acc}, fx.ReductionOp.{REDUCE_OPS[r.arg][0]}, storage={storage})")
-            e.bind(r, out)
+
+    # -- reductions: a partial per lane, then the workgroup combine -------------------------------
+    def init_accumulators(self, r: Node) -> list[str]:
+        acc = self.e.fresh()
+        self.e.line(f"{acc} = {literal(REDUCE_OPS[r.arg][1], 'fp32')}")
+        return [acc]
+
+    def update_accumulators(self, r: Node, accs: list[str], v: str) -> None:
+        self.e.line(f"{accs[0]} = {_COMBINE[r.arg].format(a=accs[0], v=v)}")
+
+    def finish_accumulators(self, r: Node, accs: list[str], owner: bool) -> str:
+        storage = f"lds{len(self.storages)}"  # one LDS slot per reduction: no reuse, no extra barrier
+        self.storages.append(storage)
+        out = self.e.fresh()
+        self.e.line(f"{out} = _ROW({accs[0]}, fx.ReductionOp.{REDUCE_OPS[r.arg][0]}, storage={storage})")
+        return out
 
 
 def _wave64_in_torch(acc: torch.Tensor, combine, ident: float) -> torch.Tensor:
@@ -296,13 +260,8 @@ class _FlyLoops(TemplateSpec):
     backend = "flydsl"
     jinja = "loops.py.jinja"
 
-    def supports(self, problem: Any, target: Target) -> Support:
-        if (why := aot_only_refusal(self.id)) is not None:
-            return Support(False, why)
-        return self.problem_support(problem, target)
-
     def problem_support(self, problem: Any, target: Target) -> Support:
-        """``supports`` without the toolchain and device checks (rendering needs only jinja)."""
+        """Whether this template renders ``problem`` for ``target`` (the toolchain is the language's check)."""
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.arch != ARCH:
@@ -323,18 +282,12 @@ class _FlyLoops(TemplateSpec):
     def _check(self, p: dict, lanes: int) -> str | None:
         return None
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        support = self.problem_support(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
-        p = self.space.complete(params)
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
+        p = params
         k = problem.kernel
         lanes = p["num_warps"] * WAVE
-        body = _Body(k, lanes)
+        body = _Body(k, lanes).build()  # rows are always looped (one workgroup per row)
         reduction = problem.kind == "reduction"
-        body.reduce_rows() if reduction else body.pointwise()
         sizes = problem.size_map
         hint = lambda e: static_or_hint(sympy.sympify(e), sizes)  # noqa: E731
         buffers = list(k.inputs) + list(k.outputs)

@@ -231,19 +231,10 @@ class FlyDslMxGemm(TemplateSpec):
         Knob("num_stages", (2, 3, 4), 2, "LDS ring buffers (tiles in flight + 1)"),
     ))
 
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
-        """Whether the problem can be built for ``target``: FlyDSL installed with its linker
-        (the reason names the fix), gfx950, mxfp4/mxfp8 with K-major operands and row-major
-        scales, static K a multiple of 128, 32-bit offsets, and an epilogue the FlyDSL emitter renders."""
-        why = self.problem_support(problem, target)
-        if not why:
-            return why
-        if (tool := fly_runtime.toolchain_problem()) is not None:
-            return Support(False, tool)
-        return SUPPORTED
-
     def problem_support(self, problem: GemmProblem, target: Target) -> Support:
-        """``supports`` without the toolchain check (rendering needs only jinja)."""
+        """Whether the problem can be built for ``target`` (the toolchain is the language's
+        check): gfx950, mxfp4/mxfp8 with K-major operands and row-major scales, static K a
+        multiple of 128, 32-bit offsets, and an epilogue the FlyDSL emitter renders."""
         if target.arch != "gfx950":
             return Support(False, f"{self.id} is written for gfx950's scaled MFMA, not {target.name}")
         if problem.dtype not in FORMATS:
@@ -317,18 +308,12 @@ class FlyDslMxGemm(TemplateSpec):
                     out_torch={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[problem.out_dtype],
                     M=problem.M, N=problem.N, K=problem.K, kernel=KERNEL)
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
+    def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
         """The FlyDSL module (kernel, ``@flyc.jit`` launcher ``mx_gemm``, ``compile_aot()``).
 
         Raises:
-            UnsupportedProblemError: ``problem_support`` or ``check`` refuses.
+            UnsupportedProblemError: an epilogue the FlyDSL emitter refuses.
         """
-        support = self.problem_support(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        params = self.space.complete(params)
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
         source = self.render_jinja(**self.context(problem, params))
         return RenderedKernel(
             template_id=self.id, params=dict(params), target=target.name, source=source,

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.flydsl import LDS_LIMIT as FLY_LDS_LIMIT
 from tilewright.runtime.targets import Target
@@ -62,6 +61,9 @@ class TopkProblem:
     def to_json(self) -> dict[str, Any]:
         return {"kind": "topk", **dataclasses.asdict(self)}
 
+    def describe(self) -> str:
+        return f"top-{self.k} of rows of {self.E} {self.dtype} ({'largest' if self.largest else 'smallest'})"
+
 
 class FlyDslTopk(TemplateSpec):
     aot_only = True  # compile-only FlyDSL: no launcher, never a compiled model's candidate
@@ -74,7 +76,7 @@ class FlyDslTopk(TemplateSpec):
         Knob("ROWS", (1, 2, 4), 1, "rows (waves) per workgroup; more amortise the launch per CU"),
     ))
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, TopkProblem):
             return Support(False, "flydsl.topk serves TopkProblem only")
         if target.arch != ARCH:
@@ -99,14 +101,8 @@ class FlyDslTopk(TemplateSpec):
             return f"{threads} threads per workgroup exceed {target.max_threads_per_block}"
         return None
 
-    def render(self, problem: TopkProblem, params: Params, target: Target) -> RenderedKernel:
-        why = self.supports(problem, target)
-        if not why:
-            raise UnsupportedProblemError(why.reason)
-        refusal = self.check(params, problem, target)
-        if refusal:
-            raise UnsupportedProblemError(refusal)
-        p = self.space.complete(params)
+    def render_kernel(self, problem: TopkProblem, params: Params, target: Target) -> RenderedKernel:
+        p = params
         items = -(-problem.E // WAVE)
         fx_dtype, torch_dtype = DTYPES[problem.dtype]
         source = self.render_jinja(

@@ -39,7 +39,7 @@ class GluonGemmTdm(TritonGemm):
         Knob("num_stages", (2, 3, 4), 3, "LDS buffers (copies in flight + 1)"),
     ))
 
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
+    def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         if problem.store_acc:
             return Support(False, f"{self.id} does not store the product beside its epilogue")
         if problem.epilogue_ir:

@@ -3,14 +3,19 @@ a gemv and a grouped GEMM, compiled on macOS by
 ``torch.mps.compile_shader``; elsewhere rendered and syntax-checked only
 (:mod:`tilewright.runtime.metal_check`)."""
 
+from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.metal.gemm import MetalGemm, MetalGemv
 from tilewright.templates.metal.grouped import MetalGroupedGemm
 from tilewright.templates.metal.loops import MetalPointwise, MetalReduction
 
-MANIFEST = BackendManifest(
+LANGUAGE = Language(
     name="metal",
     description="Metal Shading Language kernels for MPS (compile_shader on macOS; syntax-checked elsewhere)",
     target_backends=("mps",),
-    templates=(MetalPointwise(), MetalReduction(), MetalGemm(), MetalGemv(), MetalGroupedGemm()),
+    # rendering needs nothing; a launcher refuses in one line off macOS (runtime/metal_check.py)
+    forcing="Metal kernels only, on the mps target (GEMMs, gemv, grouped GEMMs, loop kernels)",
+    priority=40,
 )
+MANIFEST = BackendManifest.of(LANGUAGE, (MetalPointwise(), MetalReduction(), MetalGemm(), MetalGemv(),
+                                         MetalGroupedGemm()))

@@ -23,10 +23,8 @@ the other GEMM templates: ``launch(a, b, *epilogue_inputs, out=None)``.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.epilogue import problem_epilogue
 from tilewright.ir.expr import Node
@@ -95,13 +93,7 @@ class MetalGemm(TemplateSpec):
         Knob("num_stages", (1,), 1, "K steps in flight (one: each step waits for its staged tiles)"),
     ))
 
-    @property
-    def render_sources(self) -> tuple[Path, ...]:  # the launcher template shapes the output too
-        from tilewright.templates.base import _jinja_closure
-
-        return tuple(sorted(set(super().render_sources) | _jinja_closure(self.folder, self.launcher)))
-
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, GemmProblem):
             return Support(False, "metal.gemm runs GEMMs")
         if target.backend != "mps":
@@ -150,12 +142,7 @@ class MetalGemm(TemplateSpec):
         return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 1}
                 for bm, bn, bk, w in seeds]
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        if not (support := self.supports(problem, target)):
-            raise UnsupportedProblemError(f"metal.gemm cannot run {problem.describe_epilogue()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"metal.gemm params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
         return self._render(problem, params, target, "tw_gemm", per_group_n=params["BLOCK_N"],
                             per_group_m=params["BLOCK_M"])
 
@@ -227,10 +214,10 @@ class MetalGemv(MetalGemm):
         Knob("num_stages", (1,), 1, "K steps in flight"),
     ))
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if isinstance(problem, GemmProblem) and (problem.M > 8 or "M" in problem.dynamic):
             return Support(False, "the gemv path is for decode shapes, M <= 8 (and M not dynamic)")
-        return super().supports(problem, target)
+        return super().problem_support(problem, target)
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
         params = self.space.complete(params)
@@ -249,10 +236,5 @@ class MetalGemv(MetalGemm):
     def seed_params(self, problem: GemmProblem, target: Target) -> list[dict[str, Any]]:
         return [{"BLOCK_M": 8, "BLOCK_N": w, "BLOCK_K": 32, "num_warps": w, "num_stages": 1} for w in (4, 8, 2)]
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        if not (support := self.supports(problem, target)):
-            raise UnsupportedProblemError(f"metal.gemv cannot run {problem.describe_epilogue()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"metal.gemv params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
         return self._render(problem, params, target, "tw_gemv", per_group_n=params["BLOCK_N"], per_group_m=None)

@@ -24,7 +24,6 @@ problems are refused, and run on the ATen template), fp8 operands, and the 3-D x
 from __future__ import annotations
 
 import types
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,13 +62,7 @@ class MetalGroupedGemm(TemplateSpec):
         Knob("num_stages", (1,), 1, "K steps in flight (one: each step waits for its staged tiles)"),
     ))
 
-    @property
-    def render_sources(self) -> tuple[Path, ...]:  # the launcher template shapes the output too
-        from tilewright.templates.base import _jinja_closure
-
-        return tuple(sorted(set(super().render_sources) | _jinja_closure(self.folder, self.launcher)))
-
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, GroupedGemmProblem):
             return Support(False, "metal.grouped_gemm runs grouped GEMMs (GroupedGemmProblem)")
         if target.backend != "mps":
@@ -112,12 +105,7 @@ class MetalGroupedGemm(TemplateSpec):
         return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 1}
                 for bm, bn, bk, w in seeds]
 
-    def render(self, problem: GroupedGemmProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        if not (support := self.supports(problem, target)):
-            raise UnsupportedProblemError(f"metal.grouped_gemm cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"metal.grouped_gemm params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: GroupedGemmProblem, params: Params, target: Target) -> RenderedKernel:
         bm, bn, bk, w = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"], params["num_warps"]
         idx = "long" if _needs_int64(problem) else "int"
         kernel = "tw_grouped_gemm"

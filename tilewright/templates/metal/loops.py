@@ -21,21 +21,20 @@ group_size=...)``; elsewhere it refuses in one line (see
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import sympy
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import code, offset, unflatten
+from tilewright.ir.expr import Node, load_indirect, load_mask
+from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel, Store
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
+from tilewright.templates.loop_schedule import LoopSchedule
 from tilewright.templates.metal.emit import (
     HELPERS, MSL_TYPE, MetalExpr, ctype, index_code, unsupported_dtype, zero,
 )
@@ -66,44 +65,38 @@ def needs_int64(problem: LoopProblem) -> bool:
     return problem.xnumel * max(problem.rnumel, 1) > INDEX_LIMIT
 
 
-class _Body:
-    """The kernel body of one loop problem, as MSL lines."""
+class _Body(LoopSchedule):
+    """The loop schedule in MSL: one thread per element (pointwise, grid-stride) or a
+    threadgroup per row, combined by :mod:`tilewright.templates.metal.reduce`."""
+
+    floordiv = "/"
 
     def __init__(self, kernel: LoopKernel, idx: str, threads: int, persistent: bool):
-        self.k = kernel
         self.idx = idx  # "int" or "long": the index type
         self.threads = threads
-        self.reduction = kernel.kind == "reduction"
-        self.persistent = persistent
-        self.xvars, self.rvars = kernel.x_vars, kernel.r_vars
-        self.names = {s: s.name for s in kernel.size_symbols()}
-        self.e = MetalExpr(load=self._load, index=self._index, reduce=self._reduce)
         self.reductions: dict[str, Reduction] = {}  # helper name -> reduction (rendered once)
         self.slots: dict[tuple[str, int], int] = {}  # (MSL type, size) -> arrays needed at once
         self.welford: dict[int, tuple[str, str]] = {}
         self.in_loop = False  # inside a loop over the row: every element is in range
+        super().__init__(kernel, persistent)
 
-    # -- hooks ----------------------------------------------------------------------------------
-    def _on_r(self, exprs) -> bool:
-        rv = set(self.rvars)
-        return any(sympy.sympify(e).free_symbols & rv for e in exprs)
+    def make_emitter(self) -> MetalExpr:
+        return MetalExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
 
+    # -- values ---------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:
         name, idx, _ = n.arg
         buf = self.k.buffer(name)
-        names = dict(self.names)
         indirect = load_indirect(n)
-        for k, v in enumerate(indirect):  # gathered indices: the values computed for them
-            names[indirect_symbol(k)] = self.e.names[v]
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
-        off = index_code(offset(idx, strides), names)
+        off = index_code(offset(idx, strides), self.load_names(n))
         value = f"{name}[{off}]"
         if buf.dtype != "bool":
             value = f"static_cast<{ctype(n.dtype)}>({value})"
         guards = []
         # a persistent row's threads past its end must not read: the address may be outside
         if self.reduction and self.persistent and not self.in_loop and (
-                self._on_r(idx) or any(self.k.depends_on_r(v) for v in indirect)):
+                self.deps(idx)[1] or any(self.k.depends_on_r(v) for v in indirect)):
             guards.append("rmask")
         own = load_mask(n)
         if own is not None:  # a masked load (cat, pad): only where the mask holds
@@ -142,11 +135,11 @@ class _Body:
     def _call(self, red: Reduction, accs: list[str]) -> None:
         self.e.line(f"{red.name}({', '.join(accs + self._arrays(red))}, tid, lane, sg, nsg, ntg);")
 
-    def _reduce(self, n: Node, v: str) -> str:
+    def reduce_inline(self, n: Node, v: str) -> str:
         """Persistent rows: this thread's element (or the identity past the row's end), then
         the threadgroup combine."""
         if not self.persistent:
-            raise AssertionError("looped reductions are computed by _loop_level, not inline")
+            raise AssertionError("looped reductions are computed by row_pass, not inline")
         if n.arg.startswith("welford"):
             mean, m2 = self._welford_persistent(n.src[0], v)
             return mean if n.arg == "welford_mean" else m2
@@ -184,25 +177,17 @@ class _Body:
         self.slots[slot] = max(self.slots.get(slot, 0), 1)
         return red
 
-    # -- pieces ---------------------------------------------------------------------------------
-    def decompose(self, flat: str, vars_, ranges) -> None:
-        """Lines defining each used variable from the flat index (row-major)."""
-        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: index_code(e, self.names), "/"):
-            self.e.line(f"const {self.idx} {v.name} = {text};")
+    # -- statements -----------------------------------------------------------------------------
+    def index_code(self, e: sympy.Expr) -> str:
+        return index_code(e, self.names)
 
-    def _on_r_store(self, s: Store) -> bool:
-        return self.reduction and (self.k.depends_on_r(s.value)
-                                   or s.mask is not None and self.k.depends_on_r(s.mask))
+    def declare_index(self, name: str, text: str) -> str:
+        return f"const {self.idx} {name} = {text};"
 
-    def store(self, s: Store, guard: str | None) -> None:
+    def write_store(self, s: Store, buf, node: Node, value: str, guard: str | None) -> None:
         """``buffer[index] = value``, under ``guard`` and the store's own mask (a combo part's
         share). The value is computed before the conditional: it may hold a threadgroup
         reduction, whose barriers every thread must reach."""
-        buf = self.k.buffer(s.buffer)
-        node = s.value
-        if node.op == "cast" and node.dtype == buf.dtype and dtypes.is_float(node.dtype):
-            node = node.src[0]  # the store rounds once; no need to round before it too
-        value = self.e.emit(node)
         conds = [guard] if guard else []
         if s.mask is not None:
             conds.append(self.e.emit(s.mask))
@@ -211,104 +196,78 @@ class _Body:
         line = f"{buf.name}[{off}] = {self.e.store_value(value, node.dtype, buf.dtype)};"
         self.e.line(f"if ({' && '.join(conds)}) {line}" if conds else line)
 
-    def pointwise(self) -> None:
+    def write_row_stores(self, stores: list[Store]) -> None:
+        for s in stores:
+            self.store(s, "tid == 0")
+
+    def open_pointwise(self) -> None:
         self.e.open(f"for ({self.idx} xindex = gid; xindex < xnumel; xindex += gsize)")
-        self.decompose("xindex", self.xvars, self.k.ranges)
-        for s in self.k.stores:
-            self.store(s, None)
+
+    def close_pointwise(self) -> None:
         self.e.close()
 
-    def reduction_persistent(self) -> None:
-        self.decompose("xindex", self.xvars, self.k.ranges)
+    def start_persistent_row(self) -> None:
         self.e.line(f"const {self.idx} rindex = tid;")
         self.e.line("const bool rmask = rindex < rnumel;")
-        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
-        for s in self.k.stores:
-            self.store(s, "rmask" if self._on_r_store(s) else "tid == 0")
 
-    def reduction_looped(self) -> None:
-        k = self.k
-        self.decompose("xindex", self.xvars, k.ranges)
-        reduces = k.reductions()
-        level: dict[int, int] = {}
-        for n in toposort(k.values() + [s.mask for s in k.stores if s.mask is not None]):
-            below = max((level.get(id(s), 0) for s in n.src), default=0)
-            level[id(n)] = below + (1 if n.is_reduce else 0)
-        for lv in sorted({level[id(r)] for r in reduces}):
-            self._loop_level([r for r in reduces if level[id(r)] == lv])
-        r_stores = [s for s in k.stores if self._on_r_store(s)]
-        for s in k.stores:
-            if s not in r_stores:
-                self.store(s, "tid == 0")
-        if r_stores:
-            self._open_loop()
-            for s in r_stores:
-                self.store(s, None)
-            self._close_loop()
+    def persistent_guard(self, s: Store) -> str | None:
+        return "rmask" if self.on_r(s) else "tid == 0"
 
-    def _open_loop(self) -> None:
+    def open_row_loop(self) -> tuple[str, str]:
         self.e.open(f"for ({self.idx} rindex = tid; rindex < rnumel; rindex += ntg)")
         self.in_loop = True
-        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
+        return "rindex", ""
 
-    def _close_loop(self) -> None:
+    def close_row_loop(self) -> None:
         self.e.close()
         self.in_loop = False
 
-    def _loop_level(self, reduces: list[Node]) -> None:
-        """One pass over the row accumulating ``reduces`` per thread (their operands need only
-        earlier levels), then each one's threadgroup combine."""
-        plan: list[tuple[Node, Reduction, list[str]]] = []
-        welford: dict[int, list[str]] = {}
-        for r in reduces:
-            red = self._reduction_of(r)
-            if red.kind == "welford":
-                if id(r.src[0]) not in welford:
-                    accs = welford[id(r.src[0])] = [self.e.fresh() for _ in range(3)]
-                    for a in accs:
-                        self.e.line(f"float {a} = 0.0f;")
-                    plan.append((r, red, accs))
-                continue
-            accs = [self.e.fresh() for _ in red.types]
-            for t, a, ident in zip(red.msl_types, accs, red.identity()):
-                self.e.line(f"{t} {a} = {ident};")
-            plan.append((r, red, accs))
-        self._open_loop()
-        for r, red, accs in plan:
-            v = self.e.emit(r.src[0])
-            if red.kind == "welford":  # Welford's online update of this thread's elements
-                self.e.line(f"{accs[2]} += 1.0f;")
-                self.e.open("")
-                self.e.line(f"const float delta = {v} - {accs[0]};")
-                self.e.line(f"{accs[0]} += delta / {accs[2]};")
-                self.e.line(f"{accs[1]} += delta * ({v} - {accs[0]});")
-                self.e.close()
-                continue
-            if red.kind in ("argmax", "argmin"):
-                b = [v, "static_cast<int>(rindex)"]
-            elif red.kind in ("any", "all") and r.src[0].dtype != "bool":
-                b = [f"({v} != 0)"]
-            else:
-                b = [v]
-            self.e.open("")
-            bn = [f"b{i}" for i in range(len(b))]
-            for t, name, val in zip(red.msl_types, bn, b):
-                self.e.line(f"const {t} {name} = {val};")
-            for st in red.combine(accs, bn):
-                self.e.line(st)
-            self.e.close()
-        self._close_loop()
-        for r, red, accs in plan:
-            self._call(red, accs)
-        for r in reduces:
-            red = self._reduction_of(r)
-            if red.kind == "welford":
-                accs = welford[id(r.src[0])]
-                self.e.bind(r, accs[0] if r.arg == "welford_mean" else accs[1])
-            else:
-                accs = next(a for rr, _, a in plan if rr is r)
-                self.e.bind(r, f"static_cast<long>({accs[1]})" if red.kind in ("argmax", "argmin") else accs[0])
+    # -- looped reductions: a partial per thread, then the threadgroup helper ---------------------
+    def init_accumulators(self, r: Node) -> list[str]:
+        red = self._reduction_of(r)
+        if red.kind == "welford":
+            accs = [self.e.fresh() for _ in range(3)]  # mean, M2, count
+            for a in accs:
+                self.e.line(f"float {a} = 0.0f;")
+            return accs
+        accs = [self.e.fresh() for _ in red.types]
+        for t, a, ident in zip(red.msl_types, accs, red.identity()):
+            self.e.line(f"{t} {a} = {ident};")
+        return accs
 
+    def update_accumulators(self, r: Node, accs: list[str], v: str) -> None:
+        red = self._reduction_of(r)
+        if red.kind == "welford":  # Welford's online update of this thread's elements
+            self.e.line(f"{accs[2]} += 1.0f;")
+            self.e.open("")
+            self.e.line(f"const float delta = {v} - {accs[0]};")
+            self.e.line(f"{accs[0]} += delta / {accs[2]};")
+            self.e.line(f"{accs[1]} += delta * ({v} - {accs[0]});")
+            self.e.close()
+            return
+        if red.kind in ("argmax", "argmin"):
+            b = [v, "static_cast<int>(rindex)"]
+        elif red.kind in ("any", "all") and r.src[0].dtype != "bool":
+            b = [f"({v} != 0)"]
+        else:
+            b = [v]
+        self.e.open("")
+        bn = [f"b{i}" for i in range(len(b))]
+        for t, name, val in zip(red.msl_types, bn, b):
+            self.e.line(f"const {t} {name} = {val};")
+        for st in red.combine(accs, bn):
+            self.e.line(st)
+        self.e.close()
+
+    def finish_accumulators(self, r: Node, accs: list[str], owner: bool) -> str:
+        red = self._reduction_of(r)
+        if owner:
+            self._call(red, accs)
+        if red.kind == "welford":
+            return accs[0] if r.arg == "welford_mean" else accs[1]
+        return f"static_cast<long>({accs[1]})" if red.kind in ("argmax", "argmin") else accs[0]
+
+    # -- what the shader declares -----------------------------------------------------------------
     def smem_bytes(self) -> int:
         return sum(count * size * _MSL_SIZE[t] for (t, size), count in self.slots.items())
 
@@ -345,13 +304,7 @@ class _MetalLoops(TemplateSpec):
     jinja = "loops.metal.jinja"
     launcher = "launcher.py.jinja"
 
-    @property
-    def render_sources(self) -> tuple[Path, ...]:  # the launcher template shapes the output too
-        from tilewright.templates.base import _jinja_closure
-
-        return tuple(sorted(set(super().render_sources) | _jinja_closure(self.folder, self.launcher)))
-
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.backend != "mps":
@@ -389,23 +342,10 @@ class _MetalLoops(TemplateSpec):
 
     def _body(self, problem: LoopProblem, params: Params) -> _Body:
         threads = self.threads(params)
-        body = _Body(problem.kernel, "long" if needs_int64(problem) else "int", threads,
-                     bool(params.get("PERSISTENT", False)))
-        if problem.kind == "pointwise":
-            body.pointwise()
-        elif body.persistent:
-            body.reduction_persistent()
-        else:
-            body.reduction_looped()
-        return body
+        return _Body(problem.kernel, "long" if needs_int64(problem) else "int", threads,
+                     bool(params.get("PERSISTENT", False))).build()
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
         k = problem.kernel
         body = self._body(problem, params)
         names = {s: s.name for s in k.size_symbols()}
@@ -450,10 +390,6 @@ class _MetalLoops(TemplateSpec):
                   "threads": grid, "group_size": group, "threadgroup_bytes": body.smem_bytes(),
                   "persistent": body.persistent})
 
-    def render_jinja_file(self, name: str, **context: Any) -> str:
-        from tilewright.templates.base import jinja_env
-
-        return jinja_env(self.folder).get_template(name).render(**context)
 
 
 class MetalPointwise(_MetalLoops):

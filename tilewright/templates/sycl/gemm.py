@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.epilogue import problem_epilogue
 from tilewright.ir.expr import Node
@@ -54,7 +53,7 @@ class SyclGemm(TemplateSpec):
         Knob("THREAD_N", (1, 2, 4, 8), 4, "columns of C per work-item"),
     ))
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, GemmProblem):
             return Support(False, "sycl.gemm runs GEMM problems")
         if target.backend != "xpu":
@@ -66,10 +65,6 @@ class SyclGemm(TemplateSpec):
         for e in problem.epilogue_inputs:
             if e.dtype not in STORAGE:
                 return Support(False, f"no SYCL load for {e.dtype} epilogue inputs")
-        from tilewright.runtime import sycl as runtime
-
-        if (why := runtime.unavailable_reason()) is not None:
-            return Support(False, why)
         return SUPPORTED
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
@@ -101,13 +96,7 @@ class SyclGemm(TemplateSpec):
     def work_group(params: Params) -> int:
         return (params["BLOCK_M"] // params["THREAD_M"]) * (params["BLOCK_N"] // params["THREAD_N"])
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
 
         def load(n: Node) -> str:
             # inputs come broadcast to the output: index every one by (b, m, n), stride 0 where

@@ -37,8 +37,8 @@ import sympy
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import CodePrinter, offset, provably_nonnegative, unflatten
+from tilewright.ir.expr import Node, load_mask
+from tilewright.ir.index import CodePrinter, offset, provably_nonnegative
 from tilewright.ir.index import code as py_code
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
@@ -46,6 +46,7 @@ from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
+from tilewright.templates.loop_schedule import LoopSchedule
 from tilewright.templates.sycl.emit import CTYPE, STORAGE, SyclExpr, literal
 
 
@@ -117,26 +118,25 @@ def _int_limit(ct: str, low: bool) -> str:
     return f"std::numeric_limits<{CTYPE[ct]}>::{'lowest' if low else 'max'}()"
 
 
-class _Body:
-    """The kernel body of one loop problem: variables, loads, stores, reductions."""
+class _Body(LoopSchedule):
+    """The loop schedule in SYCL C++: one work-item per element (pointwise) or per ``WG``-strided
+    share of a row (reductions), combined with ``sycl::reduce_over_group``."""
+
+    floordiv = "/"
 
     def __init__(self, kernel: LoopKernel):
-        self.k = kernel
-        self.reduction = kernel.kind == "reduction"
-        self.xvars, self.rvars = kernel.x_vars, kernel.r_vars
-        self.names = {s: s.name for s in kernel.size_symbols()}
-        self.e = SyclExpr(load=self._load, index=self._index, reduce=self._reduce_persistent_unsupported)
-        self.welford: dict[int, tuple[str, str]] = {}
+        self.welford: dict[int, tuple[str, str]] = {}  # value -> (mean, M2) of its group combine
+        super().__init__(kernel)
 
-    # -- hooks ------------------------------------------------------------------------------------
+    def make_emitter(self) -> SyclExpr:
+        return SyclExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
+
+    # -- values -----------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:
         name, idx, _ = n.arg
         buf = self.k.buffer(name)
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
-        names = dict(self.names)
-        for k, v in enumerate(load_indirect(n)):  # gathered indices: the values computed for them
-            names[indirect_symbol(k)] = f"int64_t({self.e.names[v]})"
-        off = ccode(offset(idx, strides), names)
+        off = ccode(offset(idx, strides), self.load_names(n, "int64_t({})"))
         value = self.e.load_value(f"{name}[{off}]", buf.dtype)
         ct = dtypes.compute_type(n.dtype)
         if buf.dtype != n.dtype and dtypes.compute_type(buf.dtype) != ct:
@@ -149,21 +149,14 @@ class _Body:
     def _index(self, n: Node) -> str:
         return f"{CTYPE[dtypes.compute_type(n.dtype)]}({ccode(n.arg, self.names)})"
 
-    def _reduce_persistent_unsupported(self, n: Node, v: str) -> str:  # pragma: no cover - guarded
-        raise UnsupportedProblemError("a reduction outside its pass (the emitter binds every reduction first)")
+    # -- statements -------------------------------------------------------------------------------
+    def index_code(self, e: sympy.Expr) -> str:
+        return ccode(e, self.names)
 
-    # -- pieces -----------------------------------------------------------------------------------
-    def decompose(self, flat: str, vars_, ranges) -> None:
-        """Lines defining each used variable from the flat index (row-major)."""
-        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: ccode(e, self.names), "/"):
-            self.e.line(f"const int64_t {v.name} = {text};")
+    def declare_index(self, name: str, text: str) -> str:
+        return f"const int64_t {name} = {text};"
 
-    def store(self, s) -> None:
-        buf = self.k.buffer(s.buffer)
-        node = s.value
-        if node.op == "cast" and node.dtype == buf.dtype and dtypes.is_float(node.dtype):
-            node = node.src[0]  # the store rounds once; no need to round before it too
-        value = self.e.emit(node)
+    def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
         strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
         off = ccode(offset(s.index, strides), self.names)
         text = f"{buf.name}[{off}] = {self.e.store_value(value, node.dtype, buf.dtype)};"
@@ -171,142 +164,105 @@ class _Body:
             text = f"if ({self.e.emit(s.mask)}) {text}"
         self.e.line(text)
 
-    def on_r(self, s) -> bool:
-        return self.k.depends_on_r(s.value) or s.mask is not None and self.k.depends_on_r(s.mask)
-
-    def pointwise(self) -> None:
-        self.decompose("xindex", self.xvars, self.k.ranges)
-        for s in self.k.stores:
-            self.store(s)
-
-    def reduce_rows(self) -> None:
-        k = self.k
-        self.decompose("xindex", self.xvars, k.ranges)
-        reduces = k.reductions()
-        level: dict[int, int] = {}
-        for n in toposort(k.values() + [s.mask for s in k.stores if s.mask is not None]):
-            below = max((level.get(id(s), 0) for s in n.src), default=0)
-            level[id(n)] = below + (1 if n.is_reduce else 0)
-        for lv in sorted({level[id(r)] for r in reduces}):
-            self._pass([r for r in reduces if level[id(r)] == lv])
-        x_stores = [s for s in k.stores if not self.on_r(s)]
-        r_stores = [s for s in k.stores if self.on_r(s)]
-        if x_stores:
-            self.e.line("if (lid == 0) {")
-            self.e.indent += "  "
-            self.e.push()
-            for s in x_stores:
-                self.store(s)
-            self.e.pop()
-            self.e.indent = self.e.indent[:-2]
-            self.e.line("}")
-        if r_stores:
-            self._open_loop()
-            for s in r_stores:
-                self.store(s)
-            self._close_loop()
-
-    def _open_loop(self) -> None:
-        self.e.line("for (int64_t rindex = lid; rindex < rnumel; rindex += WG) {")
+    def write_row_stores(self, stores: list) -> None:
+        self.e.line("if (lid == 0) {")
         self.e.indent += "  "
         self.e.push()
-        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
-
-    def _close_loop(self) -> None:
+        for s in stores:
+            self.store(s, None)
         self.e.pop()
         self.e.indent = self.e.indent[:-2]
         self.e.line("}")
 
-    def _pass(self, reduces: list[Node]) -> None:
-        """One pass over the row computing ``reduces`` (their operands need only earlier
-        levels), then the group reductions that give every work-item their values."""
+    def open_row_loop(self) -> tuple[str, str]:
+        self.e.line("for (int64_t rindex = lid; rindex < rnumel; rindex += WG) {")
+        self.e.indent += "  "
+        self.e.push()
+        return "rindex", ""
+
+    def close_row_loop(self) -> None:
+        self.e.pop()
+        self.e.indent = self.e.indent[:-2]
+        self.e.line("}")
+
+    # -- reductions: a partial per work-item, then the work-group's combine -----------------------
+    def init_accumulators(self, r: Node) -> list[str]:
         e = self.e
-        plan: list[tuple[Node, list[str]]] = []
-        welford: dict[int, list[str]] = {}
-        for r in reduces:
-            kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
-            if kind in ("any", "all"):
-                ct = "bool"
-            c = CTYPE[ct]
-            if kind.startswith("welford"):
-                if not dtypes.is_float(ct):
-                    raise UnsupportedProblemError("Welford mean/variance of an integer value")
-                if id(r.src[0]) not in welford:
-                    accs = [e.fresh() for _ in range(3)]  # mean, m2, count
-                    for a in accs:
-                        e.line(f"{c} {a} = {literal(0, ct)};")
-                    welford[id(r.src[0])] = accs
-                plan.append((r, welford[id(r.src[0])]))
-            elif kind in ("argmax", "argmin"):
-                val, idx = e.fresh(), e.fresh()
-                e.line(f"{c} {val} = {_identity(kind, ct)};")
-                e.line(f"int64_t {idx} = std::numeric_limits<int64_t>::max();")
-                plan.append((r, [val, idx]))
-            else:
-                acc = e.fresh()
-                e.line(f"{c} {acc} = {_identity(kind, ct)};")
-                plan.append((r, [acc]))
-        self._open_loop()
-        updated: set[int] = set()
-        for r, accs in plan:
-            v = e.emit(r.src[0])
-            kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
-            if kind.startswith("welford"):
-                if id(r.src[0]) in updated:
-                    continue
-                updated.add(id(r.src[0]))
+        kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
+        if kind in ("any", "all"):
+            ct = "bool"
+        c = CTYPE[ct]
+        if kind.startswith("welford"):
+            if not dtypes.is_float(ct):
+                raise UnsupportedProblemError("Welford mean/variance of an integer value")
+            accs = [e.fresh() for _ in range(3)]  # mean, m2, count
+            for a in accs:
+                e.line(f"{c} {a} = {literal(0, ct)};")
+            return accs
+        if kind in ("argmax", "argmin"):
+            val, idx = e.fresh(), e.fresh()
+            e.line(f"{c} {val} = {_identity(kind, ct)};")
+            e.line(f"int64_t {idx} = std::numeric_limits<int64_t>::max();")
+            return [val, idx]
+        acc = e.fresh()
+        e.line(f"{c} {acc} = {_identity(kind, ct)};")
+        return [acc]
+
+    def update_accumulators(self, r: Node, accs: list[str], v: str) -> None:
+        e = self.e
+        kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
+        if kind.startswith("welford"):
+            mean, m2, w = accs
+            e.line(f"{w} += 1; {{ const {CTYPE[ct]} d = {v} - {mean}; {mean} += d / {w}; "
+                   f"{m2} += d * ({v} - {mean}); }}")
+        elif kind in ("argmax", "argmin"):
+            val, idx = accs
+            better = ">" if kind == "argmax" else "<"
+            nan = f" || ({v} != {v} && {val} == {val})" if dtypes.is_float(ct) else ""
+            # rindex grows: a strictly better value (or the first NaN) takes over, ties keep the first
+            e.line(f"if (({v} {better} {val}){nan} || {idx} == std::numeric_limits<int64_t>::max()) "
+                   f"{{ if (!({val} != {val})) {{ {val} = {v}; {idx} = rindex; }} }}")
+        elif kind in ("any", "all"):
+            op = "||" if kind == "any" else "&&"
+            e.line(f"{accs[0]} = {accs[0]} {op} bool({v});")
+        else:
+            a = accs[0]
+            fn = {"sum": f"{a} + {v}", "prod": f"{a} * {v}",
+                  "max": f"({v} != {v} || {v} > {a}) && !({a} != {a}) ? {v} : {a}",
+                  "min": f"({v} != {v} || {v} < {a}) && !({a} != {a}) ? {v} : {a}"}[kind]
+            e.line(f"{a} = {fn};")
+
+    def finish_accumulators(self, r: Node, accs: list[str], owner: bool) -> str:
+        e = self.e
+        kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
+        c = CTYPE[ct]
+        out = e.fresh()
+        if kind.startswith("welford"):
+            if owner:
                 mean, m2, w = accs
-                e.line(f"{w} += 1; {{ const {CTYPE[ct]} d = {v} - {mean}; {mean} += d / {w}; "
-                       f"{m2} += d * ({v} - {mean}); }}")
-            elif kind in ("argmax", "argmin"):
-                val, idx = accs
-                better = ">" if kind == "argmax" else "<"
-                nan = f" || ({v} != {v} && {val} == {val})" if dtypes.is_float(ct) else ""
-                # rindex grows: a strictly better value (or the first NaN) takes over, ties keep the first
-                e.line(f"if (({v} {better} {val}){nan} || {idx} == std::numeric_limits<int64_t>::max()) "
-                       f"{{ if (!({val} != {val})) {{ {val} = {v}; {idx} = rindex; }} }}")
-            elif kind in ("any", "all"):
-                op = "||" if kind == "any" else "&&"
-                e.line(f"{accs[0]} = {accs[0]} {op} bool({v});")
-            else:
-                a = accs[0]
-                fn = {"sum": f"{a} + {v}", "prod": f"{a} * {v}",
-                      "max": f"({v} != {v} || {v} > {a}) && !({a} != {a}) ? {v} : {a}",
-                      "min": f"({v} != {v} || {v} < {a}) && !({a} != {a}) ? {v} : {a}"}[kind]
-                e.line(f"{a} = {fn};")
-        self._close_loop()
-        done: dict[int, tuple[str, str]] = {}
-        for r, accs in plan:
-            kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
-            c = CTYPE[ct]
-            out = e.fresh()
-            if kind.startswith("welford"):
-                if id(r.src[0]) not in done:
-                    mean, m2, w = accs
-                    tw, tm, tm2 = e.fresh(), e.fresh(), e.fresh()
-                    e.line(f"const {c} {tw} = sycl::reduce_over_group(grp, {w}, sycl::plus<{c}>());")
-                    e.line(f"const {c} {tm} = sycl::reduce_over_group(grp, {w} * {mean}, sycl::plus<{c}>()) / {tw};")
-                    e.line(f"const {c} {tm2} = sycl::reduce_over_group(grp, {m2} + {w} * ({mean} - {tm}) * "
-                           f"({mean} - {tm}), sycl::plus<{c}>());")
-                    done[id(r.src[0])] = (tm, tm2)
-                e.bind(r, done[id(r.src[0])][0 if kind == "welford_mean" else 1])
-                continue
-            if kind in ("argmax", "argmin"):
-                val, idx = accs
-                best = self._extreme(val, "max" if kind == "argmax" else "min", ct)
-                hit = f"({val} == {best} || ({best} != {best} && {val} != {val}))" if dtypes.is_float(ct) \
-                    else f"({val} == {best})"
-                e.line(f"const int64_t {out} = sycl::reduce_over_group(grp, {hit} ? {idx} : "
-                       f"std::numeric_limits<int64_t>::max(), sycl::minimum<int64_t>());")
-            elif kind in ("max", "min"):
-                e.line(f"const {c} {out} = {self._extreme(accs[0], kind, ct)};")
-            elif kind in ("any", "all"):
-                fn = "sycl::logical_or<bool>()" if kind == "any" else "sycl::logical_and<bool>()"
-                e.line(f"const bool {out} = sycl::reduce_over_group(grp, {accs[0]}, {fn});")
-            else:
-                fn = {"sum": "plus", "prod": "multiplies"}[kind]
-                e.line(f"const {c} {out} = sycl::reduce_over_group(grp, {accs[0]}, sycl::{fn}<{c}>());")
-            e.bind(r, out)
+                tw, tm, tm2 = e.fresh(), e.fresh(), e.fresh()
+                e.line(f"const {c} {tw} = sycl::reduce_over_group(grp, {w}, sycl::plus<{c}>());")
+                e.line(f"const {c} {tm} = sycl::reduce_over_group(grp, {w} * {mean}, sycl::plus<{c}>()) / {tw};")
+                e.line(f"const {c} {tm2} = sycl::reduce_over_group(grp, {m2} + {w} * ({mean} - {tm}) * "
+                       f"({mean} - {tm}), sycl::plus<{c}>());")
+                self.welford[id(r.src[0])] = (tm, tm2)
+            return self.welford[id(r.src[0])][0 if kind == "welford_mean" else 1]
+        if kind in ("argmax", "argmin"):
+            val, idx = accs
+            best = self._extreme(val, "max" if kind == "argmax" else "min", ct)
+            hit = f"({val} == {best} || ({best} != {best} && {val} != {val}))" if dtypes.is_float(ct) \
+                else f"({val} == {best})"
+            e.line(f"const int64_t {out} = sycl::reduce_over_group(grp, {hit} ? {idx} : "
+                   f"std::numeric_limits<int64_t>::max(), sycl::minimum<int64_t>());")
+        elif kind in ("max", "min"):
+            e.line(f"const {c} {out} = {self._extreme(accs[0], kind, ct)};")
+        elif kind in ("any", "all"):
+            fn = "sycl::logical_or<bool>()" if kind == "any" else "sycl::logical_and<bool>()"
+            e.line(f"const bool {out} = sycl::reduce_over_group(grp, {accs[0]}, {fn});")
+        else:
+            fn = {"sum": "plus", "prod": "multiplies"}[kind]
+            e.line(f"const {c} {out} = sycl::reduce_over_group(grp, {accs[0]}, sycl::{fn}<{c}>());")
+        return out
 
     def _extreme(self, partial: str, kind: str, ct: str) -> str:
         """The group's max/min of ``partial`` (NaN when any work-item holds one), as a name."""
@@ -325,7 +281,7 @@ class _SyclLoops(TemplateSpec):
     backend = "sycl"
     jinja = "loops.py.jinja"
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.backend != "xpu":
@@ -335,28 +291,14 @@ class _SyclLoops(TemplateSpec):
                 return Support(False, f"{b.dtype} buffers ({b.name}) have no SYCL conversion here")
         if any(n.op == "acc" for n in problem.kernel.nodes()):
             return Support(False, "GEMM accumulators belong to a GEMM template")
-        from tilewright.runtime import sycl as runtime
-
-        if (why := runtime.unavailable_reason()) is not None:
-            return Support(False, why)
         return SUPPORTED
 
     def check(self, params: Params, problem: Any, target: Target) -> str | None:
         return self.space_refusal(params)
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
         k = problem.kernel
-        body = _Body(k)
-        if problem.kind == "pointwise":
-            body.pointwise()
-        else:
-            body.reduce_rows()
+        body = _Body(k).build()  # rows are always looped (one work-group per row)
         names = {s: s.name for s in k.size_symbols()}
         buffers = list(k.inputs) + list(k.outputs)
         out_names = {b.name for b in k.outputs}

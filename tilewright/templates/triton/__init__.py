@@ -1,5 +1,7 @@
 """Triton templates: JIT on CUDA and ROCm GPUs, interpreted on the CPU."""
 
+from tilewright.runtime.aot import compile_triton
+from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.triton.gemm import TritonGemm
 from tilewright.templates.triton.gemm_nvfp4 import TritonGemmNvfp4, TritonGemmNvfp4Mma
@@ -8,11 +10,24 @@ from tilewright.templates.triton.grouped_gemm import TritonGroupedGemm
 from tilewright.templates.triton.grouped_gemm_desc import TritonGroupedGemmDesc
 from tilewright.templates.triton.loops import TritonPointwise, TritonReduction
 
-MANIFEST = BackendManifest(
+
+
+def _unavailable() -> str | None:
+    import importlib.util
+
+    return None if importlib.util.find_spec("triton") else "triton is not installed (pip install triton)"
+
+
+LANGUAGE = Language(
     name="triton",
     description="Triton kernels (JIT on cuda/hip, TRITON_INTERPRET on cpu)",
     target_backends=("cuda", "hip", "cpu"),
-    templates=(TritonGemm(), TritonGemmTma(), TritonGemmNvfp4(), TritonGemmNvfp4Mma(),
-               TritonPointwise(), TritonReduction(), TritonGroupedGemm(),
-               TritonGroupedGemmDesc()),
+    forcing="generated Triton kernels only, GEMMs and loop kernels (run by the Triton "
+            "interpreter on the cpu target)",
+    unavailable=_unavailable,
+    aot_compile=compile_triton,
+    priority=10,
 )
+MANIFEST = BackendManifest.of(LANGUAGE, (
+    TritonGemm(), TritonGemmTma(), TritonGemmNvfp4(), TritonGemmNvfp4Mma(), TritonPointwise(),
+    TritonReduction(), TritonGroupedGemm(), TritonGroupedGemmDesc()))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import ELEMENT_BYTES, GemmProblem
 from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
@@ -134,7 +133,7 @@ class TritonGemm(TemplateSpec):
         """The problem the kernel itself computes (transposed under SWAP_AB)."""
         return problem.transposed() if params.get("SWAP_AB") else problem
 
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
+    def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         if problem.store_acc and not self.stores_acc:
             return Support(False, f"{self.id} does not store the product beside its epilogue")
         if target.backend not in ("cuda", "hip", "cpu"):
@@ -175,14 +174,6 @@ class TritonGemm(TemplateSpec):
         if params["BLOCK_M"] * params["BLOCK_N"] < 8 * threads:
             return "tile too small for the number of warps"
         return None
-
-    def _refuse_unless_valid(self, problem: GemmProblem, params: Params, target: Target) -> None:
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        why = self.check(params, problem, target)
-        if why:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
 
     def context(self, problem: GemmProblem, params: Params, target: Target) -> dict[str, Any]:
         """Values the jinja source is rendered with (for the problem the kernel computes)."""
@@ -264,9 +255,7 @@ class TritonGemm(TemplateSpec):
                        {"num_warps": params["num_warps"], "num_stages": params["num_stages"]},
                        int_type="i64" if needs_int64(problem) and not problem.dynamic else "i32")
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        self._refuse_unless_valid(problem, params, target)
+    def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
         source = self.render_jinja(**self.context(problem, params, target))
         return RenderedKernel(
             template_id=self.id, params=dict(params), target=target.name, source=source,

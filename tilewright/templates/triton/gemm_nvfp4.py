@@ -31,7 +31,7 @@ class TritonGemmNvfp4(TritonGemm):
         Knob("num_stages", (1, 2, 3, 4), 2, "software-pipeline depth"),
     ))
 
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
+    def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         if target.backend not in ("cuda", "hip", "cpu"):
             return Support(False, f"Triton does not generate for {target.backend}")
         if (why := triton_can_target(target)) is not None:
@@ -111,7 +111,7 @@ class TritonGemmNvfp4Mma(TritonGemmNvfp4):
         Knob("num_stages", (2, 3, 4), 3, "software-pipeline depth"),
     ))
 
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
+    def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         if target.interpreted:
             return Support(False, "the Triton interpreter misreads E4M3 block scales; use triton.gemm_nvfp4")
         if triton_version() < (3, 9):
@@ -119,7 +119,7 @@ class TritonGemmNvfp4Mma(TritonGemmNvfp4):
             return Support(False, "needs triton >= 3.9 to lower NVFP4 dot_scaled to block-scaled tcgen05")
         if not target.has("nvfp4") or not target.has("tcgen05"):
             return Support(False, f"{target.name} has no NVFP4 block-scaled tcgen05 MMA")
-        return super().supports(problem, target)
+        return super().problem_support(problem, target)
 
     def expected_instructions(self, problem: GemmProblem, params: Params,
                               target: Target) -> list[InstructionCheck]:

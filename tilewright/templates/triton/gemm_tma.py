@@ -28,8 +28,8 @@ class TritonGemmTma(TritonGemm):
     kernel_name = "tw_gemm_tma_kernel"
     space = ParamSpace(CORE_KNOBS)
 
-    def supports(self, problem: GemmProblem, target: Target) -> Support:
-        base = super().supports(problem, target)
+    def problem_support(self, problem: GemmProblem, target: Target) -> Support:
+        base = super().problem_support(problem, target)
         if not base:
             return base
         if target.backend == "cuda" and not target.has("tma"):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.grouped import GroupedGemmProblem
 from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.problem import EpilogueOp
@@ -54,7 +53,7 @@ class TritonGroupedGemm(TemplateSpec):
         Knob("num_stages", (1, 2, 3, 4, 5, 6), 3, "software-pipeline depth"),
     ))
 
-    def supports(self, problem: GroupedGemmProblem, target: Target) -> Support:
+    def problem_support(self, problem: GroupedGemmProblem, target: Target) -> Support:
         if not isinstance(problem, GroupedGemmProblem):
             return Support(False, f"{self.id} runs grouped GEMMs (tilewright.grouped.GroupedGemmProblem)")
         if target.backend not in ("cuda", "hip", "cpu"):
@@ -149,13 +148,7 @@ class TritonGroupedGemm(TemplateSpec):
         """The MMA a dense GEMM of this tile and dtype uses (templates/triton/gemm.mma_checks)."""
         return mma_checks(problem.as_gemm(), params, target)
 
-    def render(self, problem: GroupedGemmProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: GroupedGemmProblem, params: Params, target: Target) -> RenderedKernel:
         source = self.render_jinja(**self.context(problem, params, target))
         return RenderedKernel(template_id=self.id, params=dict(params), target=target.name, source=source,
                               name=self.id.replace(".", "_"), interpret=target.interpreted,

@@ -57,8 +57,8 @@ class TritonGroupedGemmDesc(TritonGroupedGemm):
     kernel_name = "tw_grouped_gemm_desc_kernel"
     buffered_stages_offset = 0  # measured: a descriptor pipeline holds num_stages tile copies
 
-    def supports(self, problem: GroupedGemmProblem, target: Target) -> Support:
-        base = super().supports(problem, target)
+    def problem_support(self, problem: GroupedGemmProblem, target: Target) -> Support:
+        base = super().problem_support(problem, target)
         if not base:
             return base
         if target.backend == "cuda" and not target.has("tma"):

@@ -16,10 +16,9 @@ from typing import Any
 
 import sympy
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import code, offset, unflatten
+from tilewright.ir.expr import Node, load_indirect, load_mask
+from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.aot import AotSpec
@@ -27,6 +26,7 @@ from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.templates.base import (
     SUPPORTED, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
+from tilewright.templates.loop_schedule import LoopSchedule
 from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr
 from tilewright.templates.triton.descriptors import MIN_DESC_RBLOCK, DescriptorPlan, plan_descriptors
 
@@ -101,29 +101,23 @@ def needs_int64(problem: LoopProblem) -> bool:
     return problem.xnumel * max(problem.rnumel, 1) > INT32_MAX
 
 
-class _Body:
-    """The kernel body of one loop problem: variables, loads, stores, reductions."""
+class _Body(LoopSchedule):
+    """The loop schedule in Triton: blocks of ``XBLOCK`` rows by ``RBLOCK`` row elements,
+    masked by ``xmask``/``rmask``; reductions over the block's axis 1."""
 
     def __init__(self, kernel: LoopKernel, interpreted: bool, persistent: bool,
                  descriptors: DescriptorPlan | None = None):
-        self.k = kernel
+        self.interpreted = interpreted
         self.descriptors = descriptors  # loads/stores that move blocks through tensor descriptors
-        self.reduction = kernel.kind == "reduction"
-        self.persistent = persistent
-        self.xvars, self.rvars = kernel.x_vars, kernel.r_vars
-        self.names = {s: s.name for s in kernel.size_symbols()}
-        self.e = TritonExpr(interpreted=interpreted, load=self._load, index=self._index,
-                            reduce=self._reduce)
         self.combine_helpers = False
         self.welford: dict[int, tuple[str, str]] = {}
+        super().__init__(kernel, persistent)
 
-    # -- hooks ------------------------------------------------------------------------------------
-    def _deps(self, exprs) -> tuple[bool, bool]:
-        free: set[sympy.Symbol] = set()
-        for e in exprs:
-            free |= sympy.sympify(e).free_symbols
-        return bool(free & set(self.xvars)), bool(free & set(self.rvars))
+    def make_emitter(self) -> TritonExpr:
+        return TritonExpr(interpreted=self.interpreted, load=self._load, index=self._index,
+                          reduce=self.reduce_inline)
 
+    # -- values -----------------------------------------------------------------------------------
     def _mask(self, has_x: bool, has_r: bool) -> str | None:
         parts = (["xmask"] if has_x else []) + (["rmask"] if has_r else [])
         return " & ".join(parts) or None
@@ -135,15 +129,12 @@ class _Body:
             value = self.descriptors.load_code(self.descriptors.loads[id(n)], self.persistent)
             return f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
         strides = [f"{name}_s{d}" for d in range(len(buf.shape))]
-        names = dict(self.names)
         indirect = load_indirect(n)
-        for k, v in enumerate(indirect):  # gathered indices: the values computed for them
-            names[indirect_symbol(k)] = self.e.names[v]
-        off = code(offset(idx, [sympy.Symbol(s) for s in strides]), names)
-        has_x, has_r = self._deps(idx)
+        off = code(offset(idx, [sympy.Symbol(s) for s in strides]), self.load_names(n))
+        has_x, has_r = self.deps(idx)
         for v in indirect:
-            has_x = has_x or self._node_deps(v)[0]
-            has_r = has_r or self._node_deps(v)[1]
+            has_x = has_x or self.node_deps(v)[0]
+            has_r = has_r or self.node_deps(v)[1]
         mask = self._mask(has_x, has_r)
         own = load_mask(n)
         if own is not None:  # a masked load (cat, pad): only where the mask holds
@@ -151,7 +142,7 @@ class _Body:
             mask = f"{mask} & {own_code}" if mask else own_code
             # the mask is a block (an index compare is one even when constant): so must the
             # pointer be, where the index alone does not vary (a 0-d gradient read per element)
-            mask_r = self._node_deps(own)[1]
+            mask_r = self.node_deps(own)[1]
             if not has_x:
                 off = f"({off}) + xindex * 0"
             if self.reduction and mask_r and not has_r:
@@ -160,27 +151,14 @@ class _Body:
         value = f"tl.load({args})"
         return value if buf.dtype == "bool" else f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
 
-    def _node_deps(self, node: Node) -> tuple[bool, bool]:
-        """Whether a value varies along the outer and the reduction variables."""
-        has_x = has_r = False
-        for m in toposort([node]):
-            if m.op == "load":
-                hx, hr = self._deps(m.arg[1])
-            elif m.op == "index":
-                hx, hr = self._deps([m.arg])
-            else:
-                continue
-            has_x, has_r = has_x or hx, has_r or hr
-        return has_x, has_r
-
     def _index(self, n: Node) -> str:
         text = code(n.arg, self.names)
-        has_x, has_r = self._deps([n.arg])
+        has_x, has_r = self.deps([n.arg])
         if not has_x and not has_r:
             text = f"({text}) + tl.zeros_like(xindex)"
         return f"({text}).to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
 
-    def _reduce(self, n: Node, v: str) -> str:
+    def reduce_inline(self, n: Node, v: str) -> str:
         """Persistent rows: the whole reduction at once."""
         kind = n.arg
         cdt = dtypes.compute_type(n.src[0].dtype)
@@ -211,18 +189,8 @@ class _Body:
             self.welford[id(src)] = (mean, m2)
         return self.welford[id(src)]
 
-    # -- pieces ---------------------------------------------------------------------------------
-    def decompose(self, flat: str, vars_, ranges) -> None:
-        """Lines defining each variable from the flat index (row-major)."""
-        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: code(e, self.names)):
-            self.e.line(f"{v.name} = {text}")
-
-    def store(self, s) -> None:
-        buf = self.k.buffer(s.buffer)
-        node = s.value
-        if node.op == "cast" and node.dtype == buf.dtype and dtypes.is_float(node.dtype):
-            node = node.src[0]  # the store rounds once; no need to round before it too
-        value = self.e.emit(node)
+    # -- statements -------------------------------------------------------------------------------
+    def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
         if node.op == "const":  # a literal has no .to(): a 0-d tensor (the store broadcasts it)
             value = f"tl.full([], {value}, {TL_DTYPE[dtypes.compute_type(node.dtype)]})"
         if self.descriptors is not None and id(s) in self.descriptors.stores:
@@ -232,9 +200,8 @@ class _Body:
             return
         strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
         off = code(offset(s.index, strides), self.names)
-        has_x, has_r = self._deps(s.index)
-        r_store = self.reduction and (self.k.depends_on_r(s.value)
-                                      or s.mask is not None and self.k.depends_on_r(s.mask))
+        has_x, has_r = self.deps(s.index)
+        r_store = self.on_r(s)
         if not has_x:
             off = f"({off}) + xindex * 0"
         if r_store and not has_r:
@@ -244,125 +211,81 @@ class _Body:
             mask = f"{mask} & ({self.e.emit(s.mask)})"
         self.e.line(f"tl.store({buf.name} + ({off}), {self.e.store_value(value, node.dtype, buf.dtype)}, {mask})")
 
-    def pointwise(self) -> None:
-        self.decompose("xindex", self.xvars, self.k.ranges)
-        for s in self.k.stores:
-            self.store(s)
-
-    def reduction_persistent(self) -> None:
-        self.decompose("xindex", self.xvars, self.k.ranges)
+    def start_persistent_row(self) -> None:
         self.e.line("rindex = rbase")
         self.e.line("rmask = rindex < rnumel")
-        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
-        for s in self.k.stores:
-            self.store(s)
 
-    def reduction_looped(self) -> None:
-        k = self.k
-        self.decompose("xindex", self.xvars, k.ranges)
-        reduces = k.reductions()
-        level: dict[int, int] = {}
-        for n in toposort(k.values()):
-            below = max((level.get(id(s), 0) for s in n.src), default=0)
-            level[id(n)] = below + (1 if n.is_reduce else 0)
-        for lv in sorted({level[id(r)] for r in reduces}):
-            self._loop_level([r for r in reduces if level[id(r)] == lv])
-        def on_r(s) -> bool:
-            return k.depends_on_r(s.value) or s.mask is not None and k.depends_on_r(s.mask)
-
-        x_stores = [s for s in k.stores if not on_r(s)]
-        r_stores = [s for s in k.stores if on_r(s)]
-        for s in x_stores:
-            self.store(s)
-        if r_stores:
-            self._open_loop()
-            for s in r_stores:
-                self.store(s)
-            self._close_loop()
-
-    def _open_loop(self) -> None:
+    def open_row_loop(self) -> tuple[str, str]:
         self.e.line("for roffset in range(0, rnumel, RBLOCK):")
         self.e.indent += "    "
         self.e.push()
         self.e.line("rindex = roffset + rbase")
         self.e.line("rmask = rindex < rnumel")
-        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
+        return "rindex", ""
 
-    def _close_loop(self) -> None:
+    def close_row_loop(self) -> None:
         self.e.pop()
         self.e.indent = self.e.indent[:-4]
 
-    def _loop_level(self, reduces: list[Node]) -> None:
-        """One pass over the row computing ``reduces`` (their operands need only earlier levels)."""
+    # -- looped reductions: [XBLOCK, RBLOCK] accumulators, combined along axis 1 ------------------
+    def init_accumulators(self, r: Node) -> list[str]:
         self.combine_helpers = True
-        plan: list[tuple[Node, list[str]]] = []
-        welford_src: dict[int, list[str]] = {}
-        for r in reduces:
-            kind, cdt = r.arg, dtypes.compute_type(r.src[0].dtype)
-            if kind.startswith("welford"):
-                if id(r.src[0]) not in welford_src:
-                    accs = [self.e.fresh() for _ in range(3)]
-                    for a in accs:
-                        self.e.line(f"{a} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
-                    welford_src[id(r.src[0])] = accs
-                plan.append((r, welford_src[id(r.src[0])]))
-            elif kind in ("argmax", "argmin"):
-                accs = [self.e.fresh(), self.e.fresh()]
-                fill = (_IDENTITY["max" if kind == "argmax" else "min"](cdt)
-                        if not dtypes.is_float(cdt) else "float('-inf')" if kind == "argmax" else "float('inf')")
-                self.e.line(f"{accs[0]} = tl.full([XBLOCK, RBLOCK], {fill}, {TL_DTYPE[cdt]})")
-                self.e.line(f"{accs[1]} = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
-                plan.append((r, accs))
-            else:
-                acc = self.e.fresh()
-                self.e.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {_IDENTITY[kind](cdt)}, {TL_DTYPE[cdt]})")
-                plan.append((r, [acc]))
-        self._open_loop()
-        updated: set[int] = set()
-        for r, accs in plan:
-            v = self.e.emit(r.src[0])
-            kind = r.arg
-            if kind.startswith("welford"):
-                if id(r.src[0]) in updated:
-                    continue
-                updated.add(id(r.src[0]))
-                mean, m2, w = accs
-                self.e.line(f"{w}_new = tl.where(xmask & rmask, {w} + 1.0, {w})")
-                self.e.line(f"delta = {v} - {mean}")
-                self.e.line(f"{mean} = tl.where(xmask & rmask, {mean} + delta / tl.where({w}_new == 0.0, 1.0, {w}_new), {mean})")
-                self.e.line(f"{m2} = tl.where(xmask & rmask, {m2} + delta * ({v} - {mean}), {m2})")
-                self.e.line(f"{w} = {w}_new")
-            elif kind in ("argmax", "argmin"):
-                val, idx = accs
-                self.e.line(f"{val}, {idx} = _{kind}_combine({val}, {idx}, tl.where(xmask & rmask, {v}, {val}), "
-                            f"tl.where(xmask & rmask, rindex.to(tl.int64), {idx}))")
-            else:
-                a = accs[0]
-                fn = {"sum": "{a} + {v}", "prod": "{a} * {v}", "max": "_max_combine({a}, {v})",
-                      "min": "_min_combine({a}, {v})", "any": "{a} | {v}", "all": "{a} & {v}"}[kind]
-                self.e.line(f"{a} = tl.where(xmask & rmask, {fn.format(a=a, v=v)}, {a})")
-        self._close_loop()
-        for r, accs in plan:
-            kind = r.arg
-            out = self.e.fresh()
-            if kind.startswith("welford"):
-                mean, m2, w = accs
-                names = self.welford.get(id(r.src[0]))
-                if names is None:
-                    fm, fm2 = self.e.fresh(), self.e.fresh()
-                    self.e.line(f"{fm}, {fm2}, _ = tl.reduce(({mean}, {m2}, {w}), 1, _welford_combine)")
-                    names = self.welford[id(r.src[0])] = (f"{fm}[:, None]", f"{fm2}[:, None]")
-                self.e.bind(r, names[0] if kind == "welford_mean" else names[1])
-                continue
-            if kind in ("argmax", "argmin"):
-                self.e.line(f"{out} = tl.reduce(({accs[0]}, {accs[1]}), 1, _{kind}_combine)[1][:, None]")
-            elif kind == "sum":
-                self.e.line(f"{out} = tl.sum({accs[0]}, 1)[:, None]")
-            else:
-                fn = {"max": "_max_combine", "min": "_min_combine", "prod": "_prod_combine",
-                      "any": "_or_combine", "all": "_and_combine"}[kind]
-                self.e.line(f"{out} = tl.reduce({accs[0]}, 1, {fn})[:, None]")
-            self.e.bind(r, out)
+        kind, cdt = r.arg, dtypes.compute_type(r.src[0].dtype)
+        if kind.startswith("welford"):
+            accs = [self.e.fresh() for _ in range(3)]  # mean, M2, count
+            for a in accs:
+                self.e.line(f"{a} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+            return accs
+        if kind in ("argmax", "argmin"):
+            accs = [self.e.fresh(), self.e.fresh()]
+            fill = (_IDENTITY["max" if kind == "argmax" else "min"](cdt)
+                    if not dtypes.is_float(cdt) else "float('-inf')" if kind == "argmax" else "float('inf')")
+            self.e.line(f"{accs[0]} = tl.full([XBLOCK, RBLOCK], {fill}, {TL_DTYPE[cdt]})")
+            self.e.line(f"{accs[1]} = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+            return accs
+        acc = self.e.fresh()
+        self.e.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {_IDENTITY[kind](cdt)}, {TL_DTYPE[cdt]})")
+        return [acc]
+
+    def update_accumulators(self, r: Node, accs: list[str], v: str) -> None:
+        kind = r.arg
+        if kind.startswith("welford"):
+            mean, m2, w = accs
+            self.e.line(f"{w}_new = tl.where(xmask & rmask, {w} + 1.0, {w})")
+            self.e.line(f"delta = {v} - {mean}")
+            self.e.line(f"{mean} = tl.where(xmask & rmask, {mean} + delta / tl.where({w}_new == 0.0, 1.0, {w}_new), {mean})")
+            self.e.line(f"{m2} = tl.where(xmask & rmask, {m2} + delta * ({v} - {mean}), {m2})")
+            self.e.line(f"{w} = {w}_new")
+        elif kind in ("argmax", "argmin"):
+            val, idx = accs
+            self.e.line(f"{val}, {idx} = _{kind}_combine({val}, {idx}, tl.where(xmask & rmask, {v}, {val}), "
+                        f"tl.where(xmask & rmask, rindex.to(tl.int64), {idx}))")
+        else:
+            a = accs[0]
+            fn = {"sum": "{a} + {v}", "prod": "{a} * {v}", "max": "_max_combine({a}, {v})",
+                  "min": "_min_combine({a}, {v})", "any": "{a} | {v}", "all": "{a} & {v}"}[kind]
+            self.e.line(f"{a} = tl.where(xmask & rmask, {fn.format(a=a, v=v)}, {a})")
+
+    def finish_accumulators(self, r: Node, accs: list[str], owner: bool) -> str:
+        kind = r.arg
+        out = self.e.fresh()
+        if kind.startswith("welford"):
+            mean, m2, w = accs
+            names = self.welford.get(id(r.src[0]))
+            if names is None:
+                fm, fm2 = self.e.fresh(), self.e.fresh()
+                self.e.line(f"{fm}, {fm2}, _ = tl.reduce(({mean}, {m2}, {w}), 1, _welford_combine)")
+                names = self.welford[id(r.src[0])] = (f"{fm}[:, None]", f"{fm2}[:, None]")
+            return names[0] if kind == "welford_mean" else names[1]
+        if kind in ("argmax", "argmin"):
+            self.e.line(f"{out} = tl.reduce(({accs[0]}, {accs[1]}), 1, _{kind}_combine)[1][:, None]")
+        elif kind == "sum":
+            self.e.line(f"{out} = tl.sum({accs[0]}, 1)[:, None]")
+        else:
+            fn = {"max": "_max_combine", "min": "_min_combine", "prod": "_prod_combine",
+                  "any": "_or_combine", "all": "_and_combine"}[kind]
+            self.e.line(f"{out} = tl.reduce({accs[0]}, 1, {fn})[:, None]")
+        return out
 
 
 class _TritonLoops(TemplateSpec):
@@ -370,7 +293,7 @@ class _TritonLoops(TemplateSpec):
     jinja = "loops.py.jinja"
     # the body comes from the emitter: a change there must retire the tuning records
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.backend not in ("cuda", "hip", "cpu"):
@@ -422,22 +345,9 @@ class _TritonLoops(TemplateSpec):
     def _render_body(self, problem: LoopProblem, params: Params, target: Target,
                      descriptors: DescriptorPlan | None = None) -> tuple[_Body, bool]:
         persistent = bool(params.get("PERSISTENT", False))
-        body = _Body(problem.kernel, target.interpreted, persistent, descriptors)
-        if problem.kind == "pointwise":
-            body.pointwise()
-        elif persistent:
-            body.reduction_persistent()
-        else:
-            body.reduction_looped()
-        return body, persistent
+        return _Body(problem.kernel, target.interpreted, persistent, descriptors).build(), persistent
 
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
         k = problem.kernel
         body, persistent = self._render_body(problem, params, target)
         names = {s: s.name for s in k.size_symbols()}
