@@ -223,7 +223,10 @@ def evaluate(task: EvalTask, factory: Any,
     except BaseException as e:  # noqa: BLE001 - the reference ran out of memory, say
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        return _failed(base, "reference", e, compile_s)
+        # the reference's failure says nothing about the candidate: not kept, so a fixed
+        # reference judges it again (a kept "failed" would outlive the fix)
+        out = _failed(base, "reference", e, compile_s)
+        return dataclasses.replace(out, transient=True)
     if err is not None and not err <= tol:
         return EvalOutcome(Record(**base, status="wrong", rel_err=err,
                                   reason=f"relative error {err:.3g} > tolerance {tol:.0e}"), compile_s)
