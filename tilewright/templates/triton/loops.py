@@ -133,7 +133,7 @@ class _Body:
         buf = self.k.buffer(name)
         if self.descriptors is not None and id(n) in self.descriptors.loads:
             value = self.descriptors.load_code(self.descriptors.loads[id(n)], self.persistent)
-            return f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
+            return self.e.load_value(value, n.dtype)
         strides = [f"{name}_s{d}" for d in range(len(buf.shape))]
         names = dict(self.names)
         indirect = load_indirect(n)
@@ -158,7 +158,7 @@ class _Body:
                 off = f"({off}) + rindex * 0"
         args = f"{name} + ({off})" + (f", {mask}, other=0" if mask else "")
         value = f"tl.load({args})"
-        return value if buf.dtype == "bool" else f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
+        return self.e.load_value(value, n.dtype)
 
     def _node_deps(self, node: Node) -> tuple[bool, bool]:
         """Whether a value varies along the outer and the reduction variables."""
