@@ -144,3 +144,46 @@ def test_every_op_of_the_ir_is_covered():
 
     covered = {n for d in sv.DTYPES for n in sv.case_names(d)}
     assert set(OPS) <= covered, f"not covered: {sorted(set(OPS) - covered)}"
+
+
+# -- the tuner's check: a second input set of special values -------------------------------------
+def test_the_check_fails_a_kernel_that_turns_inf_into_nan(monkeypatch):
+    from test_loop_kernels import loop_problems
+
+    from tilewright.autotune.candidates import Candidate
+    from tilewright.autotune.evaluate import EvalTask, evaluate, forget_inputs
+    from tilewright.autotune.kinds import special_loop_inputs
+    from tilewright.templates.triton import emit
+
+    (problem,) = loop_problems(lambda a: torch.log1p(a.abs()) * 2, torch.randn(5, 37))
+    x = special_loop_inputs(problem, "cpu", seed=0)
+    assert x is not None and x.tensors[0].isinf().any() and x.tensors[0].isnan().any()
+    t = get_template("triton.pointwise")
+    cand = Candidate.of(t.id, t.source_hash, t.space.complete({"XBLOCK": 64}))
+    forget_inputs()
+    ok = evaluate(EvalTask(problem, cand, "cpu", "cpu"), TemplateKernelFactory(), timed=False).record
+    assert ok.status == "ok", ok.reason
+    # log1p(inf) computed as log(u) * (x / (u - 1)): inf * (inf / inf) = NaN; random normals
+    # never show it, the special values do
+    bad = emit.HELPERS["_log1p"].replace('tl.where(u == float("inf"), u, tl.log(u) * (x / (u - 1.0)))',
+                                         "tl.log(u) * (x / (u - 1.0))")
+    assert bad != emit.HELPERS["_log1p"]
+    monkeypatch.setitem(emit.HELPERS, "_log1p", bad)
+    forget_inputs()
+    wrong = evaluate(EvalTask(problem, cand, "cpu", "cpu"), TemplateKernelFactory(), timed=False).record
+    assert wrong.status == "wrong" and "special values" in wrong.reason
+
+
+def test_the_special_value_check_is_skipped_where_eager_arithmetic_disagrees_with_float64():
+    from test_loop_kernels import loop_problems
+
+    from tilewright.autotune.kinds import special_loop_inputs
+
+    # a subnormal's square underflows to 0 in fp32, not in float64: x*x / (x*x) is NaN in eager
+    # arithmetic and 1 in the reference, no one answer, so the check does not judge by it
+    (problem,) = loop_problems(lambda a: (a * a) / (a * a).sum(1, keepdim=True), torch.randn(3, 8))
+    x = special_loop_inputs(problem, "cpu", seed=0)
+    x.tensors[0][1] = torch.finfo(torch.float32).smallest_normal * torch.finfo(torch.float32).eps * 3
+    assert TemplateKernelFactory().special_reference(problem, x) is None
+    x.tensors[0][1] = 1.0
+    assert TemplateKernelFactory().special_reference(problem, x) is not None

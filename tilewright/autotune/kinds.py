@@ -67,6 +67,36 @@ def make_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int
     return LoopInputs(tensors, [static_or_hint(s, sizes) for s in problem.kernel.size_symbols()])
 
 
+# the second check input set of a loop kernel: every float input has one of these in every
+# SPECIAL_EVERY elements, the rest random normals (a row keeps its scale, so a sum or a norm of
+# it stays finite). No extremes: an fp32 kernel overflows where a float64 reference does not.
+SPECIAL_VALUES = (float("inf"), float("-inf"), float("nan"), 0.0, -0.0, "subnormal", "-subnormal")
+SPECIAL_EVERY = 5
+
+
+def special_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int = 0) -> LoopInputs | None:
+    """:func:`make_loop_inputs` with :data:`SPECIAL_VALUES` mixed into every float input (a
+    kernel that turns inf into NaN, or loses a subnormal, fails its check on them); None when
+    the kernel reads no float. The values sit at positions that vary with ``seed``."""
+    x = make_loop_inputs(problem, device, seed)
+    gen = torch.Generator().manual_seed(seed + 7919)
+    touched = False
+    for t, b in zip(x.tensors, problem.kernel.inputs):
+        if not dtypes.is_float(b.dtype) or t.numel() == 0:
+            continue
+        span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        flat = t.as_strided((span,), (1,), t.storage_offset())
+        fi = torch.finfo(t.dtype)
+        sub = fi.smallest_normal * fi.eps * 3  # a subnormal of this dtype
+        values = torch.tensor([sub if v == "subnormal" else -sub if v == "-subnormal" else v
+                               for v in SPECIAL_VALUES], dtype=torch.float64).to(t.dtype)
+        start = int(torch.randint(0, min(SPECIAL_EVERY, span), (1,), generator=gen))
+        where = torch.arange(start, span, SPECIAL_EVERY)
+        flat[where.to(flat.device)] = values[torch.arange(len(where)) % len(values)].to(flat.device)
+        touched = True
+    return x if touched else None
+
+
 # integers: a value the type holds (a uint8 cannot hold -12345) that kernels rarely write
 _POISON = {"bool": True, "u8": 251, "i8": -123}
 
@@ -114,6 +144,8 @@ class Kind:
     poisoned: Callable[[Any, torch.device | str], Any]
     run: Callable[[Callable, Any, Any], Any]
     error: Callable[[Any, Any, Any, bool], tuple[float, float]]
+    # (problem, device, seed) -> a second check input set of special values, or None
+    special_inputs: Callable[[Any, torch.device | str, int], Any] | None = None
 
 
 def _gemm_run(launch: Callable, x: gemm_inputs.GemmInputs, out: torch.Tensor) -> torch.Tensor:
@@ -142,8 +174,10 @@ def _loop_error(problem: LoopProblem, result: Sequence[torch.Tensor], ref: Seque
 
 KINDS: dict[str, Kind] = {
     "gemm": Kind("gemm", gemm_inputs.make_inputs, gemm_inputs.poisoned_output, _gemm_run, _gemm_error),
-    "pointwise": Kind("pointwise", make_loop_inputs, poisoned_loop_outputs, _loop_run, _loop_error),
-    "reduction": Kind("reduction", make_loop_inputs, poisoned_loop_outputs, _loop_run, _loop_error),
+    "pointwise": Kind("pointwise", make_loop_inputs, poisoned_loop_outputs, _loop_run, _loop_error,
+                      special_loop_inputs),
+    "reduction": Kind("reduction", make_loop_inputs, poisoned_loop_outputs, _loop_run, _loop_error,
+                      special_loop_inputs),
     # synthetic even, aligned offsets (tilewright.grouped.synthetic_offsets)
     "grouped_gemm": Kind("grouped_gemm", grouped.make_inputs, grouped.poisoned_output, grouped.run, grouped.error),
 }

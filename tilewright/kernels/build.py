@@ -12,7 +12,7 @@ import torch
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.inputs import GemmInputs, output_shape
 from tilewright.errors import KernelCompileError
-from tilewright.autotune.kinds import LoopInputs
+from tilewright.autotune.kinds import LoopInputs, kind_of
 from tilewright.problem import GemmProblem, LoopProblem
 from tilewright.runtime.loader import load_module
 from tilewright.runtime.targets import Target, get_target
@@ -95,6 +95,21 @@ class TemplateKernelFactory:
         if problem.store_acc:
             return tuple(torch.cat([o[i] for o in outs], dim=-1) for i in range(2))
         return torch.cat(outs, dim=-1)
+
+    def special_reference(self, problem: Any, inputs: LoopInputs) -> Any:
+        """The float64 reference of a loop kernel on special-value inputs
+        (:func:`tilewright.autotune.kinds.special_loop_inputs`), or None where it is no judge:
+        the kernel's torch form, computing as eager does (fp32 for narrow floats), disagrees
+        with it there (an fp32 intermediate overflows where float64 does not, say), so no
+        candidate can be expected to match. Other kinds: None (no special-value check)."""
+        if not isinstance(problem, LoopProblem):
+            return None
+        ref = self.reference(problem, inputs)
+        aten = get_template(f"aten.{problem.kind}")
+        launch = self.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
+        eager = launch(*inputs.tensors, *inputs.sizes)
+        err, tol = kind_of(problem).error(problem, eager, ref, False)
+        return ref if err <= tol else None
 
     def _gemm_reference(self, problem: GemmProblem, x: GemmInputs) -> Any:
         aten = get_template("aten.gemm")
