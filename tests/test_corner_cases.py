@@ -116,3 +116,14 @@ def test_masked_fill_with_a_mask_from_a_cat_fuses_into_the_gather_cat_kernel():
         mask = torch.cat([m[:, :6], m[:, 6:]], 1)
         return torch.cat([x[i], y], 1).masked_fill(mask, 0.0), torch.cat([x[i].masked_fill(m[:, :6], -1.0), y], 1)
     check_against_eager(fn, x, idx, y, m, kernels=1)
+
+
+def test_allocations_are_not_counted_as_launches():
+    # empty_like / new_empty run no kernel: a Qwen3-MoE's two empty_like counted as launches
+    with tilewright.config.patch(**FAST), collect_reports() as reports:
+        torch.compile(lambda a: (a.sin() * 2, torch.empty_like(a), a.new_empty(3, 4),
+                                 torch.empty(2, 2, dtype=torch.int64)), backend="tilewright")(randn(5, 7))
+    (r,) = reports
+    assert r.extern_nodes == 3 and r.extern_ops == 0
+    assert r.launches == r.loop_kernels == 1
+    assert r.eager_launches == 2  # sin, mul
