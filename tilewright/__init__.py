@@ -10,4 +10,15 @@ from tilewright.errors import TilewrightError
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "TilewrightError", "__version__", "config"]
+
+def launch_report(model, *args, train: bool = False, **kwargs):
+    """Compile ``model`` with tilewright, call it once on the example inputs (``train=True``:
+    also a backward) and return the kernel launches per call of each compiled graph (GEMMs,
+    generated kernels, ATen calls, and eager's count for the same graph): ``print(report)``.
+    Full description: :func:`tilewright.compiler.launches.launch_report`."""
+    from tilewright.compiler.launches import launch_report as impl  # the compiler loads on use
+
+    return impl(model, *args, train=train, **kwargs)
+
+
+__all__ = ["Config", "TilewrightError", "__version__", "config", "launch_report"]
