@@ -160,9 +160,20 @@ def test_a_transformer_block_norm_attention_scores_and_mlp_fuse_around_the_gemms
     assert fwd.loop_kernels <= 3
 
 
-@pytest.mark.xfail(reason="the fusion builder maps a pointwise member onto (outer, reduced) in that "
-                          "order only: a reduction over a leading dim stays apart from its "
-                          "pointwise users (compiler/fusion.py, _Builder._map)", strict=True)
-def test_softmax_over_a_leading_dim_is_one_loop_kernel():
-    check_against_eager(lambda a: a.softmax(0), randn(7, 13), kernels=1)
+@pytest.mark.parametrize("name", ["softmax_dim0", "softmax_dim0_square", "softmax_dim1_of_3d",
+                                  "centre_columns", "normalise_columns"])
+def test_softmax_over_a_leading_dim_is_one_loop_kernel(name):
+    # the fusion builder placed pointwise members on (outer, reduced) in that order only; a
+    # reduction over a leading dim reads them at (reduced, outer): they are placed by the data
+    # flow now (compiler/fusion.py, _Builder._place_by_flow), square shapes included
+    fn, shape = {"softmax_dim0": (lambda a: a.softmax(0), (7, 13)),
+                 "softmax_dim0_square": (lambda a: a.softmax(0), (6, 6)),
+                 "softmax_dim1_of_3d": (lambda a: a.softmax(1) * 2, (3, 5, 6)),
+                 "centre_columns": (lambda a: a - a.mean(0, keepdim=True), (7, 7)),
+                 "normalise_columns": (lambda a: a / a.norm(dim=0, keepdim=True), (9, 4))}[name]
+    check_against_eager(fn, randn(*shape), kernels=1)
+
+
+def test_softmax_over_a_leading_dim_trains_in_one_kernel_each_way():
+    check_training(lambda a: a.softmax(0), randn(7, 13).requires_grad_(), fwd_kernels=1, bwd_kernels=1)
 

@@ -140,6 +140,8 @@ def _mutations():
 
     return {
         "missing_field": drop("template_hash"),
+        # issue 21: a record without its params made choosing fail (Record() raised TypeError)
+        "missing_params": drop("params"),
         "string_median": rec(median_ms="fast"),
         "nan_median": rec(median_ms=math.nan),
         "negative_median": rec(median_ms=-1.0),

@@ -32,5 +32,15 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def launch_report(model, *args, train: bool = False, **kwargs):
+    """Compile ``model`` with tilewright, call it once on the example inputs (``train=True``:
+    also a backward) and return the kernel launches per call of each compiled graph (GEMMs,
+    generated kernels, ATen calls, and eager's count for the same graph): ``print(report)``.
+    Full description: :func:`tilewright.compiler.launches.launch_report`."""
+    from tilewright.compiler.launches import launch_report as impl  # the compiler loads on use
+
+    return impl(model, *args, train=train, **kwargs)
+
+
 __all__ = ["Config", "Language", "TemplateSpec", "TilewrightError", "__version__", "config",
-           "register_language", "register_template"]
+           "launch_report", "register_language", "register_template"]

@@ -160,8 +160,8 @@ def record_problem(d: Any) -> str | None:
             return f"{name} is missing or not a string" if name not in d else f"{name} is {d[name]!r}, not a string"
     if d["status"] not in STATUSES:
         return f"status is {d['status']!r}, not one of {', '.join(STATUSES)}"
-    if not isinstance(d.get("params", {}), dict):
-        return f"params is {d['params']!r}, not an object"
+    if not isinstance(d.get("params"), dict):  # required: Record has no default for it
+        return "params is missing" if "params" not in d else f"params is {d['params']!r}, not an object"
     for name in ("median_ms", "spread_ms", "predicted_ms"):
         why = _time_problem(name, d.get(name))
         if why:

@@ -9,6 +9,7 @@ key, so a bundle cannot smuggle anything else in or file a record under a wrong 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
@@ -234,6 +235,59 @@ def prune(cache: TuningCache, *, stale_templates: bool = False, failures: bool =
 
     _, invalid = cache.rewrite(keep)
     return PruneReport(**counts, invalid=invalid)
+
+
+@dataclass(frozen=True)
+class ClearReport:
+    """What :func:`clear` removed (or, dry, would remove): tuning records (invalid ones
+    included), generated kernel modules and warm progress files; ``kept``: files found beside
+    them that tilewright did not write, left in place."""
+
+    records: int = 0
+    kernel_modules: int = 0
+    warm_states: int = 0
+    kept: tuple[str, ...] = ()
+
+
+def clear(cache: TuningCache, *, kernels_root: Path | None = None, dry_run: bool = False) -> ClearReport:
+    """Empty the tuning cache and remove what tilewright generated beside it, and only that.
+
+    The tuning file stays (an empty tuning cache: a link stays a link, a lock stays beside it);
+    a file that is not a tuning cache never gets here (``TuningCache`` refuses it). Kernel
+    modules go only where the loader wrote them byte for byte
+    (:func:`tilewright.runtime.loader.owned_kernel_modules`), warm progress files only where they
+    read as one (``<cache dir>/warm/*.json``); anything else is kept and named. ``kernels_root``:
+    the kernel modules' folder (None: leave kernel modules alone). ``dry_run``: count only.
+    """
+    from tilewright.autotune.warm import WarmState
+    from tilewright.runtime.loader import owned_kernel_modules
+
+    problems = cache._snapshot()["problems"] if cache.path.exists() else {}
+    records = sum(len(e.get("records", {})) if isinstance(e, dict) and isinstance(e.get("records"), dict) else 1
+                  for e in problems.values())
+    modules = owned_kernel_modules(kernels_root) if kernels_root is not None and kernels_root.is_dir() else []
+    warm_dir = cache.path.parent / "warm"
+    states, kept = [], []
+    if warm_dir.is_dir():
+        for path in sorted(warm_dir.iterdir()):
+            try:
+                ours = path.is_file() and not path.is_symlink() and WarmState.is_state(path.read_bytes())
+            except OSError:
+                ours = False
+            (states if ours else kept).append(path)
+    if kernels_root is not None and kernels_root.is_dir():
+        owned = set(modules)
+        kept += [p for p in sorted(kernels_root.rglob("*")) if p.is_file() and p not in owned]
+    if not dry_run:
+        if records:
+            removed, invalid = cache.rewrite(lambda entry, ck, rec: False)
+            records = removed + invalid
+        for path in modules + states:
+            path.unlink(missing_ok=True)
+        for folder in sorted({p.parent for p in modules} | ({warm_dir} if states else set())):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when nothing else is left in it
+    return ClearReport(records, len(modules), len(states), tuple(str(p) for p in kept))
 
 
 def entry_rows(entries: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -159,6 +159,37 @@ def forget_inputs() -> None:
     _last.clear()
 
 
+def _special_values_wrong(task: EvalTask, factory: Any, launch: Callable) -> str | None:
+    """Why the candidate fails the kind's second check, on special values (inf, NaN, +-0,
+    subnormals: ``ProblemKind.special_inputs``), or None. Skipped when checking is off, for kinds
+    without such inputs, and where the factory finds no one answer to judge by
+    (``factory.special_reference`` None: the problem's torch form, computing as eager does,
+    disagrees with the float64 reference there)."""
+    kind = kind_of(task.problem)
+    judge = getattr(factory, "special_reference", None)  # a simulated factory may have none
+    if judge is None or not config.check_candidates:
+        return None
+    device = torch.device(task.device)
+    try:
+        # made again for each candidate (cheap, the same values), so none sees another's writes
+        x = kind.special_inputs(task.problem, device, task.seed)
+        if x is None:
+            return None
+        key = (task.problem, task.device, task.seed)
+        if _last.get("special_key") != key:
+            _last["special_key"], _last["special_ref"] = key, judge(task.problem, x)
+        ref = _last["special_ref"]
+        if ref is None:
+            return None
+        result = kind.run(launch, x, kind.poisoned(task.problem, device))
+        err, tol = kind.error(task.problem, result, ref, config.allow_tf32)
+    except Exception as e:  # noqa: BLE001 - a kernel that fails on them is wrong on them
+        return f"with special values (inf, NaN, +-0, subnormals): {type(e).__name__}: {e}"[:500]
+    if err <= tol:
+        return None
+    return f"with special values (inf, NaN, +-0, subnormals): relative error {err:.3g} > tolerance {tol:.0e}"
+
+
 def _scribbled(inputs: list[Any], upto: int) -> bool:
     """Whether the first ``upto`` input sets differ from their fingerprints; if so the shared
     inputs are dropped, so the next candidate gets fresh ones."""
@@ -223,10 +254,16 @@ def evaluate(task: EvalTask, factory: Any,
     except BaseException as e:  # noqa: BLE001 - the reference ran out of memory, say
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        return _failed(base, "reference", e, compile_s)
+        # the reference's failure says nothing about the candidate: not kept, so a fixed
+        # reference judges it again (a kept "failed" would outlive the fix)
+        out = _failed(base, "reference", e, compile_s)
+        return dataclasses.replace(out, transient=True)
     if err is not None and not err <= tol:
         return EvalOutcome(Record(**base, status="wrong", rel_err=err,
                                   reason=f"relative error {err:.3g} > tolerance {tol:.0e}"), compile_s)
+    why = _special_values_wrong(task, factory, launch)
+    if why:
+        return EvalOutcome(Record(**base, status="wrong", rel_err=err, reason=why), compile_s)
     if not timed:
         return EvalOutcome(Record(**base, status="ok", rel_err=err, reason="checked, untimed"), compile_s)
     best = task.best_ms

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from tilewright.kinds import ProblemKind, get_kind, kind_name, kind_names, kind_of, problem_from_json
 from tilewright.kinds.loop import (  # noqa: F401 - re-exported
     DISCRETE_TOLERANCE, LOOP_TOLERANCE, LoopInputs, _loop_error, _loop_run, loop_error, make_loop_inputs,
-    poisoned_loop_outputs,
+    poisoned_loop_outputs, special_loop_inputs,
 )
 
 

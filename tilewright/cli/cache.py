@@ -1,4 +1,5 @@
-"""``tilewright cache list / export / import / prune``: ship and maintain tuning results."""
+"""``tilewright cache list / export / import / prune / clear``: ship and maintain tuning
+results."""
 
 from __future__ import annotations
 
@@ -75,11 +76,45 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if not any(flags.values()):
         console.print("(only invalid records go without a flag: add --stale-templates, --failures, "
                       "--other-versions, --older-than-days N or --all for more)")
+    elif args.all:
+        console.print("(--all removes every record that is stale, failed or of other versions; "
+                      "`tilewright cache clear` removes every record)")
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    import sys
+
+    from tilewright._config import config
+    from tilewright.autotune.cache_io import clear
+
+    cache = open_cache(args)  # refuses, before anything, a file that is not a tuning cache
+    # kernel modules live under the cache dir; a --cache file elsewhere leaves them alone
+    kernels = config.cache_path / "kernels" if not args.cache or args.kernels else None
+    plan = clear(cache, kernels_root=kernels, dry_run=True)
+    what = (f"{plan.records} tuning records in {cache.path}, {plan.kernel_modules} generated kernel modules"
+            f"{f' under {kernels}' if kernels else ''} and {plan.warm_states} warm progress files")
+    if args.dry_run:
+        console.print(f"would remove {what}")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            console.print(f"cache clear would remove {what}; pass --yes to do it (nothing was removed)")
+            return 2
+        if input(f"remove {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+            console.print("nothing removed")
+            return 1
+    done = clear(cache, kernels_root=kernels)
+    console.print(f"removed {done.records} tuning records, {done.kernel_modules} kernel modules and "
+                  f"{done.warm_states} warm progress files")
+    if done.kept:
+        console.print(f"kept {len(done.kept)} files tilewright did not write: {', '.join(done.kept[:5])}"
+                      f"{' ...' if len(done.kept) > 5 else ''}")
     return 0
 
 
 def add_parser(sub) -> None:
-    c = sub.add_parser("cache", help="list, export, import or prune tuning results")
+    c = sub.add_parser("cache", help="list, export, import, prune or clear tuning results")
     csub = c.add_subparsers(dest="cache_command", required=True)
 
     def common(p):
@@ -108,5 +143,13 @@ def add_parser(sub) -> None:
     pr.add_argument("--other-versions", action="store_true",
                     help="problems tuned with other torch/triton/tilewright versions")
     pr.add_argument("--older-than-days", type=float, help="records older than this")
-    pr.add_argument("--all", action="store_true", help="the first three together")
+    pr.add_argument("--all", action="store_true",
+                    help="the first three together (not every record: see `cache clear`)")
     pr.set_defaults(fn=cmd_prune)
+    cl = common(csub.add_parser("clear", help="remove every tuning record, the generated kernel modules and "
+                                              "warm progress files (only files tilewright wrote)"))
+    cl.add_argument("--yes", "-y", action="store_true", help="do not ask (needed without a terminal)")
+    cl.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    cl.add_argument("--kernels", action="store_true",
+                    help="with --cache: also the kernel modules under the cache dir (its default includes them)")
+    cl.set_defaults(fn=cmd_clear)

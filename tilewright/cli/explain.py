@@ -1,43 +1,81 @@
-"""``tilewright explain``: the candidates for one GEMM, predicted and measured, and why the
-winner won."""
+"""``tilewright explain``: the candidates for one kernel problem, predicted and measured, and
+why the winner won.
+
+A problem of any kind the autotuner selects for (a GEMM, a loop kernel, a grouped GEMM, and
+each kind registered later) comes from one of three places: ``M N K`` (a GEMM), ``--problem``
+(a problem's JSON, or a debug dump's ``kernels/<name>_selection.json``, which holds one), or
+``--model`` (the kernels ``tilewright`` would make for a model: listed, or explained with
+``--kernel``). Nothing here knows a kind: candidates come from ``policy_for``, estimates from
+the cost model's per-kind entry, the choice from ``select``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
 from tilewright.cli.common import console
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    from tilewright import config
-    from tilewright.autotune.cost_model import estimate_gemm, roofline_ms
+def _problem_from_file(path: str) -> Any:
+    from tilewright.autotune.kinds import problem_from_json
+    from tilewright.errors import InvalidInputError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"--problem {path}: cannot read a JSON problem ({e})") from e
+    if isinstance(data, dict) and isinstance(data.get("problem"), dict):
+        data = data["problem"]  # a debug dump's <name>_selection.json
+    try:
+        return problem_from_json(data)
+    except Exception as e:  # noqa: BLE001 - any way it fails to parse is the same user error
+        raise InvalidInputError(f"--problem {path}: not a problem's JSON ({type(e).__name__}: {e}); "
+                                "give a problem's to_json() or a debug dump's *_selection.json") from e
+
+
+def _estimate(problem: Any, candidate: Any, target: Any) -> Any:
+    """The cost model's estimate of one candidate (None for library calls and on failure)."""
+    from tilewright.autotune.kinds import kind_name
+    from tilewright.compiler.aot_written import estimate
+    from tilewright.templates import get_template
+
+    if not candidate.params or candidate.backend == "aten":
+        return None
+    try:
+        return estimate(kind_name(problem), problem, candidate.param_dict, target, get_template(candidate.template_id))
+    except Exception:  # noqa: BLE001 - a kind without an estimate: the policy's prediction stands
+        return None
+
+
+def explain_problem(problem: Any, target: Any, cache: Any) -> None:
+    """Select a kernel for ``problem`` on ``target`` (measuring what the cache lacks) and print
+    every candidate: rank, prediction, bound, measurement, status and the winner's reason."""
+    from tilewright.autotune.kinds import kind_name
     from tilewright.autotune.policy import policy_for
-    from tilewright.autotune.select import select_gemm, tied_with_best
+    from tilewright.autotune.select import select, tied_with_best
     from tilewright.kernels.build import default_factory
-    from tilewright.problem import GemmProblem
-    from tilewright.runtime.targets import get_target
 
-    target = get_target(args.target)
-    problem = GemmProblem(M=args.M, N=args.N, K=args.K, dtype=args.dtype, layout_b=args.layout_b,
-                          op="mm")
-    from tilewright.cli.cache import open_cache
-
-    cache = open_cache(args)
-    with config.patch(isolate=args.isolate):
-        sel = select_gemm(problem, target, default_factory, cache=cache)
+    sel = select(problem, target, default_factory, cache=cache)
     _, ties = tied_with_best(sel.results)
     tied = {r.candidate.key for r in ties}
-    table = Table(title=f"{problem.describe()} on {target.name} "
-                        f"(roofline {roofline_ms(problem, target):.4f} ms)")
+    title = f"{kind_name(problem)}: {problem.describe()} on {target.name}"
+    if kind_name(problem) == "gemm":
+        from tilewright.autotune.cost_model import roofline_ms
+
+        title += f" (roofline {roofline_ms(problem, target):.4f} ms)"
+    table = Table(title=title)
     for col in ("rank", "candidate", "predicted ms", "bound", "measured ms", "spread ms", "status",
                 "from", "note"):
         table.add_column(col, overflow="fold")
-    cands = [r.candidate for r in sel.results] or policy_for("gemm", target).candidates(problem, target)
+    cands = [r.candidate for r in sel.results] or policy_for(kind_name(problem), target).candidates(problem, target)
     by_key = {r.candidate.key: r for r in sel.results}
     for c in sorted(cands, key=lambda c: c.rank):
-        est = estimate_gemm(problem, c.param_dict, target) if c.params else None
+        est = _estimate(problem, c, target)
         res = by_key.get(c.key)
         rec = res.record if res else None
         note = (rec.reason if rec else "") or ""
@@ -56,17 +94,77 @@ def cmd_explain(args: argparse.Namespace) -> int:
         console.print("rule: the fastest checked candidate wins; candidates within noise of it "
                       "(2x the larger spread, at least bench_tie_pct % of its time) tie, and a "
                       "tie goes to the lowest policy rank (ATen is rank 0)")
+
+
+def _model_kernels(args: argparse.Namespace) -> list[Any]:
+    from tilewright.compiler.capture import capture_kernels, load_model
+
+    return capture_kernels(load_model(args.model), train=args.train)
+
+
+def _list_kernels(kernels: list[Any]) -> None:
+    from tilewright.autotune.kinds import kind_name
+
+    table = Table(title="kernels (explain one with --kernel NUMBER, or --kernel all)")
+    for col in ("#", "kind", "problem", "uses"):
+        table.add_column(col, overflow="fold")
+    for i, k in enumerate(kernels):
+        uses = ", ".join(k.uses[:3]) + (f" (+{len(k.uses) - 3})" if len(k.uses) > 3 else "")
+        table.add_row(str(i), kind_name(k.problem), k.problem.describe(), uses)
+    console.print(table)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from tilewright import config
+    from tilewright.cli.cache import open_cache
+    from tilewright.errors import InvalidInputError
+    from tilewright.problem import GemmProblem
+    from tilewright.runtime.targets import get_target
+
+    given = [args.M is not None, args.problem is not None, args.model is not None]
+    if sum(given) != 1 or (args.M is not None and (args.N is None or args.K is None)):
+        raise InvalidInputError("explain takes one problem: M N K (a GEMM), --problem FILE.json, "
+                                "or --model package.module:fn (with --kernel to pick one)")
+    target = get_target(args.target)
+    if args.model is not None:
+        kernels = _model_kernels(args)
+        if args.kernel is None:
+            _list_kernels(kernels)
+            return 0
+        if args.kernel == "all":
+            problems = [k.problem for k in kernels]
+        elif args.kernel.isdigit() and int(args.kernel) < len(kernels):
+            problems = [kernels[int(args.kernel)].problem]
+        else:
+            raise InvalidInputError(f"--kernel {args.kernel}: give a number below {len(kernels)} "
+                                    "(run without --kernel to list them) or 'all'")
+    elif args.problem is not None:
+        problems = [_problem_from_file(args.problem)]
+    else:
+        problems = [GemmProblem(M=args.M, N=args.N, K=args.K, dtype=args.dtype, layout_b=args.layout_b, op="mm")]
+    cache = open_cache(args)
+    with config.patch(isolate=args.isolate):
+        for problem in problems:
+            explain_problem(problem, target, cache)
     return 0
 
 
 def add_parser(sub) -> None:
-    e = sub.add_parser("explain", help="show the candidates for one GEMM and why the winner won")
-    e.add_argument("M", type=int)
-    e.add_argument("N", type=int)
-    e.add_argument("K", type=int)
+    e = sub.add_parser("explain", help="show the candidates for one kernel (a GEMM, a loop kernel, a grouped "
+                                       "GEMM ...) and why the winner won",
+                       description="Explain a GEMM (M N K), a problem from JSON (--problem, e.g. a "
+                                   "TILEWRIGHT_DEBUG_DIR dump's kernels/<name>_selection.json), or the "
+                                   "kernels of a model (--model; --kernel N or all).")
+    e.add_argument("M", type=int, nargs="?")
+    e.add_argument("N", type=int, nargs="?")
+    e.add_argument("K", type=int, nargs="?")
     e.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
     e.add_argument("--layout-b", default="col", choices=("row", "col"),
                    help="col: B is a transposed weight, as in x @ W.T (default)")
+    e.add_argument("--problem", help="a problem's JSON file (any kind), or a debug dump's *_selection.json")
+    e.add_argument("--model", help="package.module:fn returning (model, example_inputs), or a .pt2 file")
+    e.add_argument("--kernel", help="with --model: the kernel's number in the list, or 'all'")
+    e.add_argument("--train", action="store_true", help="with --model: the training graphs")
     e.add_argument("--target", default="cpu", help="target name, e.g. cpu, cuda:sm_90a, h200")
     e.add_argument("--cache", help="tuning cache file (default <cache_dir>/autotune/tuning.json)")
     e.add_argument("--isolate", default="auto", choices=("auto", "on", "off"),

@@ -59,7 +59,7 @@ def _refine_all(shapes: list[tuple[sympy.Expr, ...]]) -> tuple[sympy.Expr, ...]:
 
 class _Builder:
     def __init__(self, members: list[LoopNode], stored: set[str], metas: dict[str, TensorMeta],
-                 inline: dict[str, LoopNode] | None = None):
+                 inline: dict[str, LoopNode] | None = None, by_flow: bool = False):
         self.members = {m.name: m for m in members}
         self.inline = {k: v for k, v in (inline or {}).items() if k not in self.members}
         self.order = members
@@ -88,13 +88,21 @@ class _Builder:
         self.var_ranges = dict(zip(self.xv, self.x)) | dict(zip(self.rv, self.r))
         self.own: dict[str, tuple[sympy.Expr, ...]] = {}
         self.red_vars: dict[str, dict[sympy.Symbol, sympy.Expr]] = {}
+        self.by_flow = by_flow
         for m in members:
             self._map(m)
+        self._place_by_flow()
+        unplaced = [s.name for s in self.stored if s.name not in self.own]
+        if unplaced:
+            m = self.members[unplaced[0]]
+            raise FusionError(f"{m.name} {m.ranges} fits neither the outer nor the whole space")
         self.memo: dict[tuple, E.Node] = {}
 
     # -- where each member sits in the kernel's space ----------------------------------------
     def _map(self, m: LoopNode) -> None:
         stored = m.name in {s.name for s in self.stored}
+        if self.by_flow and not m.is_reduction:
+            return  # placed by :meth:`_place_by_flow`
         try:
             if m.is_reduction:
                 self.own[m.name] = group_index(m.ranges, self.x, self.xv)
@@ -104,13 +112,85 @@ class _Builder:
                 self.own[m.name] = group_index(m.ranges, self.x, self.xv)
             elif self.r and same(product(m.ranges), product(self.x) * product(self.r)):
                 self.own[m.name] = group_index(m.ranges, self.x + self.r, self.xv + self.rv)
-            elif stored:
-                raise FusionError(f"{m.name} {m.ranges} fits neither the outer nor the whole space")
         except ValueError as e:
+            if not m.is_reduction:
+                return  # perhaps the data flow places it (:meth:`_place_by_flow`)
             # a member that is only inlined needs no place of its own: its consumers read it at
             # their index (a transpose feeding a clone); one that is stored does
             if m.is_reduction or stored:
                 raise FusionError(f"{m.name}: {e}") from e
+
+    def _place_by_flow(self) -> None:
+        """Place the members the rules above could not by the data flow: a member read by a
+        placed one at an index that puts each of its dims on one kernel variable of that size
+        sits there, and so does one that reads a placed member that way. A softmax over a
+        leading dim: the max and sum reduce over (r, x) while the space is (x, r), so their
+        pointwise users are (r, x), which no positional rule sees."""
+        kernel_vars = set(self.xv) | set(self.rv)
+        changed = True
+        while changed:
+            changed = False
+            for m in self.order:
+                placed = self._subs(m)
+                for ld in E.loads([m.body]):
+                    n = self.members.get(ld.arg[0])
+                    if n is None or E.load_indirect(ld):
+                        continue
+                    if placed is not None and n.name not in self.own and not n.is_reduction:
+                        idx = tuple(self._simplify(sympy.sympify(e).xreplace(placed)) for e in ld.arg[1])
+                        if self._fits(n, idx, kernel_vars):
+                            self.own[n.name], changed = idx, True
+                    elif placed is None and n.name in self.own and not m.is_reduction:
+                        idx = self._invert(m, ld.arg[1], self.own[n.name])
+                        if idx is not None and self._fits(m, idx, kernel_vars):
+                            self.own[m.name], changed, placed = idx, True, self._subs(m)
+
+    def _subs(self, m: LoopNode) -> dict[sympy.Symbol, sympy.Expr] | None:
+        """``m``'s variables in kernel variables, when ``m`` is placed."""
+        if m.name not in self.own:
+            return None
+        return dict(zip(variables("i", len(m.ranges)), self.own[m.name])) | self.red_vars.get(m.name, {})
+
+    def _fits(self, m: LoopNode, idx: tuple[sympy.Expr, ...], kernel_vars: set) -> bool:
+        """Whether ``idx`` puts every dim of ``m`` on its own kernel variable of that size (unit
+        dims at 0), covering the outer space or the whole one: a place to store it from."""
+        if len(idx) != len(m.ranges):
+            return False
+        used = []
+        for e, size in zip(idx, m.ranges):
+            if size == 1:
+                if e != 0:
+                    return False
+            elif e not in kernel_vars or not same(self.var_ranges[e], size):
+                return False
+            else:
+                used.append(e)
+        return len(set(used)) == len(used) and set(used) in (set(self.xv), set(self.xv) | set(self.rv))
+
+    def _invert(self, m: LoopNode, index: tuple, place: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...] | None:
+        """``m``'s place when it reads a member placed at ``place`` at ``index`` (``m``'s own
+        variables, one per dim, or constants on unit dims)."""
+        ivars = variables("i", len(m.ranges))
+        found: dict[sympy.Symbol, sympy.Expr] = {}
+        for e, p in zip(index, place):
+            e = sympy.sympify(e)
+            if e in ivars:
+                found[e] = p
+            elif not e.is_number:
+                return None
+        # dims the read does not reveal (a broadcast: x - mean(x, 0)) take the kernel
+        # variables left, when their sizes pair them one way only; a wrong pairing could not
+        # pass the check that reductions are read at their own row anyway
+        left = [v for v in list(self.xv) + list(self.rv) if v not in found.values()]
+        for v, size in zip(ivars, m.ranges):
+            if v in found or size == 1:
+                continue
+            fits = [k for k in left if same(self.var_ranges[k], size)]
+            if len(fits) != 1 or sum(same(sz, size) for u, sz in zip(ivars, m.ranges) if u not in found) != 1:
+                return None
+            found[v] = fits[0]
+            left.remove(fits[0])
+        return tuple(found.get(v, sympy.Integer(0)) for v in ivars)
 
     def _simplify(self, e: sympy.Expr) -> sympy.Expr:
         return simplify(e, self.var_ranges)
@@ -268,7 +348,17 @@ def build_kernel(members: list[LoopNode], stored: set[str], metas: dict[str, Ten
     Raises:
         FusionError: the members cannot share one kernel.
     """
-    return _Builder(members, stored, metas, inline).build()
+    try:
+        return _Builder(members, stored, metas, inline).build()
+    except FusionError as first:
+        # the positional places may be wrong where sizes repeat (a softmax over dim 0 of a
+        # square tensor: (x, r) and (r, x) both fit); the data flow's places are right
+        if not any(m.is_reduction for m in members):
+            raise
+        try:
+            return _Builder(members, stored, metas, inline, by_flow=True).build()
+        except FusionError:
+            raise first from None
 
 
 

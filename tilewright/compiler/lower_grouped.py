@@ -12,7 +12,7 @@ by :func:`fuse_epilogues`, in this order:
 
 1. the gated product of the MoE expert MLP, ``gate, up = y.chunk(2, -1); act(gate) * up``
    (HF transformers' ``_default_apply_gate`` after the gate_up grouped_mm; in ATen a
-   ``split``/``split_with_sizes``/``chunk`` or two ``slice``\ s of the last dim, then the
+   ``split``/``split_with_sizes``/``chunk`` or two ``slice`` ops on the last dim, then the
    activation and a ``mul`` in either order) becomes ``glu=act``: the kernel computes both
    halves and writes only the product (:mod:`tilewright.grouped`);
 2. a unary activation of the result;

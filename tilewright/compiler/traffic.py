@@ -2,8 +2,8 @@
 
 The model is the one every fusion decision is scored by: a kernel reads each of its inputs and
 writes each of its outputs once (distinct elements: an expanded tensor counts once). Eager runs
-each FX op as its own kernel, so its traffic is every op's inputs and outputs; views are free in
-both (they move nothing and launch nothing).
+each FX op as its own kernel, so its traffic is every op's inputs and outputs; views and
+allocations are free in both (they move nothing and launch nothing).
 """
 
 from __future__ import annotations
@@ -17,6 +17,13 @@ from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGra
 from tilewright.ir import dtypes
 
 FREE_KINDS = ("view", "getitem", "constant")
+aten = torch.ops.aten
+# uninitialised allocations: no kernel runs (the caching allocator hands out memory), no byte
+# moves; a launch count that included them overstated both sides (issue 21: a Qwen3-MoE's
+# empty_like counted as launches)
+ALLOCATIONS = frozenset({aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
+                         aten.empty_strided.default, aten.new_empty_strided.default,
+                         aten.empty_permuted.default})
 
 
 def tensor_bytes(meta: TensorMeta | None) -> int:
@@ -49,10 +56,12 @@ def _meta_of(v: torch.Tensor) -> TensorMeta:
 
 
 def is_free(node: fx.Node) -> bool:
-    """Views, tuple accesses and constants: no launch, no traffic."""
+    """Views, tuple accesses, constants and allocations (:data:`ALLOCATIONS`): no launch, no
+    traffic."""
     from tilewright.compiler.lower import VIEWS
 
-    return node.op != "call_function" or node.target in VIEWS or node.target is operator.getitem
+    return (node.op != "call_function" or node.target in VIEWS or node.target is operator.getitem
+            or node.target in ALLOCATIONS)
 
 
 def eager_cost(gm: fx.GraphModule) -> tuple[int, int]:

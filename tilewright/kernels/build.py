@@ -73,6 +73,11 @@ class TemplateKernelFactory:
         floats in float64)."""
         return kind_of(problem).reference(problem, inputs, self)
 
+    def special_reference(self, problem: Any, inputs: Any) -> Any:
+        """The float64 reference on special-value inputs, or None where it is no judge
+        (:meth:`tilewright.kinds.ProblemKind.special_reference`)."""
+        return kind_of(problem).special_reference(problem, inputs, self)
+
 
 default_factory = TemplateKernelFactory()
 

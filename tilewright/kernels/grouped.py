@@ -111,6 +111,8 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
     if problem.case == "2d2d":
         problem = problem.with_sizes(G=offs.shape[0])
     _check_shapes(problem, a, b, offs, bias, multiply)
+    if problem.ragged and offs.device.type == "cpu":
+        _check_offsets(problem, offs)
     extra = [t for t in (bias, multiply) if t is not None]
     return tuned_launcher(problem, a.device)(a, b, offs, *extra)
 
@@ -118,7 +120,8 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
 def _check_shapes(problem: GroupedGemmProblem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None,
                   bias: torch.Tensor | None, multiply: torch.Tensor | None) -> None:
     """Shapes and devices only (nothing is read: the offsets' values stay on the device, and
-    the kernels clamp them to the ragged total).
+    the kernels clamp them to the ragged total; host offsets are checked by
+    :func:`_check_offsets`).
 
     Raises:
         InvalidInputError: offsets of the wrong length or device, a bias or multiply of the wrong
@@ -144,6 +147,29 @@ def _check_shapes(problem: GroupedGemmProblem, a: torch.Tensor, b: torch.Tensor,
         if tuple(multiply.shape) != tuple(want) or multiply.device != a.device:
             raise InvalidInputError(f"grouped_mm: multiply of shape {tuple(multiply.shape)}; pass an output-shaped "
                                     f"tensor {tuple(want)} on {a.device}")
+
+
+def _check_offsets(problem: GroupedGemmProblem, offs: torch.Tensor) -> None:
+    """Offsets in host memory (reading them costs no device sync): they must be non-negative
+    and non-decreasing, PyTorch's contract for ``_grouped_mm``. Eager does not check: on a CPU
+    it computes group g over rows [offs[g-1], offs[g]) when that is not empty, a later group
+    overwriting an earlier one's rows (offsets [8, 4, 12, 16]: rows 4-7 from expert 2), and
+    negative offsets give rows of no clear meaning; the kernels clamp instead (each row to the
+    first group whose end passes it). Rather than a third answer, such offsets are refused. On a
+    device the offsets are never read on the host (that would synchronise every call): there
+    the kernels' clamping stands (docs/architecture.md, "Grouped GEMMs").
+
+    Raises:
+        InvalidInputError: a negative offset or one smaller than the one before it.
+    """
+    values = offs.tolist()
+    for g, (prev, cur) in enumerate(zip([0] + values, values)):
+        if cur < prev:
+            what = "negative" if cur < 0 else f"smaller than offs[{g - 1}] = {prev}"
+            raise InvalidInputError(
+                f"grouped_mm {problem.case}: offs[{g}] = {cur} is {what}; offsets are the groups' end "
+                f"positions along the ragged dim, non-negative and non-decreasing (an empty group "
+                f"repeats the previous offset), as torch._grouped_mm requires: got {values}")
 
 
 @torch.library.custom_op("tilewright::grouped_mm", mutates_args=())

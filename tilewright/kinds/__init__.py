@@ -149,6 +149,18 @@ class ProblemKind:
         template)."""
         raise NotImplementedError(f"problem kind {self.name!r} has no reference")
 
+    def special_inputs(self, problem: Any, device: Any, seed: int = 0) -> Any:
+        """A second check input set with special values (inf, NaN, +-0, subnormals) mixed in,
+        so a kernel that turns inf into NaN fails its check; None (the default) when the kind
+        has none or the problem reads no float."""
+        return None
+
+    def special_reference(self, problem: Any, inputs: Any, factory: Any) -> Any:
+        """The float64 reference on :meth:`special_inputs`, or None where it is no judge (the
+        kind's ATen form, computing as eager does, disagrees with it there, so no candidate can
+        be expected to match). Default: None."""
+        return None
+
     # -- the compiler's side ----------------------------------------------------------------------
     def rewrite_fx(self, gm: Any) -> int:
         """Rewrite the ATen FX graph before lowering, in place (retarget ops, fold epilogues

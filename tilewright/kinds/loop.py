@@ -76,6 +76,36 @@ def make_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int
     return LoopInputs(tensors, [static_or_hint(s, sizes) for s in problem.kernel.size_symbols()])
 
 
+# the second check input set of a loop kernel: every float input has one of these in every
+# SPECIAL_EVERY elements, the rest random normals (a row keeps its scale, so a sum or a norm of
+# it stays finite). No extremes: an fp32 kernel overflows where a float64 reference does not.
+SPECIAL_VALUES = (float("inf"), float("-inf"), float("nan"), 0.0, -0.0, "subnormal", "-subnormal")
+SPECIAL_EVERY = 5
+
+
+def special_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int = 0) -> LoopInputs | None:
+    """:func:`make_loop_inputs` with :data:`SPECIAL_VALUES` mixed into every float input (a
+    kernel that turns inf into NaN, or loses a subnormal, fails its check on them); None when
+    the kernel reads no float. The values sit at positions that vary with ``seed``."""
+    x = make_loop_inputs(problem, device, seed)
+    gen = torch.Generator().manual_seed(seed + 7919)
+    touched = False
+    for t, b in zip(x.tensors, problem.kernel.inputs):
+        if not dtypes.is_float(b.dtype) or t.numel() == 0:
+            continue
+        span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        flat = t.as_strided((span,), (1,), t.storage_offset())
+        fi = torch.finfo(t.dtype)
+        sub = fi.smallest_normal * fi.eps * 3  # a subnormal of this dtype
+        values = torch.tensor([sub if v == "subnormal" else -sub if v == "-subnormal" else v
+                               for v in SPECIAL_VALUES], dtype=torch.float64).to(t.dtype)
+        start = int(torch.randint(0, min(SPECIAL_EVERY, span), (1,), generator=gen))
+        where = torch.arange(start, span, SPECIAL_EVERY)
+        flat[where.to(flat.device)] = values[torch.arange(len(where)) % len(values)].to(flat.device)
+        touched = True
+    return x if touched else None
+
+
 # integers: a value the type holds (a uint8 cannot hold -12345) that kernels rarely write
 _POISON = {"bool": True, "u8": 251, "i8": -123}
 
@@ -190,6 +220,23 @@ class LoopKind(ProblemKind):
         aten = get_template(self.aten_template_id(problem))
         launch = factory.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
         return launch(*inputs.tensors, *inputs.sizes, reference=True)
+
+    def special_inputs(self, problem: LoopProblem, device: Any, seed: int = 0) -> LoopInputs | None:
+        return special_loop_inputs(problem, device, seed)
+
+    def special_reference(self, problem: LoopProblem, inputs: LoopInputs, factory: Any) -> Any:
+        """The float64 reference, unless the torch form (eager's arithmetic: fp32 for narrow
+        floats) disagrees with it on these inputs (an fp32 intermediate overflows where float64
+        does not, say): then None, no candidate can be expected to match."""
+        from tilewright.runtime.targets import get_target
+        from tilewright.templates import get_template
+
+        ref = self.reference(problem, inputs, factory)
+        aten = get_template(self.aten_template_id(problem))
+        eager = factory.build(problem, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))(
+            *inputs.tensors, *inputs.sizes)
+        err, tol = self.error(problem, eager, ref, False)
+        return ref if err <= tol else None
 
     # -- the compiler's side --------------------------------------------------------------------
     def owns(self, node: Any) -> bool:

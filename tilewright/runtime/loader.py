@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -174,6 +175,29 @@ def _write(source: str, name: str, digest: str) -> Path:
                     "(set TILEWRIGHT_CACHE_DIR to a writable folder)", root, type(e).__name__,
                     e.strerror or e, private)
         return _write_under(private, source, name, digest)
+
+
+_MODULE_NAME = re.compile(r"^\w+_([0-9a-f]{20})\.py$")
+
+
+def owned_kernel_modules(root: Path | None = None) -> list[Path]:
+    """The kernel module files under ``root`` (default ``<cache_dir>/kernels/``) that this
+    loader wrote: ``<hash[:2]>/<name>_<hash>.py`` holding exactly the source ``<hash>`` is the
+    hash of. Anything else there (a file edited since, someone else's file) is not listed, so
+    whoever deletes what this returns deletes no one's work."""
+    root = root if root is not None else config.cache_path / "kernels"
+    out = []
+    for folder in sorted(p for p in root.glob("*") if p.is_dir() and not p.is_symlink() and len(p.name) == 2):
+        for path in sorted(folder.iterdir()):
+            m = _MODULE_NAME.match(path.name)
+            if not m or m.group(1)[:2] != folder.name or path.is_symlink() or not path.is_file():
+                continue
+            try:
+                if source_hash(path.read_text()) == m.group(1):
+                    out.append(path)
+            except (OSError, UnicodeDecodeError):
+                continue
+    return out
 
 
 def _write_under(root: Path, source: str, name: str, digest: str) -> Path:

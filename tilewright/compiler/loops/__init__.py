@@ -182,7 +182,11 @@ class LoopLowering:
         if meta is None:
             raise Unsupported("no tensor metadata")
         if not src_shape:
-            raise Unsupported("a reduction of a 0-d tensor (a copy: ATen does it)")
+            # a 0-d tensor (sum(x, 0), softmax(x, -1), var(x, 0) with a correction ...) reduces
+            # its one element: a row of one, so every kind keeps its own meaning (argmax 0, the
+            # variance's 0/0 = NaN) and the node fuses like any reduction
+            scalar_body = body_fn
+            src_shape, dims, body_fn = (sympy.Integer(1),), [0], lambda _index: scalar_body(())
         dims = sorted({d % len(src_shape) for d in dims})
         if not dims:
             raise Unsupported("a reduction over no dim")
@@ -237,6 +241,8 @@ def computation_dtype(node: fx.Node, operands: Sequence[Any], kind: Promotion) -
         elif isinstance(x, (bool, int, float)):
             examples.append(x)
     compute, _ = elementwise_dtypes(*examples, type_promotion_kind=kind)
+    if compute not in dtypes.NAMES:  # complex (abs of an rfft's result): that op stays ATen
+        raise Unsupported(f"computing in {compute}, which the IR does not hold")
     return dtypes.compute_type(dtypes.name_of(compute))
 
 

@@ -20,10 +20,12 @@ aten = torch.ops.aten
 
 
 def _dims(a_dim, ndim: int) -> list[int]:
-    if a_dim is None or (isinstance(a_dim, (list, tuple)) and len(a_dim) == 0):
+    """The reduced dims, normalised; a 0-d tensor has none (torch accepts dim 0 or -1 there and
+    reduces its one element: ``LoopLowering.reduction`` makes that a one-element row)."""
+    if ndim == 0 or a_dim is None or (isinstance(a_dim, (list, tuple)) and len(a_dim) == 0):
         return list(range(ndim))
     raw = a_dim if isinstance(a_dim, (list, tuple)) else [a_dim]
-    return sorted({d % max(ndim, 1) for d in raw})
+    return sorted({d % ndim for d in raw})
 
 
 def _acc_dtype(src: str, out: str) -> str:

@@ -150,7 +150,10 @@ class TorchExpr:
         if mask is None:
             return f"{flat}[{offs}]{conv}"
         self.line(f"{offs} = torch.where({mask}, {offs}, 0)")
-        return f"torch.where({mask}, {flat}[{offs}]{conv}, 0)"
+        # the skipped lanes read 0 of the load's own type: a Python 0 would promote a boolean
+        # load to int64 (then no longer a condition: a masked_fill whose mask comes from a cat)
+        zero = "False" if n.dtype == "bool" else "0"
+        return f"torch.where({mask}, {flat}[{offs}]{conv}, {zero})"
 
     def _cast(self, x: str, src: str, dst: str) -> str:
         if dst == "bool":
@@ -163,7 +166,6 @@ class TorchExpr:
     def _reduce(self, kind: str, x: str) -> str:
         rd = tuple(range(self.nx, self.nx + self.nr))
         full = f"torch.broadcast_to({x}, torch.broadcast_shapes({x}.shape, ({', '.join(['1'] * self.nx + self.full[self.nx:])},)))"
-        keep = f"{', '.join(['-1'] * self.nx + ['1'] * self.nr)}"
         if kind == "sum":
             return f"{full}.sum(dim={rd}, keepdim=True)"
         if kind == "max":
@@ -176,8 +178,10 @@ class TorchExpr:
             return f"{full}.var(dim={rd}, correction=0, keepdim=True) * ({' * '.join(self.full[self.nx:])})"
         if kind not in ("prod", "argmax", "argmin", "any", "all"):
             raise ValueError(f"unknown reduction {kind}")
-        # these reduce one dim: flatten the reduction dims into one first
-        return f"{full}.flatten({self.nx}).{kind}(-1, keepdim=True).view({keep},)"
+        # these reduce one dim: flatten the reduction dims into one first, then give each its
+        # kept size-1 dim back (the outer dims keep their sizes: a view(-1, -1, 1) cannot say so)
+        r = f"{full}.flatten({self.nx}).{kind}(-1, keepdim=True)"
+        return r if self.nr == 1 else f"{r}.unflatten(-1, {_tuple(['1'] * self.nr)})"
 
     def store(self, s: Store) -> None:
         value = self.emit(s.value)

@@ -159,25 +159,32 @@ inline float tw_mod_f(float a, float b) {
     return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
 }""",
     "tw_pow": """
-// torch.pow: a negative base is fine with an integer exponent (sign from its parity)
+// torch.pow is C99 pow: 1 for a**0 and 1**b (NaN operands included) and for (-1)**(+-inf); the
+// magnitude from |a|, the sign of an odd integer power of a negative base (-0 and -inf
+// included), NaN for a finite negative base and a finite non-integer exponent
 inline float tw_pow(float a, float b) {
-    float mag = precise::pow(fabs(a), b);
+    if (b == 0.0f || a == 1.0f) return 1.0f;
+    if (isnan(a) || isnan(b)) return NAN;
+    const float x = fabs(a);
+    if (isinf(b)) return x == 1.0f ? 1.0f : ((x > 1.0f) == (b > 0.0f) ? INFINITY : 0.0f);
+    const float mag = precise::pow(x, b);
     const bool is_int = floor(b) == b;
     const bool odd = is_int && fmod(fabs(b), 2.0f) == 1.0f;
-    if (a < 0.0f) mag = is_int ? (odd ? -mag : mag) : NAN;
-    return b == 0.0f ? 1.0f : mag;
+    if (signbit(a) && !isinf(a) && a != 0.0f && !is_int) return NAN;  // neither is NaN here
+    return (signbit(a) && odd) ? -mag : mag;
 }""",
     "tw_expm1": """
 // exp(x) - 1 cancels near 0 (MSL has no expm1): a Taylor series there
 inline float tw_expm1(float x) {
     const float small = x + x * x * (0.5f + x * (1.0f / 6.0f + x * (1.0f / 24.0f + x * (1.0f / 120.0f))));
-    return fabs(x) < 0.03125f ? small : precise::exp(x) - 1.0f;
+    return x == 0.0f ? x : (fabs(x) < 0.03125f ? small : precise::exp(x) - 1.0f);  // expm1(-0) is -0
 }""",
     "tw_log1p": """
 // log(1 + x) loses x when |x| << 1 (MSL has no log1p): log(u) * x / (u - 1), u = 1 + x
 inline float tw_log1p(float x) {
     const float u = 1.0f + x;
-    return (u == 1.0f || isinf(u)) ? (u == 1.0f ? x : u) : precise::log(u) * (x / (u - 1.0f));
+    // u = inf: log1p(inf) is inf (log(u) * (x / (u - 1)) would be NaN); log1p(-inf) is NaN
+    return (u == 1.0f || u == INFINITY) ? (u == 1.0f ? x : u) : precise::log(u) * (x / (u - 1.0f));
 }""",
     "tw_erf": """
 // MSL has no erf: the Taylor series below 0.5 (next term < 3e-8 relative), Abramowitz and
@@ -259,7 +266,8 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
     "neg": (lambda a, dt: f"(-{a})", ()),
     "abs": (_float_or_int(lambda a, dt: f"fabs({a})", lambda a, dt: f"abs({a})"), ()),
     "reciprocal": (lambda a, dt: f"(1.0f / {a})", ()),
-    "sign": (_float_or_int(lambda a, dt: f"(isnan({a}) ? {a} : static_cast<float>(({a} > 0.0f) - ({a} < 0.0f)))",
+    # torch.sign(NaN) is 0
+    "sign": (_float_or_int(lambda a, dt: f"static_cast<float>(({a} > 0.0f) - ({a} < 0.0f))",
                            lambda a, dt: f"static_cast<{MSL_TYPE[dt]}>(({a} > 0) - ({a} < 0))"), ()),
     "exp": (_precise("exp"), ()),
     "exp2": (_precise("exp2"), ()),

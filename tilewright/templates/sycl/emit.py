@@ -165,8 +165,7 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
     "neg": (lambda a, dt: f"{CTYPE[dt]}(-{a})", ()),
     "abs": (lambda a, dt: f"sycl::fabs({a})" if _is_f(dt) else f"{CTYPE[dt]}({a} < 0 ? -{a} : {a})", ()),
     "reciprocal": (lambda a, dt: f"({CTYPE[dt]}(1) / {a})", ()),
-    "sign": (lambda a, dt: (f"({a} != {a} ? {a} : {CTYPE[dt]}(({a} > 0) - ({a} < 0)))" if _is_f(dt)
-                            else f"{CTYPE[dt]}(({a} > 0) - ({a} < 0))"), ()),
+    "sign": (lambda a, dt: f"{CTYPE[dt]}(({a} > 0) - ({a} < 0))", ()),  # torch.sign(NaN) is 0
     "exp": (_F1("exp"), ()), "exp2": (_F1("exp2"), ()), "expm1": (_F1("expm1"), ()),
     "log": (_F1("log"), ()), "log2": (_F1("log2"), ()), "log10": (_F1("log10"), ()),
     "log1p": (_F1("log1p"), ()), "sqrt": (_F1("sqrt"), ()), "rsqrt": (_F1("rsqrt"), ()),

@@ -54,21 +54,22 @@ def _tanh(x):
     t = tl.exp(-2.0 * ax)
     big = (1.0 - t) / (1.0 + t)
     big = tl.where(x < 0, -big, big)
-    return tl.where(ax < 0.0625, small, big)
+    return tl.where(x == 0, x, tl.where(ax < 0.0625, small, big))  # tanh(-0) is -0
 ''',
     "_expm1": '''
 @triton.jit
 def _expm1(x):
     # exp(x) - 1 cancels near 0: a Taylor series there
     small = x + x * x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0))))
-    return tl.where(tl.abs(x) < 0.03125, small, tl.exp(x) - 1.0)
+    return tl.where(x == 0, x, tl.where(tl.abs(x) < 0.03125, small, tl.exp(x) - 1.0))  # expm1(-0) is -0
 ''',
     "_log1p": '''
 @triton.jit
 def _log1p(x):
-    # log(1 + x) loses x when |x| << 1: log(u) * x / (u - 1) with u = 1 + x is exact to rounding
+    # log(1 + x) loses x when |x| << 1: log(u) * x / (u - 1) with u = 1 + x is exact to rounding;
+    # at u = inf that would be inf * (inf / inf): log1p(inf) is inf
     u = 1.0 + x
-    return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+    return tl.where(u == 1.0, x, tl.where(u == float("inf"), u, tl.log(u) * (x / (u - 1.0))))
 ''',
     "_atan": '''
 @triton.jit
@@ -83,7 +84,7 @@ def _atan(x):
     p = (((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * t + t
     p = tl.where(hi, p + 0.5235987755982988, p)
     p = tl.where(inv, 1.5707963267948966 - p, p)
-    return tl.where(x < 0, -p, p)
+    return tl.where(x == 0, x, tl.where(x < 0, -p, p))  # atan(-0) is -0
 ''',
     "_round": '''
 @triton.jit
@@ -92,7 +93,8 @@ def _round(x):
     r = tl.floor(x + 0.5)
     tie = (r - x) == 0.5
     odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
-    return tl.where(tie & odd, r - 1.0, r)
+    r = tl.where(tie & odd, r - 1.0, r)
+    return tl.where(r == 0, x * 0.0, r)  # a zero keeps x's sign: round(-0.3) is -0
 ''',
     "_trunc": '''
 @triton.jit
@@ -131,14 +133,35 @@ def _erfinv(x):
     "_pow": '''
 @triton.jit
 def _pow(a, b):
-    # torch.pow: a negative base is fine with an integer exponent (sign from its parity)
-    mag = tl.exp2(b * tl.log2(tl.abs(a)))
-    is_int = tl.floor(b) == b
+    # torch.pow is C99 pow: |a|**b (in fp64, so an fp32 result is rounded once: pow(3.4e38, 1)
+    # stays finite), the sign of an odd integer power of a negative base (-0 and -inf included),
+    # NaN for a finite negative base and a finite non-integer exponent, and 1 for a**0, 1**b and
+    # (-1)**(+-inf), NaN operands included
+    mag = tl.exp2(b.to(tl.float64) * tl.log2(tl.abs(a).to(tl.float64))).to(a.dtype)
+    finite_b = tl.abs(b) < float("inf")
+    is_int = finite_b & (tl.floor(b) == b)
     odd = is_int & ((b - 2.0 * tl.floor(b * 0.5)) != 0.0)
-    mag = tl.where((a < 0) & odd, -mag, mag)
-    mag = tl.where((a < 0) & ~is_int, float("nan"), mag)
-    mag = tl.where(b == 0.0, 1.0, mag)
-    return tl.where((a == 0.0) & (b > 0.0), 0.0, mag)
+    neg = (a < 0) | ((a == 0) & (1.0 / a < 0))
+    mag = tl.where(neg & odd, -mag, mag)
+    mag = tl.where((a < 0) & (a > float("-inf")) & finite_b & ~is_int, float("nan"), mag)
+    one = (b == 0.0) | (a == 1.0) | ((tl.abs(a) == 1.0) & ~finite_b & (b == b))
+    return tl.where(one, 1.0, mag)
+''',
+    "_atan2": '''
+@triton.jit
+def _atan2(y, x):
+    # C99 atan2 with its special cases: the angle of |y|/|x| in [0, pi/2], reflected for a
+    # negative x (-0 included) and negated for a negative y (-0 included); two infinities give
+    # pi/4, two zeros 0, a NaN operand NaN
+    ny = (y < 0) | ((y == 0) & (1.0 / y < 0))
+    nx = (x < 0) | ((x == 0) & (1.0 / x < 0))
+    ay, ax = tl.abs(y), tl.abs(x)
+    q = _atan(ay / ax)
+    q = tl.where((ay == float("inf")) & (ax == float("inf")), 0.7853981633974483, q)
+    q = tl.where((ay == 0) & (ax == 0), 0.0, q)
+    r = tl.where(nx, 3.141592653589793 - q, q)
+    r = tl.where(ny, -r, r)
+    return tl.where((x != x) | (y != y), float("nan"), r)
 ''',
     "_bf16_rne": '''
 @triton.jit
@@ -148,6 +171,20 @@ def _bf16_rne(x):
     u = x.to(tl.uint32, bitcast=True)
     u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
     return tl.where(x != x, x, u.to(tl.float32, bitcast=True))
+''',
+    "_bf16_to_f32": '''
+@triton.jit
+def _bf16_to_f32(x):
+    # bf16 -> fp32 by its bits, exact for every value: the interpreter's own conversion flushes
+    # or mangles subnormals (9.2e-41 becomes 0)
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+''',
+    "_f32_to_bf16": '''
+@triton.jit
+def _f32_to_bf16(x):
+    # an fp32 already rounded to bf16 (_bf16_rne) -> bf16 by its top 16 bits: the interpreter's
+    # own conversion flushes subnormals (1e-40 becomes 0)
+    return (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 ''',
     "_fp16_rne": '''
 @triton.jit
@@ -181,6 +218,9 @@ def _maxmin(fn: str) -> Callable[[str, str, str], str]:
     return render
 
 
+# the signed integer of a float's width (its sign bit is the integer's)
+_SIGNED = {"fp32": "tl.int32", "fp64": "tl.int64"}
+
 # op -> (render(args..., dtype) -> code, the helpers it calls)
 Render = Callable[..., str]
 _BIN = lambda sym: (lambda a, b, dt: f"({a} {sym} {b})")  # noqa: E731
@@ -197,17 +237,14 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
     "pow": (lambda a, b, dt: f"_pow({a}, {b})", ("_pow",)),
     "maximum": (_maxmin("maximum"), ()),
     "minimum": (_maxmin("minimum"), ()),
-    "atan2": (lambda a, b, dt: f"tl.where({b} > 0, _atan({a} / {b}), tl.where({b} < 0, "
-              f"tl.where({a} < 0, _atan({a} / {b}) - 3.141592653589793, _atan({a} / {b}) + 3.141592653589793), "
-              f"tl.where({a} > 0, 1.5707963267948966, tl.where({a} < 0, -1.5707963267948966, 0.0 * {a}))))",
-              ("_atan",)),
-    "copysign": (lambda a, b, dt: f"tl.where(({b} < 0) | (({b} == 0) & (1.0 / {b} < 0)), -tl.abs({a}), tl.abs({a}))", ()),
+    "atan2": (lambda a, b, dt: f"_atan2({a}, {b})", ("_atan2", "_atan")),
+    # by the sign bit, which a NaN has too (copysign(1, -nan) is -1)
+    "copysign": (lambda a, b, dt: f"tl.where({b}.to({_SIGNED[dt]}, bitcast=True) < 0, -tl.abs({a}), tl.abs({a}))", ()),
     "neg": (lambda a, dt: f"(-{a})", ()),
     "abs": (lambda a, dt: f"tl.abs({a})", ()),
     "reciprocal": (lambda a, dt: f"(1.0 / {a})", ()),
-    "sign": (lambda a, dt: f"(({a} > 0).to({TL_DTYPE[dt]}) - ({a} < 0).to({TL_DTYPE[dt]}))"
-             if not dtypes.is_float(dt) else f"tl.where({a} != {a}, {a}, ({a} > 0).to({TL_DTYPE[dt]}) - ({a} < 0).to({TL_DTYPE[dt]}))",
-             ()),
+    # torch.sign(NaN) is 0, not NaN (numpy's)
+    "sign": (lambda a, dt: f"(({a} > 0).to({TL_DTYPE[dt]}) - ({a} < 0).to({TL_DTYPE[dt]}))", ()),
     "exp": (lambda a, dt: f"tl.exp({a})", ()),
     "exp2": (lambda a, dt: f"tl.exp2({a})", ()),
     "expm1": (lambda a, dt: f"_expm1({a})", ("_expm1",)),
@@ -341,10 +378,25 @@ class TritonExpr(ExprEmitter):
             return code  # widening a narrow float held in fp32 already
         return f"{code}.to({TL_DTYPE[dtypes.compute_type(dst)]})"
 
+    def load_value(self, code: str, dtype: str) -> str:
+        """Code converting a loaded block of element type ``dtype`` to its compute type (bf16
+        by its bits under the interpreter, whose own conversion mangles subnormals)."""
+        if dtype == "bool":
+            return code
+        if dtype == "bf16" and self.interpreted:
+            self.helpers_used.add("_bf16_to_f32")
+            return f"_bf16_to_f32({code})"
+        return f"{code}.to({TL_DTYPE[dtypes.compute_type(dtype)]})"
+
     def store_value(self, code: str, src: str, dst: str) -> str:
         """Code converting a computed value to the stored element type ``dst``."""
         if dst == "bool":
             return f"({code} != 0)" if src != "bool" else code
+        if dst == "bf16" and self.interpreted:
+            # rounded to nearest even, then by its bits (the interpreter's conversion truncates
+            # and flushes subnormals)
+            self.helpers_used.add("_f32_to_bf16")
+            return f"_f32_to_bf16({self.convert(code, src, dst)})"
         if dst in ("bf16", "fp16") and self.interpreted:
             # via fp32, rounded: the interpreter's own conversion truncates fp32 and takes an
             # integer's bits as if they were a float's

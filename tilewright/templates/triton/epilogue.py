@@ -56,7 +56,9 @@ def _for_store(e: TritonExpr, var: str, dtype: str) -> str:
     even first under the interpreter (its own fp32 -> bf16 conversion truncates); unchanged on
     a GPU, whose conversion already rounds to nearest even."""
     if e.interpreted and dtype in ("bf16", "fp16"):
-        return e.convert(var, "fp32", dtype)
+        # bf16 as a bf16 block made by its bits (the template's own conversion is then a no-op:
+        # the interpreter's would flush subnormals)
+        return e.store_value(var, "fp32", dtype) if dtype == "bf16" else e.convert(var, "fp32", dtype)
     return var
 
 

@@ -127,7 +127,7 @@ class _Body(LoopSchedule):
         buf = self.k.buffer(name)
         if self.descriptors is not None and id(n) in self.descriptors.loads:
             value = self.descriptors.load_code(self.descriptors.loads[id(n)], self.persistent)
-            return f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
+            return self.e.load_value(value, n.dtype)
         strides = [f"{name}_s{d}" for d in range(len(buf.shape))]
         indirect = load_indirect(n)
         off = code(offset(idx, [sympy.Symbol(s) for s in strides]), self.load_names(n))
@@ -149,7 +149,7 @@ class _Body(LoopSchedule):
                 off = f"({off}) + rindex * 0"
         args = f"{name} + ({off})" + (f", {mask}, other=0" if mask else "")
         value = f"tl.load({args})"
-        return value if buf.dtype == "bool" else f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
+        return self.e.load_value(value, n.dtype)
 
     def _index(self, n: Node) -> str:
         text = code(n.arg, self.names)

@@ -1,0 +1,237 @@
+"""Special values through every op of the IR and every emitter that runs on this machine.
+
+The inputs of one dtype are every pair of its special values (infinities, NaN, signed zeros,
+the smallest and largest subnormals, the smallest normal, the extremes; integers' extremes and
+their neighbours, small values of both signs, for negative division and wraparound), laid out
+as two flat tensors ``a`` and ``b`` (their cartesian product) and a boolean ``c``. One pointwise
+kernel per (emitter, dtype and batch of ops) stores each op's value over all of them, so a whole
+dtype costs a handful of builds, not one per value. The expected value is the op's meaning
+(:data:`tilewright.ir.ops.OPS`) on the same inputs in float64 (integers in their own type),
+rounded once to the stored dtype; each element is judged on its own (NaN by NaN, an infinity by
+the same infinity, zeros by their sign, finite values within a few units in the last place), so
+one wrong corner is not averaged away by the rest.
+
+An emitter is one entry of :data:`EMITTERS`: a name, why it cannot run here (or None), the
+dtypes it holds, the most outputs one kernel may have, and ``run(problem, tensors) -> outputs``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+import sympy
+import torch
+
+from tilewright.ir import dtypes
+from tilewright.ir import expr as E
+from tilewright.ir.index import contiguous_strides, var
+from tilewright.ir.kernel import Buffer, LoopKernel, Store
+from tilewright.ir.ops import OPS
+from tilewright.problem import LoopProblem
+
+FLOAT_DTYPES = ("fp32", "bf16", "fp16")
+INT_DTYPES = ("i64", "i32", "i16", "i8", "u8", "bool")
+DTYPES = FLOAT_DTYPES + INT_DTYPES
+X = (var("x", 0),)
+
+
+# -- the values ----------------------------------------------------------------------------------
+def specials(dtype: str) -> list[float | int | bool]:
+    """The special values of ``dtype`` (floats: inf, -inf, NaN, ±0, the smallest and largest
+    subnormals, the smallest normal, the extremes, and a few ordinary values beside them)."""
+    if dtype == "bool":
+        return [False, True]
+    t = dtypes.TORCH[dtype]
+    if dtypes.is_float(dtype):
+        fi = torch.finfo(t)
+        sub, tiny = fi.smallest_normal * fi.eps, fi.smallest_normal  # smallest subnormal (2^-p * tiny)
+        return [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), sub, -sub, tiny - sub, tiny, -tiny,
+                fi.max, fi.min, 1.0, -1.0, 0.5, -2.5, 3.0]
+    ii = torch.iinfo(t)
+    if ii.min == 0:
+        return [0, 1, 2, 7, ii.max - 1, ii.max]
+    return [0, 1, -1, 2, -2, 7, -7, ii.max, ii.max - 1, ii.min, ii.min + 1]
+
+
+def inputs(dtype: str) -> list[torch.Tensor]:
+    """``a`` and ``b`` (every ordered pair of special values) in ``dtype``, and a boolean ``c``."""
+    vals = specials(dtype)
+    pairs = list(itertools.product(vals, vals))
+    t = dtypes.TORCH[dtype]
+    a = torch.tensor([p[0] for p in pairs], dtype=torch.float64 if dtypes.is_float(dtype) else None).to(t)
+    b = torch.tensor([p[1] for p in pairs], dtype=torch.float64 if dtypes.is_float(dtype) else None).to(t)
+    c = torch.arange(len(pairs)) % 3 == 1
+    return [a, b, c]
+
+
+# -- the cases: one IR value per (op, dtype) ----------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One op on one dtype: the IR value a kernel stores and its expected value."""
+
+    name: str  # the op, or "cast_to_<dtype>"
+    dtype: str  # of the operands
+    value: E.Node
+    out_dtype: str
+    # (inputs, exact) -> (value, where defined): exact computes in float64 and rounds once;
+    # not exact computes as eager does, in fp32 for narrow floats (less exact at some corners:
+    # fp32 remainder(3.4e38, 0.5) is NaN); a kernel may match either
+    expected: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def _compute(x: torch.Tensor) -> torch.Tensor:
+    return x.double() if x.is_floating_point() else x
+
+
+def _eager(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the type eager computes it in (fp32 for narrow floats)."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
+def _defined(name: str, dtype: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Where ``name`` has a meaning to compare with: integer division needs a divisor that is
+    not 0 (torch raises) and, for 32/64-bit, not min // -1 (undefined in C, SIGFPE in torch)."""
+    ok = torch.ones(a.shape, dtype=torch.bool)
+    if name in ("floordiv", "truncdiv", "mod", "fmod") and not dtypes.is_float(dtype):
+        ok &= b != 0
+        if dtype in ("i32", "i64"):
+            ok &= ~((a == torch.iinfo(a.dtype).min) & (b == -1))
+    return ok
+
+
+def _op_expected(name: str, dtype: str, out_dtype: str):
+    info = OPS[name]
+
+    def expected(xs: list[torch.Tensor], exact: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b, c = xs
+        ok = _defined(name, dtype, a, b)
+        b_safe = torch.where(ok, b, torch.ones_like(b)) if not ok.all() else b
+        a_safe = torch.where(ok, a, torch.ones_like(a)) if not ok.all() else a
+        args = {1: (a_safe,), 2: (a_safe, b_safe), 3: (c, a_safe, b_safe)}[info.arity]
+        out = info.torch(*[_compute(x) if exact else _eager(x) for x in args])
+        return out.to(dtypes.TORCH[out_dtype]), ok
+    return expected
+
+
+def _cast_expected(src: str, dst: str):
+    def expected(xs: list[torch.Tensor], exact: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        a = xs[0]
+        ok = torch.ones(a.shape, dtype=torch.bool)
+        if dtypes.is_float(src) and not dtypes.is_float(dst) and dst != "bool":
+            # float -> int: only values the integer type holds (the rest is undefined in C)
+            ii = torch.iinfo(dtypes.TORCH[dst])
+            d = a.double()
+            ok = torch.isfinite(d) & (d.trunc() >= ii.min) & (d.trunc() <= ii.max)
+            a = torch.where(ok, a, torch.zeros_like(a))
+        return a.to(dtypes.TORCH[dst]), ok
+    return expected
+
+
+def _guarded_divisor(name: str, dtype: str, a: E.Node, b: E.Node) -> E.Node:
+    """``b``, or 1 where an integer division by it is undefined (0; min // -1 for 32/64 bits):
+    those lanes would trap (SIGFPE) on a CPU, and :func:`_defined` leaves them out anyway."""
+    if name not in ("floordiv", "truncdiv", "mod", "fmod") or dtypes.is_float(dtype):
+        return b
+    bad = E.op("eq", b, E.const(0, dtype))
+    if dtype in ("i32", "i64"):
+        lo = torch.iinfo(dtypes.TORCH[dtype]).min
+        bad = E.op("logical_or", bad, E.op("logical_and", E.op("eq", a, E.const(lo, dtype)),
+                                           E.op("eq", b, E.const(-1, dtype))))
+    return E.where(bad, E.const(1, dtype), b)
+
+
+def _applicable(name: str, dtype: str) -> bool:
+    """Whether torch defines op ``name`` on ``dtype`` operands at all."""
+    info = OPS[name]
+    if info.domain == "float" and not dtypes.is_float(dtype):
+        return False
+    if info.domain == "int" and dtypes.is_float(dtype):
+        return False
+    if name.startswith("logical") and dtype != "bool":
+        return False  # lowering hands logical ops booleans (it compares with 0 first)
+    xs = [torch.ones(2, dtype=dtypes.TORCH[dtype])] * 2
+    args = {1: xs[:1], 2: xs, 3: [xs[0] > 0, *xs]}[info.arity]
+    try:
+        info.torch(*args)
+    except (RuntimeError, TypeError):  # torch refuses (sub or neg of booleans)
+        return False
+    return True
+
+
+def cases(dtype: str) -> list[Case]:
+    """Every op of :data:`OPS` that applies to ``dtype``, and every cast from it."""
+    a, b, c = (E.load(f"in{k}", X, dt) for k, dt in enumerate((dtype, dtype, "bool")))
+    cdt = dtypes.compute_type(dtype)
+    a, b = E.cast(a, cdt), E.cast(b, cdt)  # narrow floats are computed in fp32, as lowering does
+    out: list[Case] = []
+    for name, info in OPS.items():
+        if not _applicable(name, dtype):
+            continue
+        bb = _guarded_divisor(name, dtype, a, b)
+        v = E.op(name, *{1: (a,), 2: (a, bb), 3: (c, a, b)}[info.arity])
+        out_dtype = "bool" if v.dtype == "bool" else dtype
+        out.append(Case(name, dtype, E.cast(v, out_dtype), out_dtype, _op_expected(name, dtype, out_dtype)))
+    for dst in DTYPES:
+        if dst != dtype:
+            out.append(Case(f"cast_to_{dst}", dtype, E.cast(E.cast(a, dst, explicit=True), dst), dst,
+                            _cast_expected(dtype, dst)))
+    return out
+
+
+def case_names(dtype: str) -> list[str]:
+    return [c.name for c in cases(dtype)]
+
+
+def problem(dtype: str, chosen: list[Case]) -> LoopProblem:
+    """One pointwise kernel storing each case's value over all pairs of ``dtype``'s values."""
+    n = sympy.Integer(len(specials(dtype)) ** 2)
+    shape, strides = (n,), contiguous_strides((n,))
+    ins = tuple(Buffer(f"in{k}", dt, shape, strides) for k, dt in enumerate((dtype, dtype, "bool")))
+    outs = tuple(Buffer(f"out{k}", c.out_dtype, shape, strides) for k, c in enumerate(chosen))
+    stores = tuple(Store(f"out{k}", X, c.value) for k, c in enumerate(chosen))
+    return LoopProblem(LoopKernel(shape, (), ins, outs, stores), op=f"special values {dtype}")
+
+
+# -- judging -------------------------------------------------------------------------------------
+# units in the last place a finite float may be off: 2 (an fp32 result rounded again to bf16),
+# 16 for math the languages approximate (OpenCL's bound for erf, pow and the like)
+ULPS = 2
+APPROXIMATE_ULPS = 16
+APPROXIMATE = frozenset({"pow", "atan2", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "rsqrt",
+                         "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "sigmoid",
+                         "erf", "erfinv"})
+
+
+def _matches(got: torch.Tensor, want: torch.Tensor, ulps: int) -> torch.Tensor:
+    """Per element: NaN for NaN, the same infinity, a zero of the same sign, or a finite value
+    within ``ulps`` of the expected one (a subnormal's ulp near zero); integers exactly."""
+    if not want.is_floating_point():
+        return got == want
+    fi = torch.finfo(want.dtype)
+    g, w = got.double(), want.double()
+    nan_ok = torch.isnan(g) & torch.isnan(w)
+    close = (g - w).abs() <= fi.eps * ulps * w.abs() + fi.smallest_normal * fi.eps
+    same_zero = (w != 0) | (torch.signbit(g) == torch.signbit(w))
+    return nan_ok | ((g == w) & same_zero) | (torch.isfinite(w) & torch.isfinite(g) & close & same_zero)
+
+
+def mismatches(case: Case, got: torch.Tensor, xs: list[torch.Tensor], limit: int = 6) -> list[str]:
+    """The elements where ``got`` is not the case's expected value, described with their
+    inputs (at most ``limit``); empty when all match."""
+    want, ok = case.expected(xs)
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return [f"dtype/shape {got.dtype}{tuple(got.shape)} != {want.dtype}{tuple(want.shape)}"]
+    ulps = APPROXIMATE_ULPS if case.name in APPROXIMATE else ULPS
+    good = _matches(got, want, ulps) | _matches(got, case.expected(xs, exact=False)[0], ulps)
+    arity = OPS[case.name].arity if case.name in OPS else 1
+    lines: dict[str, None] = {}  # a unary op sees each value many times: say each once
+    for i in (~good & ok).nonzero().flatten().tolist():
+        operands = [xs[0][i].item(), xs[1][i].item()][:min(arity, 2)]
+        if arity == 3:
+            operands = [xs[2][i].item()] + [xs[0][i].item(), xs[1][i].item()]
+        lines[f"{case.name}({', '.join(map(repr, operands))}) = {got[i].item()!r}, "
+              f"expected {want[i].item()!r}"] = None
+    out = list(lines)
+    return out[:limit] + ([f"... {len(out)} cases in all"] if len(out) > limit else [])
