@@ -210,3 +210,227 @@ def test_threads_split_rows_and_blocks_without_changing_a_result():
             two, _ = run_cpp(problem, params, x, threads=2)
             assert_matches_reference(problem, two, ref)
             assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
+# -- rounding and special values -----------------------------------------------------------------
+def _cast_kernel(src: str, dst: str, n: int) -> LoopProblem:
+    import sympy
+
+    from tilewright.ir import expr as E
+    from tilewright.ir.index import contiguous_strides, variables
+    from tilewright.ir.kernel import Buffer, LoopKernel, Store
+
+    shape = (sympy.Integer(n),)
+    x = variables("x", 1)
+    value = E.cast(E.load("in0", x, src), dst, explicit=True)
+    kernel = LoopKernel(shape, (), (Buffer("in0", src, shape, contiguous_strides(shape)),),
+                        (Buffer("out0", dst, shape, contiguous_strides(shape)),), (Store("out0", x, value),))
+    return LoopProblem(kernel, op=f"to_{dst}")
+
+
+def _rounding_cases() -> torch.Tensor:
+    f32 = torch.float32
+    bits = torch.tensor([
+        0x3F808000, 0x3F818000, 0x3F80C000, 0x3F807FFF, 0x3F808001,  # bf16 ties to even, just below/above
+        0x00008000, 0x00018000, 0x00000001, 0x007FFFFF, 0x00400000,  # fp32 subnormals (bf16 ties among them)
+        0x7F7FFFFF, 0x7F7F8000, 0xFF7F8000, 0x80000000, 0x7FC00000, 0x7F800000, 0xFF800000,  # overflow, -0, NaN, inf
+    ], dtype=torch.int64).to(torch.int32).view(f32)
+    fp16 = torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, 2 ** -25, 3 * 2 ** -25, 2 ** -24, 5.96e-8, 6.1e-5, 65504.0,
+                         65519.0, 65520.0, -65520.0, 1e-9, -2.5e-8], dtype=f32)
+    return torch.cat([bits, fp16, torch.randn(200, generator=torch.Generator().manual_seed(3)) * 1e-38,
+                      torch.randn(200, generator=torch.Generator().manual_seed(4)) * 300])
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+def test_narrow_float_stores_round_to_nearest_even_bit_for_bit(dtype):
+    """Ties to even, subnormals, overflow to infinity, -0 and NaN, as torch's own conversion."""
+    from tilewright.ir import dtypes
+
+    x = _rounding_cases()
+    problem = _cast_kernel("fp32", dtypes.name_of(dtype), x.numel())
+    got, _ = run_cpp(problem, {"BLOCK": 4096}, LoopInputs([x], []))
+    want = x.to(dtype)
+    assert torch.equal(got[0].isnan(), want.isnan())
+    assert torch.equal(got[0].view(torch.int16)[~want.isnan()], want.view(torch.int16)[~want.isnan()])
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+def test_narrow_float_loads_are_exact_subnormals_included(dtype):
+    from tilewright.ir import dtypes
+
+    x = _rounding_cases().to(dtype)
+    problem = _cast_kernel(dtypes.name_of(dtype), "fp32", x.numel())
+    got, _ = run_cpp(problem, {"BLOCK": 4096}, LoopInputs([x], []))
+    assert torch.equal(got[0].isnan(), x.isnan()) and torch.equal(got[0][~x.isnan()], x.float()[~x.isnan()])
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8], ids=str)
+def test_integer_division_and_remainder_of_negatives_match_torch_exactly(dtype):
+    a = torch.tensor([7, -7, 7, -7, 0, 1, -1, 13, -13, 100, -100, 5], dtype=dtype)
+    b = torch.tensor([2, 2, -2, -2, 3, -3, 3, 5, -5, 7, -7, -1], dtype=dtype)
+    fns = (lambda p, q: p // q, lambda p, q: p % q, lambda p, q: torch.div(p, q, rounding_mode="trunc"),
+           lambda p, q: torch.fmod(p, q))
+    for fn in fns:
+        (problem,) = loop_problems(fn, a, b)
+        got, _ = run_cpp(problem, {"BLOCK": 4096}, LoopInputs([a, b], []))
+        assert torch.equal(got[0], fn(a, b)), (problem.op, got[0], fn(a, b))
+
+
+@needs_cxx
+def test_integer_division_by_zero_raises_as_torch_instead_of_trapping():
+    a = torch.tensor([7, -7, 3], dtype=torch.int64)
+    b = torch.tensor([2, 0, 1], dtype=torch.int64)
+    for fn in (lambda p, q: p // q, lambda p, q: p % q, lambda p, q: torch.fmod(p, q)):
+        (problem,) = loop_problems(fn, a, b)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            run_cpp(problem, {"BLOCK": 4096}, LoopInputs([a, b], []))
+    # the most negative integer by -1 wraps, as torch's floor division does (no SIGFPE)
+    m = torch.tensor([-2 ** 63], dtype=torch.int64)
+    (problem,) = loop_problems(lambda p, q: (p // q, p % q), m, torch.tensor([-1]))
+    got, _ = run_cpp(problem, {"BLOCK": 4096}, LoopInputs([m, torch.tensor([-1])], []))
+    assert got[0].item() == -2 ** 63 and got[1].item() == 0
+
+
+@needs_cxx
+def test_a_gather_out_of_range_raises_index_error_and_reads_nothing_outside():
+    w = randn(10, 6)
+    (problem,) = loop_problems(lambda w, i: F.embedding(i, w) * 2, w, ints(3, 4, lo=0, hi=10))
+    for bad in (10, -11, 2 ** 40):
+        i = ints(3, 4, lo=0, hi=10)
+        i[1, 2] = bad
+        with pytest.raises(IndexError, match="index out of range"):
+            run_cpp(problem, {"BLOCK": 4096}, LoopInputs([w, i], []))
+
+
+@needs_cxx
+def test_float_ops_on_nan_infinities_and_signed_zeros_match_the_reference():
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0])
+    x = _tensors()
+    g = torch.Generator().manual_seed(5)
+    for k in (0, 1, 2, 8):  # a (transposed), p, u and the fp64 input: special values in every row
+        flat = x[k].reshape(-1) if x[k].is_contiguous() else None
+        pick = specials[torch.randint(0, len(specials), (x[k].numel() // 3,), generator=g)].to(x[k].dtype)
+        pos = torch.randperm(x[k].numel(), generator=g)[:pick.numel()]
+        if flat is None:
+            x[k] = x[k].contiguous().t().contiguous().t()  # same strides as traced, writable
+            flat = x[k].t().reshape(-1)
+            flat[pos] = pick
+            x[k] = flat.view(x[k].shape[::-1]).t()
+        else:
+            flat[pos] = pick
+    for group in ("float_unary", "binary_float"):
+        problem = _op_kernel(OP_GROUPS[group])
+        got, ref = run_cpp(problem, {"BLOCK": 4096}, LoopInputs(x, []))
+        for b, o, r in zip(problem.kernel.outputs, got, ref):
+            name = list(OP_GROUPS[group])[int(b.name[3:])]
+            if name in ("erfinv",):  # its input is meant to lie in (-1, 1)
+                continue
+            err = loop_error(o, r.to(o.dtype), b.dtype)
+            assert err <= LOOP_TOLERANCE.get(b.dtype, 0.0), f"{name}: error {err:.3g}"
+
+
+# -- the compile cache ---------------------------------------------------------------------------
+TINY = r'''
+#include <stdint.h>
+extern "C" int64_t tw_cpp_kernel(const int64_t *args) {
+  float *out = reinterpret_cast<float *>(args[0]);
+  for (int64_t i = 0; i < args[1]; ++i) out[i] = float(i) * 0.5f + float(args[2]);
+  return 0;
+}
+'''
+CHILD = r'''
+import json, sys, torch
+from tilewright.runtime import cpp
+k = cpp.kernel(sys.argv[1], "tw_cpp_kernel", name="tiny")
+out = torch.empty(7)
+status = cpp.ctypes_launcher()(k.address, out.data_ptr(), 7, 3)
+print(json.dumps({"status": status, "out": out.tolist(), "builds": cpp.stats["builds"], "path": str(k.path)}))
+'''
+
+
+def _child(cache, source: str = TINY):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TILEWRIGHT_CACHE_DIR=str(cache))
+    return subprocess.Popen([sys.executable, "-c", CHILD, source], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True), json
+
+
+def _result(proc_json):
+    proc, json = proc_json
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+WANT = [i * 0.5 + 3 for i in range(7)]
+
+
+@needs_cxx
+def test_processes_building_the_same_kernel_build_it_once_and_a_later_one_reuses_it(tmp_path):
+    both = [_child(tmp_path), _child(tmp_path)]  # at the same time: one builds, one waits
+    results = [_result(p) for p in both]
+    assert all(r["out"] == WANT and r["status"] == 0 for r in results)
+    assert sum(r["builds"] for r in results) == 1, results
+    later = _result(_child(tmp_path))
+    assert later["builds"] == 0 and later["out"] == WANT and later["path"] == results[0]["path"]
+
+
+@needs_cxx
+def test_a_corrupted_or_partial_cached_library_is_rebuilt_not_loaded(fresh_cache):
+    lib = runtime.build(TINY, "tiny")
+    built = runtime.stats["builds"]
+    damages = {
+        "truncated": lambda data: lib.write_bytes(data[: len(data) // 2]),  # a copy cut short
+        "garbage": lambda data: lib.write_bytes(bytes(len(data))),  # same size, wrong bytes
+        # the build was interrupted before its digest was written
+        "digest missing": lambda data: lib.with_name(lib.name + ".sha256").unlink(),
+    }
+    for name, damage in damages.items():
+        damage(lib.read_bytes())
+        assert not runtime.is_valid(lib), name
+        assert runtime.build(TINY, "tiny") == lib
+        built += 1
+        assert runtime.stats["builds"] == built, f"{name}: not rebuilt"
+        assert runtime.is_valid(lib) and lib.read_bytes()[:4] == b"\x7fELF", name
+    # and a new process loads and runs what was rebuilt
+    again = _result(_child(fresh_cache))
+    assert again["builds"] == 0 and again["out"] == WANT
+
+
+@needs_cxx
+def test_a_kernel_that_does_not_compile_names_the_error_and_the_source(fresh_cache):
+    from tilewright.errors import KernelCompileError
+
+    with pytest.raises(KernelCompileError, match="did not build") as info:
+        runtime.kernel('extern "C" long broken( {', "broken")
+    assert ".cpp" in str(info.value)
+
+
+@needs_cxx
+def test_the_launcher_is_cheap_per_call():
+    """The C extension packs the arguments (ctypes' conversions cost ~10x more); a launch of a
+    kernel doing nothing costs at most a few µs even on a loaded 2-core machine."""
+    import time
+
+    k = runtime.kernel(TINY, "tw_cpp_kernel", name="tiny")
+    call = runtime.launcher()
+    assert call is not runtime.ctypes_launcher(), "the launcher extension did not build"
+    out = torch.empty(1)
+    args = [out.data_ptr(), 0, 0] + [0] * 20
+    best = min(_timed(lambda: call(k.address, *args), time) for _ in range(5))
+    assert best < 20e-6, f"{best * 1e6:.1f} µs per launch"
+    assert runtime.ctypes_launcher()(k.address, out.data_ptr(), 1, 2) == 0 and out.item() == 2.0
+
+
+def _timed(fn, time, n=2000):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n

@@ -61,16 +61,20 @@ static inline float tw_round_bf16(float x) { return tw_bf16_to_f(tw_f_to_bf16(x)
     "tw_floordiv": '''
 // torch's float floor division (aten div_floor_floating): from the remainder, since
 // floor(a / b) is one off where a / b rounds up to an integer (1.0 // 0.1 is 9, not 10)
-template <typename T> static inline T tw_floordiv(T a, T b) {
-  if (b == T(0)) return a / b;
-  T mod = std::fmod(a, b);
-  T div = (a - mod) / b;
-  if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) div -= T(1);
-  if (div == T(0)) return std::copysign(T(0), a / b);
-  T fl = std::floor(div);
-  if (div - fl > T(0.5)) fl += T(1);
-  return fl;
-}
+#define TW_FLOORDIV(T, SUFFIX)                                                  \\
+  static inline T tw_floordiv(T a, T b) {                                       \\
+    if (b == T(0)) return a / b;                                                \\
+    const T mod = fmod##SUFFIX(a, b);                                           \\
+    T div = (a - mod) / b;                                                      \\
+    if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) div -= T(1);              \\
+    if (div == T(0)) return copysign##SUFFIX(T(0), a / b);                      \\
+    T fl = floor##SUFFIX(div);                                                  \\
+    if (div - fl > T(0.5)) fl += T(1);                                          \\
+    return fl;                                                                  \\
+  }
+TW_FLOORDIV(float, f)
+TW_FLOORDIV(double, )
+#undef TW_FLOORDIV
 ''',
     "tw_int_div": '''
 // integer division and remainder that never trap: by zero the kernel reports
@@ -142,6 +146,13 @@ template <typename T> static inline T tw_erfinv(T xin) {
 ''',
 }
 
+
+# the C library's math functions the ops call (operand count); declared by the kernel's prelude
+# (not <cmath>: half a second less per build), each in float ("expf") and double ("exp")
+LIBM = {"exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log10": 1, "log1p": 1, "sqrt": 1,
+        "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1, "atan": 1, "sinh": 1, "cosh": 1, "tanh": 1,
+        "erf": 1, "floor": 1, "ceil": 1, "trunc": 1, "rint": 1, "fabs": 1, "fmod": 2, "pow": 2, "atan2": 2,
+        "copysign": 2}
 
 # helper -> the identifiers whose use needs it
 HELPER_CALLS = {"tw_floordiv": ("tw_floordiv(",), "tw_int_div": ("tw_idiv_", "tw_imod<", "tw_ifmod<"),
@@ -225,8 +236,8 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
     "neg": (lambda a, dt: f"{CTYPE[dt]}(-{a})", ()),
     "abs": (lambda a, dt: _fn("fabs")(a, dt) if _is_f(dt) else f"{CTYPE[dt]}({a} < 0 ? -{a} : {a})", ()),
     "reciprocal": (lambda a, dt: f"({CTYPE[dt]}(1) / {a})", ()),
-    "sign": (lambda a, dt: (f"({a} != {a} ? {a} : {CTYPE[dt]}(({a} > 0) - ({a} < 0)))" if _is_f(dt)
-                            else f"{CTYPE[dt]}(({a} > 0) - ({a} < 0))"), ()),
+    # torch.sign(NaN) is 0, not NaN (measured, torch 2.13)
+    "sign": (lambda a, dt: f"{CTYPE[dt]}(({a} > 0) - ({a} < 0))", ()),
     "exp": (_F1("exp"), ()), "exp2": (_F1("exp2"), ()), "expm1": (_F1("expm1"), ()),
     "log": (_F1("log"), ()), "log2": (_F1("log2"), ()), "log10": (_F1("log10"), ()),
     "log1p": (_F1("log1p"), ()), "sqrt": (_F1("sqrt"), ()),

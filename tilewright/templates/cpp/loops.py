@@ -44,7 +44,7 @@ from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
 from tilewright.runtime.cpp import MVEC
-from tilewright.templates.cpp.emit import CTYPE, ERR_MEMORY, STORAGE, CppExpr, literal
+from tilewright.templates.cpp.emit import CTYPE, ERR_MEMORY, LIBM, STORAGE, CppExpr, literal
 
 LANES = 16  # partial accumulators per reduction: one 512-bit vector of fp32, or two 256-bit ones
 PARALLEL_MIN_ELEMENTS = 32768  # below this a kernel runs on the calling thread only
@@ -75,14 +75,14 @@ class CPrinter(CodePrinter):
     def _fold(self, expr: sympy.Expr, fn: str) -> str:
         out = f"int64_t({self._print(expr.args[0])})"
         for a in expr.args[1:]:
-            out = f"{fn}<int64_t>({out}, int64_t({self._print(a)}))"
+            out = f"{fn}({out}, int64_t({self._print(a)}))"
         return out
 
     def _print_Max(self, expr: sympy.Expr) -> str:
-        return self._fold(expr, "std::max")
+        return self._fold(expr, "tw_max")
 
     def _print_Min(self, expr: sympy.Expr) -> str:
-        return self._fold(expr, "std::min")
+        return self._fold(expr, "tw_min")
 
     def _print_Integer(self, expr: sympy.Expr) -> str:
         return f"int64_t({int(expr)}LL)" if abs(int(expr)) > 2**31 - 1 else f"{int(expr)}L"
@@ -111,7 +111,10 @@ def _identity(kind: str, ct: str) -> str:
 def _int_limit(ct: str, low: bool) -> str:
     if ct == "bool":
         return "false" if low else "true"
-    return f"std::numeric_limits<{CTYPE[ct]}>::{'lowest' if low else 'max'}()"
+    bits = 8 * dtypes.ITEMSIZE[ct]
+    if ct == "u8":
+        return literal(0 if low else 255, ct)
+    return literal(-(2 ** (bits - 1)) if low else 2 ** (bits - 1) - 1, ct)
 
 
 def _two_pass_welford(kernel: LoopKernel) -> dict[Node, Node]:
@@ -543,8 +546,19 @@ def source_context(kernel: LoopKernel) -> dict[str, Any]:
     return dict(kernel_name="tw_cpp_kernel", helpers=helper_text.helpers(), params=params, args=args,
                 functions=functions, calls=calls, unpack=unpack,
                 knob_index={"persistent": n, "block": n + 1, "threads": n + 2},
-                parallel_min=PARALLEL_MIN_ELEMENTS, lanes=LANES, err_memory=ERR_MEMORY, mvec=MVEC,
+                parallel_min=PARALLEL_MIN_ELEMENTS, lanes=LANES, err_memory=ERR_MEMORY, libm=_libm_declarations(),
                 buffers=[b.name for b in buffers])
+
+
+def _libm_declarations() -> list[tuple[str, str, int]]:
+    """(C declaration, libmvec level that gives it SIMD variants (0: none)) for every libm
+    function the ops call, float and double."""
+    level = {name: lv for lv, group in MVEC for name, _ in group}
+    out = []
+    for name, arity in LIBM.items():
+        for t, suffix in (("float", "f"), ("double", "")):
+            out.append((f"{t} {name}{suffix}({', '.join([t] * arity)});", level.get(name, 0)))
+    return out
 
 
 class _CppLoops(TemplateSpec):
