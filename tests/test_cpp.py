@@ -434,3 +434,65 @@ def _timed(fn, time, n=2000):
     for _ in range(n):
         fn()
     return (time.perf_counter() - t0) / n
+
+
+# -- cpp.gemm: ATen's product, the epilogue in one C++ pass -----------------------------------------
+def _gemm_problems():
+    from tilewright.ir import expr as E
+    from tilewright.ir.epilogue import dumps, input_load
+    from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
+
+    clamp = E.op("minimum", E.op("maximum", E.acc(), E.const(-0.5, "fp32")), input_load(0, "N", "fp32"))
+    return {
+        "fp32_bias_gelu": GemmProblem(M=37, N=45, K=29, dtype="fp32", op="addmm",
+                                      epilogue=(EpilogueOp("add", input=0), EpilogueOp("gelu")),
+                                      epilogue_inputs=(EpilogueInput("N", "fp32"),)),
+        "bf16_silu_mul_residual": GemmProblem(
+            M=70, N=33, K=100, dtype="bf16", layout_b="strided",
+            epilogue=(EpilogueOp("silu"), EpilogueOp("mul", input=0)), epilogue_inputs=(EpilogueInput("MN", "bf16"),)),
+        "fp16_batched_row_scale_to_fp32": GemmProblem(
+            M=19, N=23, K=40, dtype="fp16", out_dtype="fp32", batch=3, batched=True, op="bmm",
+            epilogue=(EpilogueOp("mul", input=0), EpilogueOp("sub", scalar=0.25, reverse=True)),
+            epilogue_inputs=(EpilogueInput("BM", "fp16"),)),
+        "fp32_ir_epilogue_clamp": GemmProblem(M=33, N=17, K=65, dtype="fp32", epilogue_ir=dumps(clamp),
+                                              epilogue_inputs=(EpilogueInput("N", "fp32"),)),
+    }
+
+
+GEMMS = _gemm_problems()
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", sorted(GEMMS))
+def test_cpp_gemm_fills_a_poisoned_output_with_the_reference(name):
+    from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error, tolerance
+
+    problem = GEMMS[name]
+    template = get_template("cpp.gemm")
+    assert template.supports(problem, CPU)
+    launch = FACTORY.compile(template.render(problem, {}, CPU))
+    x = make_inputs(problem, "cpu", seed=1)
+    out = poisoned_output(problem, "cpu")
+    got = launch(x.a, x.b, *_expanded(problem, x), out=out)
+    assert got is out, "written into the buffer given"
+    ref = FACTORY.reference(problem, x)
+    # as close to float64 as eager: ATen's product in the operands' dtype, then the epilogue
+    err, tol = rel_error(got, ref), tolerance(problem)
+    assert err <= tol, f"{problem.describe()}: error {err:.3g} > {tol:.0e}"
+
+
+def _expanded(problem, x):
+    """The epilogue inputs as the wrapper hands them: expanded to the output's shape."""
+    shape = (problem.batch, problem.M, problem.N) if problem.batched else (problem.M, problem.N)
+    return [e.expand(shape) for e in x.epilogue_inputs]
+
+
+def test_cpp_gemm_refuses_what_it_does_not_do():
+    from tilewright.problem import GemmProblem
+
+    t = get_template("cpp.gemm")
+    assert "no epilogue" in t.supports(GemmProblem(M=8, N=8, K=8, dtype="fp32"), CPU).reason
+    assert not t.supports(GEMMS["fp32_bias_gelu"], get_target("cuda:sm_90a"))
+    assert "fp8" in t.supports(GemmProblem(M=8, N=8, K=8, dtype="fp8e4m3", out_dtype="bf16",
+                                           epilogue=GEMMS["fp32_bias_gelu"].epilogue,
+                                           epilogue_inputs=GEMMS["fp32_bias_gelu"].epilogue_inputs), CPU).reason

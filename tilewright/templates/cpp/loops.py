@@ -13,14 +13,16 @@ time (one vector operation per step, no dependency between lanes), combined at t
 pass: sums and products in order of lanes; max/min propagate NaN; argmax/argmin keep each
 lane's first extreme and then the smallest index holding the row's (NaN largest, as torch);
 Welford mean/M2 per lane merged with Chan's formula. Values stored per element take one pass
-more; values stored per row are written after the passes. ``PERSISTENT`` (a run-time knob: one
-build serves both) keeps the values a later pass needs in a row buffer per thread (softmax's
-``exp``, computed once), and computes mean and M2 exactly in two passes over the buffered row;
-the looped form recomputes them from memory instead, for rows too long to buffer.
+more; values stored per row are written after the passes. ``PERSISTENT`` keeps the values a
+later pass needs in a row buffer per thread (softmax's ``exp``, computed once; a value as cheap
+to load again, a plain load, is loaded again), and computes mean and M2 exactly in two passes
+over the buffered row; the looped form recomputes them from memory instead, for rows too long
+to buffer. The knob changes the source (a build each); the block size is a run-time argument.
 
 Combo kernels run their parts one after another, each part in its own space (no masked lanes).
 Loads and stores index buffers through run-time strides (in elements), so any layout is read
-correctly; index arithmetic is 64-bit. Gathers check their index against the dim it selects
+correctly, and the traced layout runs a specialised instance (:mod:`.source`); index
+arithmetic is 64-bit. Gathers check their index against the dim it selects
 (``IndexError``, as torch) and integer division by zero is reported (``ZeroDivisionError``),
 neither ever touches memory out of bounds or traps. Refused: fp8 buffers and GEMM accumulators.
 """
@@ -35,7 +37,7 @@ from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import CodePrinter, offset, provably_nonnegative, unflatten
+from tilewright.ir.index import offset, unflatten
 from tilewright.ir.index import code as py_code
 from tilewright.ir.kernel import LoopKernel, Store
 from tilewright.problem import LoopProblem
@@ -43,53 +45,11 @@ from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
-from tilewright.runtime.cpp import MVEC
-from tilewright.templates.cpp.emit import CTYPE, ERR_MEMORY, LIBM, STORAGE, CppExpr, literal
+from tilewright.templates.cpp.emit import CTYPE, STORAGE, CppExpr, ccode, literal
+from tilewright.templates.cpp.source import LANES, source_context
 
-LANES = 16  # partial accumulators per reduction: one 512-bit vector of fp32, or two 256-bit ones
-PARALLEL_MIN_ELEMENTS = 32768  # below this a kernel runs on the calling thread only
-PERSISTENT_MAX_BYTES = 1 << 20  # a thread's row buffers at most this large
-
-
-class CPrinter(CodePrinter):
-    """Integer index expressions as C++ (``int64_t``): ``floor(a/b)`` as ``a / b`` and ``Mod``
-    as ``%`` where the numerator is provably non-negative, from the true remainder otherwise
-    (see :class:`~tilewright.ir.index.CodePrinter`)."""
-
-    def _print_floor(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        n, d = self._print(num), self._print(den)
-        if provably_nonnegative(num):
-            return f"(({n}) / ({d}))"
-        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) / ({d}))"
-
-    def _print_ceiling(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        d = self._print(den)
-        return f"(({self._print(num)} + {d} - 1) / ({d}))"
-
-    def _fold(self, expr: sympy.Expr, fn: str) -> str:
-        out = f"int64_t({self._print(expr.args[0])})"
-        for a in expr.args[1:]:
-            out = f"{fn}({out}, int64_t({self._print(a)}))"
-        return out
-
-    def _print_Max(self, expr: sympy.Expr) -> str:
-        return self._fold(expr, "tw_max")
-
-    def _print_Min(self, expr: sympy.Expr) -> str:
-        return self._fold(expr, "tw_min")
-
-    def _print_Integer(self, expr: sympy.Expr) -> str:
-        return f"int64_t({int(expr)}LL)" if abs(int(expr)) > 2**31 - 1 else f"{int(expr)}L"
-
-
-def ccode(e: Any, names: dict[sympy.Symbol, str] | None = None) -> str:
-    return CPrinter(names).doprint(sympy.sympify(e))
+PERSISTENT_MAX_ROW = 1 << 16  # elements of a row a thread may buffer (per buffered value)
+LOOPED_MIN_ROW = 8192  # rows at least this long also get the looped candidate
 
 
 def _identity(kind: str, ct: str) -> str:
@@ -499,68 +459,6 @@ class _Body:
         return out
 
 
-# -- the kernel source ------------------------------------------------------------------------------
-def source_context(kernel: LoopKernel) -> dict[str, Any]:
-    """What ``loops.cpp.jinja`` renders a loop kernel from: its functions (one per part, a
-    reduction's twice: persistent and looped), the entry's argument unpacking, the helpers."""
-    parts = kernel.parts or (kernel,)
-    buffers = list(kernel.inputs) + list(kernel.outputs)
-    out_names = {b.name for b in kernel.outputs}
-    sizes = [s.name for s in kernel.size_symbols()]
-    params = [f"{'' if b.name in out_names else 'const '}{STORAGE[b.dtype]} *__restrict__ {b.name}" for b in buffers]
-    strides = [f"{b.name}_s{d}" for b in buffers for d in range(len(b.shape))]
-    params += [f"const int64_t {s}" for s in strides + sizes]
-    params += ["const int64_t tw_nt", "const int64_t tw_block", "int64_t *tw_err"]
-    args = [b.name for b in buffers] + strides + sizes + ["tw_nt", "tw_block", "tw_err"]
-    functions, calls, helpers = [], [], set()
-    names = {s: s.name for s in kernel.size_symbols()}
-    for i, part in enumerate(parts):
-        if part.kind == "reduction":
-            for persistent in (True, False):
-                body = _Body(part, persistent)
-                body.reduce_rows()
-                helpers |= body.e.helpers_used
-                functions.append(dict(name=f"tw_part{i}_{'persistent' if persistent else 'looped'}", kind="reduction",
-                                      lines=body.e.lines, caches=body.caches,
-                                      xnumel=ccode(part.xnumel, names), rnumel=ccode(part.rnumel, names)))
-            calls.append(dict(name=f"tw_part{i}", kind="reduction"))
-        else:
-            body = _Body(part)
-            body.pointwise()
-            helpers |= body.e.helpers_used
-            rows = part.ranges[:-1]
-            functions.append(dict(name=f"tw_part{i}", kind="pointwise", lines=body.e.lines, caches=[],
-                                  xnumel=ccode(part.xnumel, names),
-                                  inner=ccode(part.ranges[-1], names) if part.ranges else "1L",
-                                  rows=ccode(sympy.Mul(*rows), names) if rows else "1L"))
-            calls.append(dict(name=f"tw_part{i}", kind="pointwise"))
-    helper_text = CppExpr(load=lambda n: "")
-    helper_text.helpers_used = helpers
-    unpack = []
-    for j, b in enumerate(buffers):
-        const = "" if b.name in out_names else "const "
-        unpack.append(f"{const}{STORAGE[b.dtype]} *{b.name} = reinterpret_cast<{const}{STORAGE[b.dtype]} *>(tw_args[{j}]);")
-    for j, s in enumerate(strides + sizes, start=len(buffers)):
-        unpack.append(f"const int64_t {s} = tw_args[{j}];")
-    n = len(buffers) + len(strides) + len(sizes)
-    return dict(kernel_name="tw_cpp_kernel", helpers=helper_text.helpers(), params=params, args=args,
-                functions=functions, calls=calls, unpack=unpack,
-                knob_index={"persistent": n, "block": n + 1, "threads": n + 2},
-                parallel_min=PARALLEL_MIN_ELEMENTS, lanes=LANES, err_memory=ERR_MEMORY, libm=_libm_declarations(),
-                buffers=[b.name for b in buffers])
-
-
-def _libm_declarations() -> list[tuple[str, str, int]]:
-    """(C declaration, libmvec level that gives it SIMD variants (0: none)) for every libm
-    function the ops call, float and double."""
-    level = {name: lv for lv, group in MVEC for name, _ in group}
-    out = []
-    for name, arity in LIBM.items():
-        for t, suffix in (("float", "f"), ("double", "")):
-            out.append((f"{t} {name}{suffix}({', '.join([t] * arity)});", level.get(name, 0)))
-    return out
-
-
 class _CppLoops(TemplateSpec):
     backend = "cpp"
     jinja = "loops.py.jinja"
@@ -600,8 +498,8 @@ class _CppLoops(TemplateSpec):
             outputs=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),
                       "shape": [py_code(s, names) for s in b.shape],
                       "stride": [py_code(s, names) for s in b.stride]} for b in k.outputs],
-            persistent=int(bool(params.get("PERSISTENT", False))), block=int(params.get("BLOCK", 4096)),
-            op=(problem.op or problem.kind).replace('"', "'"), **source_context(k))
+            block=int(params.get("BLOCK", 4096)), op=(problem.op or problem.kind).replace('"', "'"),
+            **source_context(k, bool(params.get("PERSISTENT", False))))
         return RenderedKernel(template_id=self.id, params=dict(params), target=target.name, source=source,
                               name=f"cpp_{problem.kind}", meta={"kind": problem.kind, "language": "cpp"})
 
@@ -629,10 +527,12 @@ class CppReduction(_CppLoops):
     def check(self, params: Params, problem: Any, target: Target) -> str | None:
         if (why := self.space_refusal(params)) is not None:
             return why
-        if self.space.complete(params)["PERSISTENT"] and problem.rnumel * 8 * 4 > PERSISTENT_MAX_BYTES * 4:
+        if self.space.complete(params)["PERSISTENT"] and problem.rnumel > PERSISTENT_MAX_ROW:
             return f"a row of {problem.rnumel} is too long to buffer (PERSISTENT=False loops over it)"
         return None
 
     def seed_params(self, problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
-        out = [{"PERSISTENT": True}] if self.check({"PERSISTENT": True}, problem, target) is None else []
-        return out + [{"PERSISTENT": False}]
+        """The persistent form where the row fits, the looped one for long rows (each one
+        build: the knob changes the source)."""
+        out = [{"PERSISTENT": True}] if problem.rnumel <= PERSISTENT_MAX_ROW else []
+        return out + ([{"PERSISTENT": False}] if problem.rnumel >= LOOPED_MIN_ROW or not out else [])
