@@ -81,27 +81,27 @@ TW_FLOORDIV(double, )
 ''',
     "tw_int_div": '''
 // integer division and remainder that never trap: by zero the kernel reports
-// ZeroDivisionError (as torch raises) and the value is 0; INT_MIN / -1 wraps (as torch)
+// ZeroDivisionError (as torch raises) and the value is 0; a signed MIN / -1 wraps (as torch)
 template <typename T> static inline T tw_idiv_trunc(T a, T b, int64_t *err) {
   if (b == T(0)) { __atomic_store_n(err, int64_t(1), __ATOMIC_RELAXED); return T(0); }
-  if (b == T(-1)) return T(uint64_t(0) - uint64_t(a));
+  if (T(-1) < T(0) && b == T(-1)) return T(uint64_t(0) - uint64_t(a));
   return T(a / b);
 }
 template <typename T> static inline T tw_idiv_floor(T a, T b, int64_t *err) {
   if (b == T(0)) { __atomic_store_n(err, int64_t(1), __ATOMIC_RELAXED); return T(0); }
-  if (b == T(-1)) return T(uint64_t(0) - uint64_t(a));
+  if (T(-1) < T(0) && b == T(-1)) return T(uint64_t(0) - uint64_t(a));
   const T q = T(a / b);
   return T(q - T((a % b != 0) && ((a < 0) != (b < 0))));
 }
 template <typename T> static inline T tw_imod(T a, T b, int64_t *err) {
   if (b == T(0)) { __atomic_store_n(err, int64_t(1), __ATOMIC_RELAXED); return T(0); }
-  if (b == T(-1)) return T(0);
+  if (T(-1) < T(0) && b == T(-1)) return T(0);
   const T r = T(a % b);
   return (r != 0 && ((r < 0) != (b < 0))) ? T(r + b) : r;
 }
 template <typename T> static inline T tw_ifmod(T a, T b, int64_t *err) {
   if (b == T(0)) { __atomic_store_n(err, int64_t(1), __ATOMIC_RELAXED); return T(0); }
-  if (b == T(-1)) return T(0);
+  if (T(-1) < T(0) && b == T(-1)) return T(0);
   return T(a % b);
 }
 ''',

@@ -19,14 +19,13 @@ from typing import Any
 
 import sympy
 
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import expr as E
 from tilewright.ir.epilogue import problem_epilogue
 from tilewright.ir.index import contiguous_strides, variables
 from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol
 from tilewright.problem import DTYPES, GemmProblem
 from tilewright.runtime.targets import Target
-from tilewright.templates.base import SUPPORTED, Params, RenderedKernel, Support, TemplateSpec
+from tilewright.templates.base import SUPPORTED, RenderedKernel, Support, TemplateSpec
 from tilewright.templates.cpp.source import source_context
 
 
@@ -73,7 +72,7 @@ class CppGemm(TemplateSpec):
     op = "gemm"
     jinja = "gemm.py.jinja"
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, GemmProblem):
             return Support(False, "cpp.gemm runs GEMM problems")
         if target.backend != "cpu":
@@ -84,19 +83,12 @@ class CppGemm(TemplateSpec):
             return Support(False, f"{problem.dtype} operands: the product is ATen's alone")
         if problem.store_acc:
             return Support(False, "a GEMM that also stores its product runs on ATen")
-        from tilewright.runtime import cpp as runtime
-
-        if (why := runtime.unavailable_reason()) is not None:
-            return Support(False, why)
         return SUPPORTED
 
     def seed_params(self, problem: GemmProblem, target: Target) -> list[dict[str, Any]]:
         return [{}]
 
-    def render(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
+    def render_kernel(self, problem: GemmProblem, params: dict[str, Any], target: Target) -> RenderedKernel:
         kernel = epilogue_kernel(problem)
         sizes = [s.name for s in kernel.size_symbols()]
         source = self.render_jinja(

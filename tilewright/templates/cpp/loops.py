@@ -29,7 +29,8 @@ neither ever touches memory out of bounds or traps. Refused: fp8 buffers and GEM
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any
 
 import sympy
 
@@ -37,9 +38,9 @@ from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
-from tilewright.ir.index import offset, unflatten
 from tilewright.ir.index import code as py_code
-from tilewright.ir.kernel import LoopKernel, Store
+from tilewright.ir.index import offset
+from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
@@ -47,6 +48,7 @@ from tilewright.templates.base import (
 )
 from tilewright.templates.cpp.emit import CTYPE, STORAGE, CppExpr, ccode, literal
 from tilewright.templates.cpp.source import LANES, source_context
+from tilewright.templates.loop_schedule import LoopSchedule
 
 PERSISTENT_MAX_ROW = 1 << 16  # elements of a row a thread may buffer (per buffered value)
 LOOPED_MIN_ROW = 8192  # rows at least this long also get the looped candidate
@@ -123,28 +125,50 @@ def _reciprocal_outside(roots: list[Node], inner) -> list[Node]:
     return E.rewrite(roots, fn)
 
 
-class _Body:
-    """The C++ body of one loop kernel (or one part of a combo kernel): variables, loads,
-    stores, reductions; ``persistent`` buffers the values later passes read."""
+def _rewritten(kernel: LoopKernel, persistent: bool) -> LoopKernel:
+    """``kernel`` with this language's rewrites: Welford as two exact passes where the row is
+    buffered, a row's divisions by a reduced value as one reciprocal (reductions only)."""
+    if kernel.kind != "reduction":
+        return kernel
+    roots = kernel.roots()
+    rewrite = _two_pass_welford(kernel) if persistent else {r: r for r in roots}
+    new = _reciprocal_outside([rewrite[r] for r in roots], kernel.r_vars)
+    values = iter(new)
+    stores = [dataclasses.replace(s, value=next(values)) for s in kernel.stores]
+    stores = [dataclasses.replace(s, mask=next(values)) if s.mask is not None else s for s in stores]
+    return dataclasses.replace(kernel, stores=tuple(stores))
 
-    def __init__(self, kernel: LoopKernel, persistent: bool = False):
-        self.k = kernel
-        self.reduction = kernel.kind == "reduction"
-        self.xvars, self.rvars = kernel.x_vars, kernel.r_vars
-        self.names = {s: s.name for s in kernel.size_symbols()}
-        self.e = CppExpr(load=self._load, index=self._index, reduce=self._unbound_reduction, indent="    ")
-        self.persistent = persistent and self.reduction
-        rewrite = _two_pass_welford(kernel) if self.persistent else {r: r for r in kernel.roots()}
-        if self.reduction:
-            rewrite = dict(zip(rewrite, _reciprocal_outside(list(rewrite.values()), self.rvars)))
-        self.value = {id(s): rewrite.get(s.value, s.value) for s in kernel.stores}
-        self.mask = {id(s): rewrite.get(s.mask, s.mask) if s.mask is not None else None for s in kernel.stores}
-        roots = list(self.value.values()) + [m for m in self.mask.values() if m is not None]
-        self.nodes = toposort(roots)
-        self.dep_r = self._depends(self.rvars)
-        self.caches: list[tuple[str, str]] = []  # (array name, C type) of the persistent row buffers
-        self.cached: dict[Node, tuple[str, int]] = {}  # value -> (its row buffer, the pass computing it)
+
+class _Body(LoopSchedule):
+    """The loop schedule (:class:`~tilewright.templates.loop_schedule.LoopSchedule`) in C++ for
+    the host CPU, on a kernel :func:`_rewritten` for it.
+
+    Pointwise: rows (every dim but the last) times a vectorised loop along the last dim over a
+    task's ``[tw_lo, tw_hi)`` (:meth:`pointwise`: the schedule's flat index would cost a 64-bit
+    division per element, which no vector unit has). Looped rows: the schedule's passes, each
+    pass's row loop run ``LANES`` elements per step (one vector operation on each reduction's
+    lane array), then its ragged tail, the body written once and placed in both loops
+    (:meth:`close_row_loop`). ``buffered`` (the template's ``PERSISTENT``): values a later pass
+    reads are written to a row buffer per thread by the pass that computes them and read back
+    by the later ones (:meth:`_plan_buffers`)."""
+
+    floordiv = "/"
+
+    def __init__(self, kernel: LoopKernel, buffered: bool = False):
+        self.buffered = buffered and kernel.kind == "reduction"
+        self.welford: dict[int, tuple[str, str]] = {}  # value -> (mean, M2) of its combine
+        self.caches: list[tuple[str, str]] = []  # (row buffer, C type) a thread allocates
+        self.cached: dict[Node, tuple[str, int]] = {}  # value -> (its row buffer, its pass)
         self.pass_index = 0
+        self.lanes_open = False  # the row loop being written updates lane arrays
+        super().__init__(_rewritten(kernel, self.buffered))
+        self.nodes = toposort(self.k.roots())
+        self.dep_r = self._depends(self.rvars)
+        if self.buffered:
+            self._plan_buffers()
+
+    def make_emitter(self) -> CppExpr:
+        return CppExpr(load=self._load, index=self._index, reduce=self.reduce_inline, indent="    ")
 
     def _depends(self, vars_) -> dict[Node, bool]:
         """Whether each node varies along ``vars_`` (a reduction's result does not)."""
@@ -160,7 +184,7 @@ class _Body:
                 memo[n] = any(memo[s] for s in n.src)
         return memo
 
-    # -- hooks ------------------------------------------------------------------------------------
+    # -- values -----------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:
         name, idx, _ = n.arg
         buf = self.k.buffer(name)
@@ -190,21 +214,6 @@ class _Body:
     def _index(self, n: Node) -> str:
         return f"{CTYPE[dtypes.compute_type(n.dtype)]}({ccode(n.arg, self.names)})"
 
-    def _unbound_reduction(self, n: Node, v: str) -> str:  # pragma: no cover - guarded
-        raise UnsupportedProblemError("a reduction outside its pass (the body binds every reduction first)")
-
-    # -- pieces -----------------------------------------------------------------------------------
-    def line(self, text: str) -> None:
-        self.e.line(text)
-
-    def indent(self, step: int) -> None:
-        self.e.indent = self.e.indent + "  " if step > 0 else self.e.indent[:-2]
-
-    def decompose(self, flat: str, vars_, ranges) -> None:
-        """Lines defining each used variable from the flat index (row-major)."""
-        for v, text in unflatten(flat, vars_, ranges, self.k.used_vars(), lambda e: ccode(e, self.names), "/"):
-            self.line(f"const int64_t {v.name} = {text};")
-
     def hoist(self, roots: list[Node], depends: dict[Node, bool]) -> None:
         """Emit now the values ``roots`` read that do not vary in the loop about to open."""
         names = self.e.names
@@ -212,82 +221,89 @@ class _Body:
             if n not in names and not depends[n] and n.op != "const":
                 self.e.emit(n)
 
-    def store(self, s: Store) -> None:
-        buf = self.k.buffer(s.buffer)
-        node = self.value[id(s)]
-        if node.op == "cast" and node.dtype == buf.dtype and dtypes.is_float(node.dtype):
-            node = node.src[0]  # the store rounds once; no need to round before it too
-        value = self.e.emit(node)
+    # -- statements -------------------------------------------------------------------------------
+    def index_code(self, e: sympy.Expr) -> str:
+        return ccode(e, self.names)
+
+    def declare_index(self, name: str, text: str) -> str:
+        return f"const int64_t {name} = {text};"
+
+    def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
         strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
         off = ccode(offset(s.index, strides), self.names)
         text = f"{buf.name}[{off}] = {self.e.store_value(value, node.dtype, buf.dtype)};"
-        mask = self.mask[id(s)]
-        if mask is not None:  # a combo kernel's part: only its own share of the space
-            text = f"if ({self.e.emit(mask)}) {text}"
-        self.line(text)
+        if s.mask is not None:  # a combo kernel's part: only its own share of the space
+            text = f"if ({self.e.emit(s.mask)}) {text}"
+        self.e.line(text)
 
-    def on_r(self, s: Store) -> bool:
-        mask = self.mask[id(s)]
-        return self.dep_r[self.value[id(s)]] or mask is not None and self.dep_r[mask]
-
-    # -- pointwise ----------------------------------------------------------------------------------
     def pointwise(self) -> None:
         """Inside a task: the row's variables, its invariant values, then the vectorised loop
         along the last dim over ``[tw_lo, tw_hi)``."""
         k = self.k
-        inner = self.xvars[-1:] if self.xvars else ()
+        inner = self.xvars[-1:]
         if len(k.ranges) > 1:
             self.decompose("tw_row", self.xvars[:-1], k.ranges[:-1])
-        roots = [self.value[id(s)] for s in k.stores] + [m for m in self.mask.values() if m is not None]
-        self.hoist(roots, self._depends(inner))
-        self.line("#pragma omp simd")
-        self.line("for (int64_t tw_col = tw_lo; tw_col < tw_hi; ++tw_col) {")
-        self.indent(1)
+        self.hoist(k.roots(), self._depends(inner))
+        self.e.line("#pragma omp simd")
+        self.e.line("for (int64_t tw_col = tw_lo; tw_col < tw_hi; ++tw_col) {")
+        self.e.indent += "  "
         self.e.push()
         if inner:
-            self.line(f"const int64_t {inner[0].name} = tw_col;")
+            self.e.line(f"const int64_t {inner[0].name} = tw_col;")
         for s in k.stores:
-            self.store(s)
+            self.store(s, None)
         self.e.pop()
-        self.indent(-1)
-        self.line("}")
+        self.e.indent = self.e.indent[:-2]
+        self.e.line("}")
 
-    # -- reductions ---------------------------------------------------------------------------------
-    def reduce_rows(self) -> None:
-        """One row (``xindex``): a pass per level of reductions, the row's stores, then one pass
-        for the values stored per element."""
-        k = self.k
-        self.decompose("xindex", self.xvars, k.ranges)
-        reduces = [n for n in self.nodes if n.is_reduce]
-        level: dict[Node, int] = {}
-        for n in self.nodes:
-            below = max((level[s] for s in n.src), default=0)
-            level[n] = below + (1 if n.is_reduce else 0)
-        levels = [[r for r in reduces if level[r] == lv] for lv in sorted({level[r] for r in reduces})]
-        x_stores = [s for s in k.stores if not self.on_r(s)]
-        r_stores = [s for s in k.stores if self.on_r(s)]
-        passes = [[r.src[0] for r in group] for group in levels]
-        final = [self.value[id(s)] for s in r_stores] + [self.mask[id(s)] for s in r_stores if self.mask[id(s)] is not None]
-        if self.persistent:
-            self._plan_caches(passes + ([final] if r_stores else []))
-        for p, group in enumerate(levels):
-            self.pass_index = p
-            self._pass(group)
-        self.pass_index = len(levels)
-        for s in x_stores:
-            self.store(s)
-        if r_stores:
-            self.hoist(final, self.dep_r)
-            self.line("#pragma omp simd")
-            self.line("for (int64_t rindex = 0; rindex < rnumel; ++rindex) {")
-            self.indent(1)
-            self._open_row_element()
-            for s in r_stores:
-                self.store(s)
-            self.e.pop()
-            self.indent(-1)
-            self.line("}")
+    def open_row_loop(self) -> tuple[str, str]:
+        if not self.lanes_open:  # the per-element stores' pass: a plain vectorised loop
+            final = [s for s in self.k.stores if self.on_r(s)]
+            self.hoist([s.value for s in final] + [s.mask for s in final if s.mask is not None], self.dep_r)
+            self.e.line("#pragma omp simd")
+            self.e.line("for (int64_t rindex = 0; rindex < rnumel; ++rindex) {")
+            self.e.indent += "  "
+        else:  # the body is written once, then placed in the whole-step loop and in the tail
+            self._outer = (self.e.lines, self.e.indent)
+            self.e.lines, self.e.indent = [], ""
+            self.e.line(f"const int64_t rindex = {self.rbase} + tw_l;")
+        self.e.push()
+        for n, (name, computed_in) in self.cached.items():  # earlier passes' values: buffered
+            if computed_in < self.pass_index and n not in self.e.names:
+                self.e.bind(n, f"{name}[rindex]")
+        return "rindex", ""
 
+    def close_row_loop(self) -> None:
+        e = self.e
+        for n, (name, computed_in) in self.cached.items():  # what later passes read back
+            if computed_in == self.pass_index:
+                e.line(f"{name}[rindex] = {e.emit(n)};")
+        e.pop()
+        if not self.lanes_open:
+            e.indent = e.indent[:-2]
+            e.line("}")
+            return
+        body, (e.lines, e.indent) = e.lines, self._outer
+        e.line(f"int64_t {self.rbase} = 0;")
+        e.line(f"for (; {self.rbase} + {LANES} <= rnumel; {self.rbase} += {LANES}) {{")
+        e.line("  #pragma omp simd")
+        e.line(f"  for (int64_t tw_l = 0; tw_l < {LANES}; ++tw_l) {{")
+        for text in body:
+            e.line("    " + text)
+        e.line("  }")
+        e.line("}")
+        e.line(f"for (int64_t tw_l = 0; {self.rbase} + tw_l < rnumel; ++tw_l) {{")
+        for text in body:
+            e.line("  " + text)
+        e.line("}")
+        self.lanes_open = False
+        self.pass_index += 1
+
+    @property
+    def rbase(self) -> str:
+        return f"tw_rbase{self.pass_index}"
+
+    # -- row buffers (PERSISTENT) -----------------------------------------------------------------
     def _cheap(self, n: Node) -> bool:
         """Values as cheap to compute again as to read from a row buffer."""
         if n.op == "load":
@@ -296,8 +312,16 @@ class _Body:
             return True
         return n.op == "cast" and self._cheap(n.src[0])
 
-    def _plan_caches(self, passes: list[list[Node]]) -> None:
+    def _plan_buffers(self) -> None:
         """Which values one pass computes and a later pass reads: those get a row buffer."""
+        k = self.k
+        level: dict[Node, int] = {}
+        for n in self.nodes:
+            level[n] = max((level[s] for s in n.src), default=0) + (1 if n.is_reduce else 0)
+        reduces = [n for n in self.nodes if n.is_reduce]
+        passes = [[r.src[0] for r in reduces if level[r] == lv] for lv in sorted({level[r] for r in reduces})]
+        final = [s for s in k.stores if self.on_r(s)]
+        passes.append([s.value for s in final] + [s.mask for s in final if s.mask is not None])
         first: dict[Node, int] = {}
         for p, roots in enumerate(passes):
             seen = []
@@ -315,167 +339,108 @@ class _Body:
                 if not self._cheap(n):
                     first.setdefault(n, p)
 
-    def _open_row_element(self) -> None:
-        """Open the scope of one element of the row: ``rindex``'s variables, the buffered
-        values of earlier passes."""
-        self.e.push()
-        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
-        for n, (name, computed_in) in self.cached.items():
-            if computed_in < self.pass_index and n not in self.e.names:
-                self.e.bind(n, f"{name}[rindex]")
-
-    @property
-    def rbase(self) -> str:
-        return f"tw_rbase{self.pass_index}"
-
-    def _pass(self, reduces: list[Node]) -> None:
-        """One pass over the row computing ``reduces`` into ``L`` lanes each, then the lanes
-        combined into one value per reduction."""
+    # -- reductions: LANES partial accumulators a pass, combined after it -------------------------
+    def init_accumulators(self, r: Node) -> list[str]:
         e = self.e
-        self.hoist([r.src[0] for r in reduces], self.dep_r)
-        plan: list[tuple[Node, list[str], str, str]] = []  # (reduction, lane arrays, kind, compute type)
-        welford: dict[Node, list[str]] = {}
-        for r in reduces:
-            kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
-            if kind in ("any", "all"):
-                ct = "bool"
-            c, lanes = CTYPE[ct], LANES
-            if kind.startswith("welford"):
-                if not dtypes.is_float(ct):
-                    raise UnsupportedProblemError("Welford mean/variance of an integer value")
-                if r.src[0] not in welford:
-                    arrays = [e.fresh() for _ in range(3)]  # mean, m2, count
-                    for a in arrays:
-                        self.line(f"{c} {a}[{lanes}];")
-                    self.line(f"for (int tw_l = 0; tw_l < {lanes}; ++tw_l) {{ {arrays[0]}[tw_l] = {arrays[1]}[tw_l] = "
-                              f"{arrays[2]}[tw_l] = {literal(0, ct)}; }}")
-                    welford[r.src[0]] = arrays
-                plan.append((r, welford[r.src[0]], kind, ct))
-            elif kind in ("argmax", "argmin"):
-                val, idx = e.fresh(), e.fresh()
-                self.line(f"{c} {val}[{lanes}]; int64_t {idx}[{lanes}];")
-                self.line(f"for (int tw_l = 0; tw_l < {lanes}; ++tw_l) {{ {val}[tw_l] = {_identity(kind, ct)}; "
-                          f"{idx}[tw_l] = -1; }}")
-                plan.append((r, [val, idx], kind, ct))
-            else:
-                acc = e.fresh()
-                self.line(f"{c} {acc}[{lanes}];")
-                self.line(f"for (int tw_l = 0; tw_l < {lanes}; ++tw_l) {acc}[tw_l] = {_identity(kind, ct)};")
-                plan.append((r, [acc], kind, ct))
-        lanes = LANES
-        body = self._capture(lambda: self._accumulate(plan))
-        # whole steps of L lanes (one vector operation per step), then the ragged tail
-        self.line(f"int64_t {self.rbase} = 0;")
-        self.line(f"for (; {self.rbase} + {lanes} <= rnumel; {self.rbase} += {lanes}) {{")
-        self.indent(1)
-        self.line("#pragma omp simd")
-        self.line(f"for (int64_t tw_l = 0; tw_l < {lanes}; ++tw_l) {{")
-        for text in body:
-            self.line("    " + text)
-        self.line("}")
-        self.indent(-1)
-        self.line("}")
-        self.line(f"for (int64_t tw_l = 0; {self.rbase} + tw_l < rnumel; ++tw_l) {{")
-        for text in body:
-            self.line("  " + text)
-        self.line("}")
-        self._combine(plan, lanes)
+        self.hoist([r.src[0]], self.dep_r)
+        self.lanes_open = True
+        kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
+        if kind in ("any", "all"):
+            ct = "bool"
+        c = CTYPE[ct]
+        if kind.startswith("welford"):
+            if not dtypes.is_float(ct):
+                raise UnsupportedProblemError("Welford mean/variance of an integer value")
+            accs = [e.fresh() for _ in range(3)]  # mean, m2, count
+            e.line(f"{c} {accs[0]}[{LANES}], {accs[1]}[{LANES}], {accs[2]}[{LANES}];")
+            e.line(f"for (int tw_l = 0; tw_l < {LANES}; ++tw_l) {{ {accs[0]}[tw_l] = {accs[1]}[tw_l] = "
+                   f"{accs[2]}[tw_l] = {literal(0, ct)}; }}")
+            return accs
+        if kind in ("argmax", "argmin"):
+            val, idx = e.fresh(), e.fresh()
+            e.line(f"{c} {val}[{LANES}]; int64_t {idx}[{LANES}];")
+            e.line(f"for (int tw_l = 0; tw_l < {LANES}; ++tw_l) {{ {val}[tw_l] = {_identity(kind, ct)}; "
+                   f"{idx}[tw_l] = -1; }}")
+            return [val, idx]
+        acc = e.fresh()
+        e.line(f"{c} {acc}[{LANES}];")
+        e.line(f"for (int tw_l = 0; tw_l < {LANES}; ++tw_l) {acc}[tw_l] = {_identity(kind, ct)};")
+        return [acc]
 
-    def _capture(self, emit: Callable[[], None]) -> list[str]:
-        """The lines ``emit`` writes in a fresh scope, relative to the current indent."""
-        saved, indent = self.e.lines, self.e.indent
-        self.e.lines, self.e.indent = [], ""
-        try:
-            emit()
-        finally:
-            out, self.e.lines, self.e.indent = self.e.lines, saved, indent
-        return out
-
-    def _accumulate(self, plan) -> None:
+    def update_accumulators(self, r: Node, accs: list[str], v: str) -> None:
         e = self.e
-        self.line(f"const int64_t rindex = {self.rbase} + tw_l;")
-        self._open_row_element()
-        updated: set[Node] = set()
-        for r, arrays, kind, ct in plan:
-            v = e.emit(r.src[0])
-            c = CTYPE[ct]
-            if kind.startswith("welford"):
-                if r.src[0] in updated:
-                    continue
-                updated.add(r.src[0])
-                mean, m2, w = (f"{a}[tw_l]" for a in arrays)
-                self.line(f"{w} += {c}(1); {{ const {c} tw_d = {v} - {mean}; {mean} += tw_d / {w}; "
-                          f"{m2} += tw_d * ({v} - {mean}); }}")
-            elif kind in ("argmax", "argmin"):
-                val, idx = (f"{a}[tw_l]" for a in arrays)
-                better = ">" if kind == "argmax" else "<"
-                nan = f" || ({v} != {v} && {val} == {val})" if dtypes.is_float(ct) else ""
-                # rindex grows per lane: a strictly better value (or the first NaN) takes over
-                self.line(f"{{ const bool tw_t = {idx} < 0 || ({v} {better} {val}){nan}; "
-                          f"{val} = tw_t ? {c}({v}) : {val}; {idx} = tw_t ? rindex : {idx}; }}")
-            else:
-                a = f"{arrays[0]}[tw_l]"
-                fn = {"sum": f"{c}({a} + {v})", "prod": f"{c}({a} * {v})",
-                      "any": f"{a} || bool({v})", "all": f"{a} && bool({v})"}.get(kind)
-                if fn is None:
-                    better = ">" if kind == "max" else "<"
-                    nan = f" || {v} != {v}" if dtypes.is_float(ct) else ""
-                    fn = f"({v} {better} {a}{nan}) ? {c}({v}) : {a}"
-                self.line(f"{a} = {fn};")
-        for n, (name, computed_in) in self.cached.items():  # what later passes read from the row buffers
-            if computed_in == self.pass_index:
-                self.line(f"{name}[rindex] = {e.emit(n)};")
-        e.pop()
-
-    def _combine(self, plan, lanes: int) -> None:
-        """The lanes of each reduction combined into one value, bound to the reduction."""
-        e = self.e
-        done: dict[Node, tuple[str, str]] = {}
-        for r, arrays, kind, ct in plan:
-            c, n_lanes = CTYPE[ct], LANES
-            out = e.fresh()
-            if kind.startswith("welford"):
-                if r.src[0] not in done:
-                    mean, m2, w = arrays
-                    tn, tm, ts = e.fresh(), e.fresh(), e.fresh()
-                    self.line(f"{c} {tn} = 0, {tm} = 0, {ts} = 0;")
-                    self.line(f"for (int tw_l = 0; tw_l < {n_lanes}; ++tw_l) {{")
-                    self.line(f"  if ({w}[tw_l] == 0) continue;")
-                    self.line(f"  const {c} tw_nn = {tn} + {w}[tw_l], tw_d = {mean}[tw_l] - {tm};")
-                    self.line(f"  {tm} += tw_d * ({w}[tw_l] / tw_nn);")
-                    self.line(f"  {ts} += {m2}[tw_l] + tw_d * tw_d * ({tn} * {w}[tw_l] / tw_nn);")
-                    self.line(f"  {tn} = tw_nn;")
-                    self.line("}")
-                    done[r.src[0]] = (tm, ts)
-                e.bind(r, self._as(done[r.src[0]][0 if kind == "welford_mean" else 1], ct, r.dtype))
-                continue
-            if kind in ("argmax", "argmin"):
-                val, idx = arrays
-                better = ">" if kind == "argmax" else "<"
-                bv, bi = e.fresh(), e.fresh()
-                self.line(f"{c} {bv} = {val}[0]; int64_t {bi} = {idx}[0];")
-                if dtypes.is_float(ct):
-                    wins = (f"({val}[tw_l] {better} {bv} || ({val}[tw_l] != {val}[tw_l] && {bv} == {bv}))")
-                    same = f"({val}[tw_l] == {bv} || ({val}[tw_l] != {val}[tw_l] && {bv} != {bv}))"
-                else:
-                    wins, same = f"({val}[tw_l] {better} {bv})", f"({val}[tw_l] == {bv})"
-                self.line(f"for (int tw_l = 1; tw_l < {n_lanes}; ++tw_l) {{")
-                self.line(f"  if ({idx}[tw_l] >= 0 && ({bi} < 0 || {wins} || ({same} && {idx}[tw_l] < {bi}))) "
-                          f"{{ {bv} = {val}[tw_l]; {bi} = {idx}[tw_l]; }}")
-                self.line("}")
-                self.line(f"const int64_t {out} = {bi} < 0 ? int64_t(0) : {bi};")
-                e.bind(r, self._as(out, "i64", r.dtype))
-                continue
-            a = arrays[0]
-            self.line(f"{c} {out} = {a}[0];")
-            fn = {"sum": f"{c}({out} + {a}[tw_l])", "prod": f"{c}({out} * {a}[tw_l])",
-                  "any": f"{out} || {a}[tw_l]", "all": f"{out} && {a}[tw_l]"}.get(kind)
+        kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
+        if kind in ("any", "all"):
+            ct = "bool"
+        c = CTYPE[ct]
+        if kind.startswith("welford"):
+            mean, m2, w = (f"{a}[tw_l]" for a in accs)
+            e.line(f"{w} += {c}(1); {{ const {c} tw_d = {v} - {mean}; {mean} += tw_d / {w}; "
+                   f"{m2} += tw_d * ({v} - {mean}); }}")
+        elif kind in ("argmax", "argmin"):
+            val, idx = (f"{a}[tw_l]" for a in accs)
+            better = ">" if kind == "argmax" else "<"
+            nan = f" || ({v} != {v} && {val} == {val})" if dtypes.is_float(ct) else ""
+            # rindex grows along a lane: a strictly better value (or the first NaN) takes over
+            e.line(f"{{ const bool tw_t = {idx} < 0 || ({v} {better} {val}){nan}; "
+                   f"{val} = tw_t ? {c}({v}) : {val}; {idx} = tw_t ? rindex : {idx}; }}")
+        else:
+            a = f"{accs[0]}[tw_l]"
+            fn = {"sum": f"{c}({a} + {v})", "prod": f"{c}({a} * {v})",
+                  "any": f"{a} || bool({v})", "all": f"{a} && bool({v})"}.get(kind)
             if fn is None:
                 better = ">" if kind == "max" else "<"
-                nan = f" || {a}[tw_l] != {a}[tw_l]" if dtypes.is_float(ct) else ""
-                fn = f"({a}[tw_l] {better} {out}{nan}) ? {a}[tw_l] : {out}"
-            self.line(f"for (int tw_l = 1; tw_l < {n_lanes}; ++tw_l) {out} = {fn};")
-            e.bind(r, self._as(out, ct, r.dtype))
+                nan = f" || {v} != {v}" if dtypes.is_float(ct) else ""
+                fn = f"({v} {better} {a}{nan}) ? {c}({v}) : {a}"
+            e.line(f"{a} = {fn};")
+
+    def finish_accumulators(self, r: Node, accs: list[str], owner: bool) -> str:
+        e = self.e
+        kind, ct = r.arg, dtypes.compute_type(r.src[0].dtype)
+        if kind in ("any", "all"):
+            ct = "bool"
+        c = CTYPE[ct]
+        if kind.startswith("welford"):
+            if owner:  # the lanes' (count, mean, M2) merged one by one (Chan et al.)
+                mean, m2, w = accs
+                tn, tm, ts = e.fresh(), e.fresh(), e.fresh()
+                e.line(f"{c} {tn} = 0, {tm} = 0, {ts} = 0;")
+                e.line(f"for (int tw_l = 0; tw_l < {LANES}; ++tw_l) {{")
+                e.line(f"  if ({w}[tw_l] == 0) continue;")
+                e.line(f"  const {c} tw_nn = {tn} + {w}[tw_l], tw_d = {mean}[tw_l] - {tm};")
+                e.line(f"  {tm} += tw_d * ({w}[tw_l] / tw_nn);")
+                e.line(f"  {ts} += {m2}[tw_l] + tw_d * tw_d * ({tn} * {w}[tw_l] / tw_nn);")
+                e.line(f"  {tn} = tw_nn;")
+                e.line("}")
+                self.welford[id(r.src[0])] = (tm, ts)
+            return self._as(self.welford[id(r.src[0])][0 if kind == "welford_mean" else 1], ct, r.dtype)
+        out = e.fresh()
+        if kind in ("argmax", "argmin"):
+            val, idx = accs
+            better = ">" if kind == "argmax" else "<"
+            bv, bi = e.fresh(), e.fresh()
+            e.line(f"{c} {bv} = {val}[0]; int64_t {bi} = {idx}[0];")
+            if dtypes.is_float(ct):
+                wins = f"({val}[tw_l] {better} {bv} || ({val}[tw_l] != {val}[tw_l] && {bv} == {bv}))"
+                same = f"({val}[tw_l] == {bv} || ({val}[tw_l] != {val}[tw_l] && {bv} != {bv}))"
+            else:
+                wins, same = f"({val}[tw_l] {better} {bv})", f"({val}[tw_l] == {bv})"
+            e.line(f"for (int tw_l = 1; tw_l < {LANES}; ++tw_l) {{")
+            e.line(f"  if ({idx}[tw_l] >= 0 && ({bi} < 0 || {wins} || ({same} && {idx}[tw_l] < {bi}))) "
+                   f"{{ {bv} = {val}[tw_l]; {bi} = {idx}[tw_l]; }}")
+            e.line("}")
+            e.line(f"const int64_t {out} = {bi} < 0 ? int64_t(0) : {bi};")
+            return self._as(out, "i64", r.dtype)
+        a = accs[0]
+        e.line(f"{c} {out} = {a}[0];")
+        fn = {"sum": f"{c}({out} + {a}[tw_l])", "prod": f"{c}({out} * {a}[tw_l])",
+              "any": f"{out} || {a}[tw_l]", "all": f"{out} && {a}[tw_l]"}.get(kind)
+        if fn is None:
+            better = ">" if kind == "max" else "<"
+            nan = f" || {a}[tw_l] != {a}[tw_l]" if dtypes.is_float(ct) else ""
+            fn = f"({a}[tw_l] {better} {out}{nan}) ? {a}[tw_l] : {out}"
+        e.line(f"for (int tw_l = 1; tw_l < {LANES}; ++tw_l) {out} = {fn};")
+        return self._as(out, ct, r.dtype)
 
     def _as(self, name: str, held: str, dtype: str) -> str:
         """``name`` (held in compute type ``held``) as a value of the reduction's dtype."""
@@ -483,7 +448,7 @@ class _Body:
         if ct == held:
             return name
         out = self.e.fresh()
-        self.line(f"const {CTYPE[ct]} {out} = {self.e.convert(name, held, dtype)};")
+        self.e.line(f"const {CTYPE[ct]} {out} = {self.e.convert(name, held, dtype)};")
         return out
 
 
@@ -491,7 +456,7 @@ class _CppLoops(TemplateSpec):
     backend = "cpp"
     jinja = "loops.py.jinja"
 
-    def supports(self, problem: Any, target: Target) -> Support:
+    def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, LoopProblem) or problem.kind != self.op:
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.backend != "cpu":
@@ -501,22 +466,9 @@ class _CppLoops(TemplateSpec):
                 return Support(False, f"{b.dtype} buffers ({b.name}) have no C++ conversion here")
         if any(n.op == "acc" for n in problem.kernel.nodes()):
             return Support(False, "GEMM accumulators belong to a GEMM template")
-        from tilewright.runtime import cpp as runtime
-
-        if (why := runtime.unavailable_reason()) is not None:
-            return Support(False, why)
         return SUPPORTED
 
-    def check(self, params: Params, problem: Any, target: Target) -> str | None:
-        return self.space_refusal(params)
-
-    def render(self, problem: LoopProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: LoopProblem, params: dict[str, Any], target: Target) -> RenderedKernel:
         k = problem.kernel
         names = {s: s.name for s in k.size_symbols()}
         source = self.render_jinja(

@@ -45,13 +45,11 @@ def source_context(kernel: LoopKernel, persistent: bool) -> dict[str, Any]:
               for b, d, s in strides]
     functions, helpers = [], set()
     for i, part in enumerate(parts):
-        body = _Body(part, persistent)
+        body = _Body(part, persistent).build()
         if part.kind == "reduction":
-            body.reduce_rows()
             functions.append(dict(name=f"tw_part{i}", kind="reduction", lines=body.e.lines, caches=body.caches,
                                   xnumel=ccode(part.xnumel, names), rnumel=ccode(part.rnumel, names)))
         else:
-            body.pointwise()
             rows = part.ranges[:-1]
             functions.append(dict(name=f"tw_part{i}", kind="pointwise", lines=body.e.lines, caches=[],
                                   inner=ccode(part.ranges[-1], names) if part.ranges else "1L",
