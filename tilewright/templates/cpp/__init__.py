@@ -21,6 +21,6 @@ LANGUAGE = Language(
     target_backends=("cpu",),
     forcing="C++ loop kernels and GEMM epilogues on the cpu target, the products ATen's",
     unavailable=_unavailable,
-    priority=40,
+    priority=70,
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (CppPointwise(), CppReduction(), CppGemm()))
