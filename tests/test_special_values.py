@@ -79,6 +79,12 @@ def _metal_loader(rendered):
     return host_launcher(rendered).launch
 
 
+def _cpp_missing() -> str | None:
+    from tilewright.runtime import cpp
+
+    return cpp.unavailable_reason()
+
+
 EMITTERS = [
     Emitter("triton-interpreter", lambda: None, _launch("triton.pointwise", "cpu", {"XBLOCK": 64})),
     Emitter("torch", lambda: None, _launch("aten.pointwise", "cpu", {})),
@@ -86,6 +92,7 @@ EMITTERS = [
             fast=("fp32", "i32")),
     Emitter("metal-host", _metal_missing, _launch("metal.pointwise", "mps", {"num_warps": 1}, _metal_loader),
             max_outputs=26, fast=("fp32", "i32")),
+    Emitter("cpp-host", _cpp_missing, _launch("cpp.pointwise", "cpu", {"BLOCK": 4096})),
 ]
 BY_NAME = {e.name: e for e in EMITTERS}
 

@@ -63,7 +63,8 @@ class Config:
         "registered language's name, whose templates alone are candidates (a problem none of "
         "them serves runs on ATen): 'aten' (ATen only; loop kernels as PyTorch operators), "
         "'triton' (generated Triton GEMMs and loop kernels, interpreted on the cpu target), "
-        "'sycl' (on the xpu target: see cpu_target), 'gluon', 'cutedsl', 'metal', 'flydsl', "
+        "'sycl' (on the xpu target: see cpu_target), 'cpp' (C++ loop kernels and GEMM epilogues on "
+        "the cpu target), 'gluon', 'cutedsl', 'metal', 'flydsl', "
         "and any registered from outside the package (`tilewright templates` lists them).",
         force_backends)
     cpu_target: str = _setting(
