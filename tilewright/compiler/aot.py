@@ -214,7 +214,8 @@ def chain_pdl(cap: CapturedKernel, template: TemplateSpec, params: dict, target:
     and its template takes PDL as an edge property (Triton: the knob is not tuned, the compiled
     graph sets it per edge, and a PDL kernel launched without PDL behaves as one without); a
     template that tunes PDL itself (CuTeDSL's ``seed_params`` twins) keeps its choice."""
-    if (not cap.chained or params.get("PDL") is not False or hasattr(template, "seed_params")
+    if (not cap.chained or params.get("PDL") is not False
+            or template.seed_params(cap.problem, target) is not None
             or template.check({**params, "PDL": True}, cap.problem, target) is not None):
         return params
     return {**params, "PDL": True}
