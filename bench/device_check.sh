@@ -3,6 +3,8 @@
 #   1. the correctness suite's GPU part (pytest -m gpu),
 #   2. the bench suite on the shapes of bench/cases/llm_gemm_shapes.json (bf16 decode and
 #      prefill, Llama-3-8B and Qwen3-30B-A3B): tilewright's choice vs ATen per problem,
+#      then the NVFP4 decode rows (nvfp4-check: the same dense layers as W4A4 GEMMs at M = 1,
+#      16, 64; ATen's row is the dequantised matmul),
 #   3. the gate against bench/baselines/<arch>/<suite>.json when that baseline exists,
 # writing JSON (and logs) into OUT_DIR and printing the results table last.
 #
@@ -28,9 +30,11 @@ START=$(date +%s)
 
 if [ "$MODE" = "--dry-run" ]; then
     SUITE=tiny; TARGET=cpu; TEST_TIMEOUT=300; BENCH_BUDGET=60; BENCH_TIMEOUT=120
+    NVFP4_SUITE=""; NVFP4_BUDGET=0; NVFP4_TIMEOUT=0
 else
-    # 200 s + 230 s + a few seconds for the rest stays under 8 minutes
-    SUITE=h200-check; TARGET=""; TEST_TIMEOUT=200; BENCH_BUDGET=170; BENCH_TIMEOUT=230
+    # 200 s + 170 s + 80 s + a few seconds for the rest stays under 8 minutes
+    SUITE=h200-check; TARGET=""; TEST_TIMEOUT=200; BENCH_BUDGET=120; BENCH_TIMEOUT=170
+    NVFP4_SUITE=nvfp4-check; NVFP4_BUDGET=50; NVFP4_TIMEOUT=80
     if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
         echo "device_check: no CUDA device visible to $PY (use --dry-run on a CPU)" >&2
         exit 2
@@ -67,6 +71,14 @@ timeout "$BENCH_TIMEOUT" "$PY" -m tilewright bench run --suite "$SUITE" ${TARGET
     --out "$OUT/bench.json" --time-budget-s "$BENCH_BUDGET" > "$OUT/bench.log" 2>&1
 RC_BENCH=$?
 tail -n 2 "$OUT/bench.log"
+if [ -n "$NVFP4_SUITE" ]; then
+    echo "== 2/3 bench run --suite $NVFP4_SUITE (budget ${NVFP4_BUDGET}s)"
+    timeout "$NVFP4_TIMEOUT" "$PY" -m tilewright bench run --suite "$NVFP4_SUITE" \
+        --out "$OUT/bench_nvfp4.json" --time-budget-s "$NVFP4_BUDGET" > "$OUT/bench_nvfp4.log" 2>&1
+    RC_NVFP4=$?
+    tail -n 2 "$OUT/bench_nvfp4.log"
+    [ "$RC_NVFP4" -eq 0 ] || RC_BENCH=$RC_NVFP4
+fi
 
 # 3. the gate, when a baseline for this arch and suite is committed
 RC_GATE=0
@@ -97,8 +109,11 @@ summary = {"seconds": seconds, "gpu_tests": tests, "rc": {"tests": rc_tests, "be
 print("device_check summary:", json.dumps(summary))
 PYEOF
 
-# the table, last
+# the tables, last
 if [ -f "$OUT/bench.json" ]; then
     "$PY" -m tilewright bench show "$OUT/bench.json"
+fi
+if [ -f "$OUT/bench_nvfp4.json" ]; then
+    "$PY" -m tilewright bench show "$OUT/bench_nvfp4.json"
 fi
 [ "$RC_TESTS" -eq 0 ] && [ "$RC_BENCH" -eq 0 ] && [ "$RC_GATE" -eq 0 ]

@@ -55,11 +55,14 @@ def _mma_efficiency(bm: int, bn: int, bk: int, num_warps: int) -> float:
 
 
 def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Target, *,
-                  efficiency: float = 1.0) -> CostEstimate:
+                  efficiency: float = 1.0, register_pressure: float = 1.0) -> CostEstimate:
     """Predicted time of a tiled GEMM with ``params`` (BLOCK_M/N/K, num_warps, SPLIT_K) on
     ``target``. ``params`` without tile sizes get a 128x128x64 tile. ``efficiency`` is the
     template's relative tensor-core efficiency (TMA/TDM pipelines > 1); the sustained rate
-    stays below 95% of peak whatever it says."""
+    stays below 95% of peak whatever it says. ``register_pressure`` (the template's
+    ``register_pressure``: >= 1 for tiles near or over the register budget, calibrated on AOT
+    builds) stretches the kernel's compute and memory time: fewer resident programs hide less
+    latency, and spills add local-memory traffic."""
     if params.get("SWAP_AB"):
         problem = problem.transposed()  # the kernel computes C^T = B^T A^T
     bm = params.get("BLOCK_M", 128)
@@ -106,6 +109,8 @@ def estimate_gemm(problem: GemmProblem, params: Mapping[str, Any], target: Targe
     bandwidth = target.hbm_gbps * 1e9 * min(1.0, busy)
     memory_s = (operands + out_and_epilogue + out_extra) / bandwidth
 
+    compute_s *= register_pressure
+    memory_s *= register_pressure
     ms = max(compute_s, memory_s) * 1e3 + LAUNCH_US * 1e-3 * (2 if split_k > 1 else 1)
     if max(compute_s, memory_s) * 1e3 < LAUNCH_US * 1e-3:
         bound = "latency"

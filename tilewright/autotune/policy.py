@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.cost_model import LAUNCH_US, estimate_gemm, roofline_ms
-from tilewright.autotune.decode import decode_variants
+from tilewright.autotune.decode import decode_limit, decode_variants
 from tilewright.autotune.heuristics import heuristic_params
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
@@ -88,12 +88,13 @@ class GemmPolicy:
             proposals = list(seeds)
         else:
             proposals = []
-            if problem.M <= self.decode_m and not target.interpreted:
+            decode = problem.M <= max(self.decode_m, decode_limit(problem, target))
+            if decode and not target.interpreted:
                 for p in heuristic_params(problem, target) + decode_variants(problem, target, knobs):
                     kp = problem.transposed() if p.get("SWAP_AB") else problem
                     p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"] = clamp_tile(kp, p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"])
                     proposals.append(p)
-            seeds = list(self.decode_seeds) + list(self.seeds) if problem.M <= self.decode_m else self.seeds
+            seeds = list(self.decode_seeds) + list(self.seeds) if decode else self.seeds
             for bm, bn, bk, warps, stages in seeds:
                 bm, bn, bk = clamp_tile(problem, bm, bn, bk)
                 if not target.interpreted:
@@ -104,8 +105,12 @@ class GemmPolicy:
                                   "GROUP_M": 8 if bm >= 64 else 4, "num_warps": warps,
                                   "num_stages": stages})
         out, seen = [], set()
+        stages = template.space.knob("num_stages").values if "num_stages" in knobs else ()
         for p in proposals:
             params = {k: p.get(k, defaults[k]) for k in template.space.names()}
+            if stages and params["num_stages"] not in stages:
+                # an outside proposal (nvMatmulHeuristics says 8 stages): the nearest depth here
+                params["num_stages"] = min(stages, key=lambda s: (abs(s - params["num_stages"]), s))
             if target.backend == "hip" and "num_stages" in params and template.backend in ("triton", "gluon"):
                 params["num_stages"] = 2  # Triton's AMD stream pipeliner wants 2
             key = tuple(params.items())
@@ -119,7 +124,8 @@ class GemmPolicy:
                ) -> list[tuple[float, dict[str, Any]]]:
         """(predicted ms, params) for one template, best first."""
         eff = template.efficiency(target)
-        scored = [(estimate_gemm(problem, p, target, efficiency=eff).ms, p)
+        scored = [(estimate_gemm(problem, p, target, efficiency=eff,
+                                 register_pressure=template.register_pressure(problem, p, target)).ms, p)
                   for p in self.tile_params(problem, template, target)]
         return sorted(scored, key=lambda item: item[0])
 

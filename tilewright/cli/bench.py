@@ -145,7 +145,7 @@ def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmark suites and the perf-regression gate")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     r = bsub.add_parser("run", help="time tilewright's choice vs ATen per problem of a suite")
-    r.add_argument("--suite", required=True, help="tiny, sycl-cpu, llm-decode, llm-prefill, llm, h200-check")
+    r.add_argument("--suite", required=True, help="tiny, sycl-cpu, llm-decode, llm-prefill, llm, h200-check, nvfp4-decode, nvfp4-check")
     r.add_argument("--out", required=True, help="results JSON (rewritten after every problem)")
     r.add_argument("--target", help="default: this machine's GPU, else cpu")
     r.add_argument("--shapes", help="shapes file for the llm suites (default bench/cases/...)")

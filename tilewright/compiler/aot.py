@@ -27,6 +27,8 @@ from tilewright.compiler.aot_sycl import build_sycl, plan_sycl
 from tilewright.errors import UnsupportedProblemError
 from tilewright.kinds import kind_name, kind_of
 from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
+from tilewright.autotune.decode import aot_remedies
+from tilewright.runtime.resources import Resources, read_resources
 from tilewright.runtime.targets import Target, get_target
 from tilewright.runtime.verify import verify
 from tilewright.templates import TemplateSpec, templates_for
@@ -50,6 +52,7 @@ class AotKernel:
     verify_failures: list[str] = field(default_factory=list)
     verify_counts: dict[str, int] = field(default_factory=dict)
     verified: bool | None = None
+    resources: Resources | None = None
 
     @property
     def kind(self) -> str:
@@ -67,6 +70,7 @@ class AotKernel:
             "status": r.status if r else "not built", "compile_seconds": r.seconds if r else None,
             "artifacts": r.artifacts if r else {}, "hashes": r.hashes if r else {},
             "metadata": r.metadata if r else {}, "error": r.error if r else "",
+            "resources": self.resources.to_json() if self.resources else None,
             "aot": self.job.spec if self.job else None,
             "verify": None if self.verified is None else {
                 "ok": self.verified, "failures": self.verify_failures, "counts": self.verify_counts},
@@ -119,6 +123,7 @@ class AotReport:
             "summary": {s: statuses.count(s) for s in sorted(set(statuses))}
             | {"kernels": len(self.kernels), "verify_failed": len(self.verify_failed),
                "uncovered": len(self.uncovered),
+               "spilling": sum(1 for k in self.kernels if k.resources is not None and k.resources.spills),
                "by_kind": {k: kinds.count(k) for k in sorted(set(kinds))}},
             "kernels": [k.to_json() for k in self.kernels],
             "refused": self.refused,
@@ -195,6 +200,27 @@ def _with_pdl_twins(ranked: list[tuple[float, dict]], per_template: int) -> list
     return chosen
 
 
+def spill_failure(template: TemplateSpec, resources: Resources | None) -> str | None:
+    """The instruction check's verdict on a kernel's registers: a kernel that spills fails
+    unless its template declares spilling acceptable (``TemplateSpec.accepts_spills``)."""
+    if resources is None or not resources.spills or template.accepts_spills:
+        return None
+    return (f"spills registers ({resources.describe()}); {template.id} does not declare spilling "
+            "acceptable (TemplateSpec.accepts_spills)")
+
+
+def chain_pdl(cap: CapturedKernel, template: TemplateSpec, params: dict, target: Target) -> dict:
+    """``params`` with ``PDL=True`` when the kernel is an end of a PDL edge (``cap.chained``)
+    and its template takes PDL as an edge property (Triton: the knob is not tuned, the compiled
+    graph sets it per edge, and a PDL kernel launched without PDL behaves as one without); a
+    template that tunes PDL itself (CuTeDSL's ``seed_params`` twins) keeps its choice."""
+    if (not cap.chained or params.get("PDL") is not False
+            or template.seed_params(cap.problem, target) is not None
+            or template.check({**params, "PDL": True}, cap.problem, target) is not None):
+        return params
+    return {**params, "PDL": True}
+
+
 def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_template: int = 1
          ) -> tuple[list[AotKernel], list[dict[str, str]]]:
     """Choose and render the kernels to build (no compiling yet): GEMMs, grouped GEMMs (tiles
@@ -224,7 +250,9 @@ def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_t
                     refused.append({"target": target.name, "template": template.id,
                                     "problem": cap.problem.describe(),
                                     "reason": "no parameter setting is legal on this target"})
-                for ms, params in _with_pdl_twins(ranked, per_template):
+                chosen = aot_remedies(cap.problem, target, ranked, _with_pdl_twins(ranked, per_template))
+                for ms, params in chosen:
+                    params = chain_pdl(cap, template, params, target)
                     est = kind.estimate(cap.problem, params, target, template)
                     k = AotKernel(_kernel_name(target, cap, template, params), target, cap, template,
                                   dict(params), ms, est.bound)
@@ -280,10 +308,16 @@ def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path
     by_name = {r.name: r for r in results}
     for k in kernels:
         k.result = by_name.get(k.name)
+        if k.result is not None and k.result.ok:
+            artifacts = {stage: root / rel for stage, rel in k.result.artifacts.items()}
+            k.resources = read_resources(artifacts)
         if check and k.result is not None and k.result.ok:
             checks = k.template.expected_instructions(k.captured.problem, k.params, k.target)
-            v = verify({stage: root / rel for stage, rel in k.result.artifacts.items()}, checks)
+            v = verify(artifacts, checks)
             k.verified, k.verify_failures, k.verify_counts = v.ok, list(v.failures), dict(v.counts)
+            if (why := spill_failure(k.template, k.resources)) is not None:
+                k.verified = False
+                k.verify_failures.append(why)
     report = AotReport(out, spec.name or "model", resolved, kernels + metal_kernels + sycl_kernels, refused, train)
     (out / "manifest.json").write_text(json.dumps(report.manifest(), indent=1))
     return report

@@ -148,11 +148,15 @@ class CapturedKernel:
 
     problem: Any
     uses: list[str] = field(default_factory=list)
+    # launched right before or after another generated kernel somewhere (a PDL edge's end:
+    # tilewright.compiler.pdl.chained), so ahead-of-time builds give it PDL where they can
+    chained: bool = False
 
 
 def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:
     """Distinct kernel problems of the model, kind by kind in registration order (GEMMs, grouped
     GEMMs, loop kernels, ...), each in first-seen order, with their uses."""
+    from tilewright.compiler.pdl import chained
     from tilewright.compiler.pipeline import fuse  # the pipeline imports this module
 
     registered = kinds()
@@ -160,9 +164,12 @@ def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKer
     for graph, gm in aten_graphs(spec, train=train).items():
         kg = lower(gm)
         fuse(kg, gm)
+        links = chained(kg)
         for kind, seen in zip(registered, found):
             for name, p in kind.capture(kg):
-                seen.setdefault(kind.capture_key(p), CapturedKernel(p)).uses.append(f"{graph}.{name}")
+                c = seen.setdefault(kind.capture_key(p), CapturedKernel(p))
+                c.uses.append(f"{graph}.{name}")
+                c.chained |= name in links
     return [c for seen in found for c in seen.values()]
 
 

@@ -35,6 +35,7 @@ from tilewright.compiler.fuse import fuse_epilogues
 from tilewright.compiler.graph import KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.report import GemmReport, GraphReport, publish
+from tilewright.compiler.pdl import apply_pdl, pdl_kernels, with_pdl
 from tilewright.compiler.schedule import schedule
 from tilewright.compiler.traffic import compiled_cost, eager_cost
 from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
@@ -160,13 +161,24 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
     with stage("select"), pool_scope():  # isolated tuning shares one worker pool per graph
         for name, call in calls.items():
             choices[name] = _or_aten(call, "choosing a kernel", call.choose, lambda c=call: c.choose_aten())
+    with stage("pdl"):  # which consecutive kernels overlap (compiler/pdl.py)
+        try:
+            decisions = apply_pdl(kg, calls, choices)
+        except Exception as e:  # noqa: BLE001 - a failed decision costs the overlap, not the graph
+            if config.strict:
+                raise
+            log.warning("PDL edges not decided (%s: %s); kernels launch without PDL", type(e).__name__, e)
+            decisions = []
+        report.pdl_edges = [d.to_json() for d in decisions]
+        pdl = pdl_kernels(decisions)
     rendered: dict[str, Any] = {}
     with stage("render"):
         for name, (problem, sel) in choices.items():
             call = calls[name]
+            winner = with_pdl(sel.winner) if name in pdl else sel.winner
             rendered[name] = _or_aten(
-                call, f"rendering {sel.winner.name}",
-                lambda: default_factory.render(problem, sel.winner, call.target),
+                call, f"rendering {winner.name}",
+                lambda: default_factory.render(problem, winner, call.target),
                 lambda: _aten_rendered(call, choices, name))
     with stage("compile"):
         for name, (problem, sel) in choices.items():

@@ -110,6 +110,8 @@ class GraphReport:
     kernels: list[KernelReport] = field(default_factory=list)
     fallback: str | None = None
     debug_dir: str | None = None
+    # consecutive kernels and whether they overlap with PDL (compiler/pdl.py EdgeDecision)
+    pdl_edges: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def launches(self) -> int:

@@ -74,6 +74,18 @@ def llama_train_example():
     return build_llama(torch.float32), (llama_inputs(),)
 
 
+def llama_nvfp4_decode(tokens: int = 8):
+    """(model, inputs) for ``tilewright aot``: the demo's bf16 Llama with every Linear but the
+    lm_head in NVFP4 (W4A4, ``NVFP4Linear``), called on one new token for each of ``tokens``
+    sequences: a decode step's shapes (M = ``tokens`` in every projection; no KV cache, so the
+    attention is over the one position)."""
+    from tilewright.quant.linear import quantize_linears
+
+    model = build_llama(torch.bfloat16).eval()
+    quantize_linears(model, skip=("lm_head",))
+    return model, (llama_inputs(batch=tokens, seq=1),)
+
+
 def minilm_nvfp4():
     """MiniLM with every Linear quantised to NVFP4 (W4A4), and a float copy whose Linears carry
     the dequantised weights: the eager reference the NVFP4 model is judged against."""

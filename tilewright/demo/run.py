@@ -295,6 +295,30 @@ def _minilm_nvfp4(result: CaseResult) -> None:
                         f"reference {torch.nn.functional.cosine_similarity(out, ref).min().item():.4f}")
 
 
+def _llama_nvfp4_decode(result: CaseResult) -> None:
+    """One decode step of the demo Llama with NVFP4 linears (``models.llama_nvfp4_decode``: 8
+    sequences, one new token each), judged as ``minilm-nvfp4`` is: against eager on the
+    dequantised weights, the bound the same NVFP4 model's own eager error plus 15%. Not a
+    default case; ``--cases llama-nvfp4-decode`` prints its launches per step beside Inductor's."""
+    from tilewright.quant.linear import NVFP4Linear
+
+    model, (ids,) = models.llama_nvfp4_decode()
+    reference = models.build_llama(torch.bfloat16).eval()
+    for (name, mod), ref_mod in zip(model.named_modules(), reference.modules()):
+        if isinstance(mod, NVFP4Linear):
+            ref_mod.weight.data.copy_(mod.dequantized_weight())
+    with torch.no_grad():
+        ref = reference(input_ids=ids).logits.float()
+        eager = model(input_ids=ids).logits.float()
+        compiled = torch.compile(model, backend=result.backend)
+        t0 = time.perf_counter()
+        out = compiled(input_ids=ids).logits.float()
+        result.compile_s = time.perf_counter() - t0
+    result.tolerance = max(rel_err(eager, ref) * 1.15, result.tolerance)
+    result.errors["logits vs dequantised-weights eager"] = rel_err(out, ref)
+    result.notes.append(f"expected NVFP4 (W4A4) error, eager: {rel_err(eager, ref):.3e}")
+
+
 CASES: dict[str, tuple[str, Callable[[CaseResult], None], torch.dtype]] = {
     "minilm": ("all-MiniLM-L6-v2 inference (real weights)", _minilm, torch.float32),
     "llama-train": ("Llama decoder: forward + backward", _llama_train, torch.float32),
@@ -302,6 +326,8 @@ CASES: dict[str, tuple[str, Callable[[CaseResult], None], torch.dtype]] = {
     "minilm-nvfp4": ("all-MiniLM-L6-v2 with NVFP4 linears (W4A4)", _minilm_nvfp4, torch.float32),
     "qwen3-moe-train": ("Qwen3-MoE (8 experts, top-2) bf16: forward + backward, grouped GEMM experts",
                         _qwen3_moe_train, torch.bfloat16),
+    "llama-nvfp4-decode": ("Llama decoder, NVFP4 linears (W4A4): one decode step of 8 sequences",
+                           _llama_nvfp4_decode, torch.bfloat16),
 }
 GROUPED_CASES = ("qwen3-moe-train",)  # cases whose experts must run through the grouped GEMM
 # cases not compiled by Inductor for the launch comparison: the MoE case's Inductor build would

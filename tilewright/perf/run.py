@@ -58,6 +58,8 @@ def environment(target: Target, device: torch.device) -> dict[str, Any]:
 
 
 def _inductor_fn(problem: GemmProblem) -> Callable:
+    if problem.block_scaled:
+        raise TilewrightError("Inductor has no NVFP4/MX GEMM to compare with (ATen's row is the dequantised matmul)")
     if problem.epilogue:
         raise TilewrightError("Inductor comparison covers plain GEMMs only")
     fn = torch.bmm if problem.batched else torch.mm
@@ -85,7 +87,11 @@ def _prepare(problem: GemmProblem, launch: Callable, device: torch.device, refer
     error of the first against the reference."""
     sets = [make_inputs(problem, device, seed + i) for i in range(input_set_count(problem, target))]
     outs = [poisoned_output(problem, device) for _ in sets]
-    runs = [lambda x=x, o=o: launch(x.a, x.b, *x.epilogue_inputs, out=o) for x, o in zip(sets, outs)]
+    # block-scaled operands carry their scales (GemmInputs.scale_kwargs; empty otherwise); the
+    # rotated sets give each timed run other weights and scales, so a decode GEMM reads them
+    # cold (with the L2 flush before each run)
+    runs = [lambda x=x, o=o: launch(x.a, x.b, *x.epilogue_inputs, out=o, **x.scale_kwargs)
+            for x, o in zip(sets, outs)]
     return runs, rel_error(runs[0](), reference(sets[0]))
 
 

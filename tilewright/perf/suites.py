@@ -8,6 +8,8 @@
 | ``llm`` | both |
 | ``sycl-cpu`` | five fp32 GEMMs (decode-thin to 256³) for the ``xpu:opencl-cpu`` target: SYCL kernels on the OpenCL CPU device vs ATen on the same CPU |
 | ``h200-check`` | the same layers at M = 1, 16, 64 (decode) and 2048, 8192 (prefill): what ``bench/device_check.sh`` times within its budget |
+| ``nvfp4-decode`` | the dense Llama-3-8B and Qwen3-30B-A3B layers as NVFP4 x NVFP4 GEMMs (W4A4, alpha fused, bf16 out: what ``NVFP4Linear`` lowers to) at M = 1, 2, 4, 8, 16, 32, 64 |
+| ``nvfp4-check`` | the same at M = 1, 16, 64 without the lm_head: ``bench/device_check.sh``'s NVFP4 rows |
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Callable
 
 from tilewright.autotune.shapes import NamedProblem, load_shapes, problems_from_shapes
 from tilewright.errors import TilewrightError
-from tilewright.problem import GemmProblem
+import dataclasses
+
+from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 
 LLM_MODELS = ("llama-3-8b", "qwen3-30b-a3b")
 
@@ -53,6 +57,23 @@ def _llm(phases: tuple[str, ...], m_values: list[int] | None = None) -> Callable
     return make
 
 
+def nvfp4_problem(p: GemmProblem) -> GemmProblem:
+    """A bf16 linear's GEMM as its NVFP4 twin: packed operands with row-major E4M3 block scales,
+    the two global scales as scalar multiplies (alpha), bf16 out: ``NVFP4Linear``'s lowering."""
+    return dataclasses.replace(p, dtype="nvfp4", out_dtype="bf16", layout_b="col", scale_layout="row",
+                               op="nvfp4_mm", epilogue=(EpilogueOp("mul", input=0), EpilogueOp("mul", input=1)),
+                               epilogue_inputs=(EpilogueInput("", "fp32"), EpilogueInput("", "fp32")))
+
+
+def _nvfp4(m_values: list[int], skip: tuple[str, ...] = ()) -> Callable[[Path], list[NamedProblem]]:
+    def make(path: Path) -> list[NamedProblem]:
+        dense = problems_from_shapes(load_shapes(path), models=LLM_MODELS, phases=("decode",),
+                                     m_values=m_values, dtype="bf16")
+        return [NamedProblem(f"nvfp4.{n.name}", nvfp4_problem(n.problem)) for n in dense
+                if not n.problem.batched and not any(s in n.name for s in skip)]
+    return make
+
+
 SUITES: dict[str, Callable[[Path], list[NamedProblem]]] = {
     "tiny": _tiny,
     "sycl-cpu": _sycl_cpu,
@@ -60,6 +81,8 @@ SUITES: dict[str, Callable[[Path], list[NamedProblem]]] = {
     "llm-prefill": _llm(("prefill",)),
     "llm": _llm(("decode", "prefill")),
     "h200-check": _llm(("decode", "prefill"), [1, 16, 64, 2048, 8192]),
+    "nvfp4-decode": _nvfp4([1, 2, 4, 8, 16, 32, 64]),
+    "nvfp4-check": _nvfp4([1, 16, 64], skip=(".lm_head.",)),
 }
 
 

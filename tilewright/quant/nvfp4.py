@@ -138,11 +138,13 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> NVFP4
 
 
 def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Back to floats: ``e2m1 * scale * global_scale``, shape (..., K)."""
+    """Back to floats: ``e2m1 * (scale * global_scale)`` in float32, shape (..., K). The block's
+    scale times the global scale is rounded first, as ModelOpt's ``NVFP4QTensor.dequantize``
+    does, so a ModelOpt checkpoint dequantises to the same bits (``tests/test_modelopt.py``)."""
     vals = e2m1_decode(unpack_e2m1(q.data))
     K = vals.shape[-1]
-    s = q.scale.float().repeat_interleave(BLOCK, dim=-1)[..., :K]
-    return (vals * s * q.global_scale.float()).to(dtype)
+    s = (q.scale.float() * q.global_scale.float()).repeat_interleave(BLOCK, dim=-1)[..., :K]
+    return (vals * s).to(dtype)
 
 
 def dequantize_packed(data: torch.Tensor, scale: torch.Tensor,

@@ -247,6 +247,9 @@ class TemplateSpec(ABC):
     # a second jinja file beside ``jinja`` (Metal: the Python launcher module around the
     # shader), rendered with :meth:`render_jinja_file`; it counts in :attr:`render_sources`
     launcher: ClassVar[str | None] = None
+    # a compiled kernel that spills registers fails its instruction check unless its template
+    # says spilling is acceptable (tilewright.runtime.resources reads the spills)
+    accepts_spills: ClassVar[bool] = False
 
     @cached_property
     def folder(self) -> Path:
@@ -356,6 +359,12 @@ class TemplateSpec(ABC):
         """What the compiled kernel for this problem/params/target must contain (for AOT
         verification); empty for templates that are not compiled ahead of time."""
         return []
+
+    def register_pressure(self, problem: GemmProblem, params: Params, target: Target) -> float:
+        """How much slower the cost model takes this tile to run for the registers it needs
+        (1.0: no effect; > 1 near or over the target's budget). Templates with a calibrated
+        register estimate override it (Triton GEMMs: ``templates/triton/registers.py``)."""
+        return 1.0
 
     def efficiency(self, target: Target) -> float:
         """Relative tensor-core efficiency the cost model credits this template with on a

@@ -18,6 +18,8 @@ from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support,
     TemplateSpec, powers_of_two,
 )
+from tilewright.templates.triton import registers
+from tilewright.templates.triton.pdl import GDC_IMPORT, PDL_KNOB, pdl_checks, pdl_refusal
 
 TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
                "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
@@ -63,6 +65,14 @@ def divisible_sizes(problem: GemmProblem) -> list[str]:
     """M, N and K when static and a multiple of 16, the hint Triton specializes loads on."""
     return [n for n, v in (("M", problem.M), ("N", problem.N), ("K", problem.K))
             if n not in problem.dynamic and v % 16 == 0]
+
+
+def compile_options(params: Params) -> dict[str, Any]:
+    """triton.compile options of a GEMM kernel (``launch_pdl`` recorded for PDL kernels)."""
+    options: dict[str, Any] = {"num_warps": params["num_warps"], "num_stages": params["num_stages"]}
+    if params.get("PDL"):
+        options["launch_pdl"] = True
+    return options
 
 
 def mma_checks(problem: GemmProblem, params: Params, target: Target) -> list[InstructionCheck]:
@@ -126,6 +136,7 @@ class TritonGemm(TemplateSpec):
     space = ParamSpace(CORE_KNOBS + (
         Knob("SPLIT_K", (1, 2, 4, 8, 16), 1, "programs sharing one tile's K range"),
         Knob("SWAP_AB", (False, True), False, "compute C^T = B^T A^T"),
+        PDL_KNOB,
     ))
 
     @staticmethod
@@ -160,6 +171,8 @@ class TritonGemm(TemplateSpec):
             return "split-K applies the epilogue in its reduce kernel, which does not store the product"
         if params.get("SPLIT_K", 1) > 1 and problem.K < params["SPLIT_K"] * params["BLOCK_K"]:
             return f"K={problem.K} is too short to split {params['SPLIT_K']} ways of BLOCK_K={params['BLOCK_K']}"
+        if (why := pdl_refusal(params, target)) is not None:
+            return why
         if target.interpreted:
             return None  # the interpreter has no shared memory or register limits
         if problem.dtype in FP8 and params["BLOCK_K"] < 32:
@@ -173,7 +186,12 @@ class TritonGemm(TemplateSpec):
             return f"accumulator needs {acc_regs:.0f} registers per thread (> {MAX_ACC_REGS_PER_THREAD})"
         if params["BLOCK_M"] * params["BLOCK_N"] < 8 * threads:
             return "tile too small for the number of warps"
-        return None
+        return registers.refusal(self.id, params, target, self.kernel_problem(problem, params).layout_b)
+
+    def register_pressure(self, problem: GemmProblem, params: Params, target: Target) -> float:
+        """The cost model's occupancy factor for this tile's registers (templates/triton/registers.py)."""
+        return registers.occupancy_factor(self.id, self.space.complete(params), target,
+                                          self.kernel_problem(problem, params).layout_b)
 
     def context(self, problem: GemmProblem, params: Params, target: Target) -> dict[str, Any]:
         """Values the jinja source is rendered with (for the problem the kernel computes)."""
@@ -200,6 +218,7 @@ class TritonGemm(TemplateSpec):
             even_k="K" not in problem.dynamic and problem.K % params["BLOCK_K"] == 0,
             upcast=upcast,
             dot_kwargs=f', input_precision="{"tf32" if tf32 else "ieee"}"' if fp32_dot else "",
+            pdl=bool(params.get("PDL")), gdc_import=GDC_IMPORT,
             **params,
         )
 
@@ -251,8 +270,7 @@ class TritonGemm(TemplateSpec):
             constexprs = {k: v for k, v in constexprs.items() if not k.startswith("stride_e")}
         divisible = [d for d in self.divisible(problem) if not (d == "stride_cm" and params.get("SWAP_AB"))]
         return AotSpec(self.kernel_name, "triton", pointers, constexprs,
-                       tuple(pointers) + tuple(divisible),
-                       {"num_warps": params["num_warps"], "num_stages": params["num_stages"]},
+                       tuple(pointers) + tuple(divisible), compile_options(params),
                        int_type="i64" if needs_int64(problem) and not problem.dynamic else "i32")
 
     def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
@@ -264,4 +282,4 @@ class TritonGemm(TemplateSpec):
 
     def expected_instructions(self, problem: GemmProblem, params: Params,
                               target: Target) -> list[InstructionCheck]:
-        return mma_checks(self.kernel_problem(problem, params), params, target)
+        return mma_checks(self.kernel_problem(problem, params), params, target) + pdl_checks(params, target)

@@ -13,7 +13,16 @@ from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, Support, powers_of_two,
 )
 from tilewright.templates.triton.gemm import (
-    TRITON_POINTER, TritonGemm, divisible_sizes, epilogue_unit_strides, mma_checks,
+    TRITON_POINTER, TritonGemm, compile_options, divisible_sizes, epilogue_unit_strides, mma_checks,
+)
+from tilewright.templates.triton.pdl import PDL_KNOB, pdl_checks
+
+# decode remedies (autotune/decode.py proposes them): the kernel is symmetric in its operands,
+# so swap-AB is free; split-K adds an fp32 workspace and a reduce kernel with the epilogue
+DECODE_KNOBS = (
+    Knob("SPLIT_K", (1, 2, 4, 8, 16), 1, "programs sharing one tile's K range"),
+    Knob("SWAP_AB", (False, True), False, "compute C^T = B A^T: the weight's N fills the MMA's rows"),
+    PDL_KNOB,
 )
 
 
@@ -29,7 +38,7 @@ class TritonGemmNvfp4(TritonGemm):
         Knob("GROUP_M", (1, 4, 8, 16), 8, "programs per swizzle group along M"),
         Knob("num_warps", (1, 2, 4, 8), 4, "warps per program"),
         Knob("num_stages", (1, 2, 3, 4), 2, "software-pipeline depth"),
-    ))
+    ) + DECODE_KNOBS)
 
     def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         if target.backend not in ("cuda", "hip", "cpu"):
@@ -69,25 +78,35 @@ class TritonGemmNvfp4(TritonGemm):
         return ctx
 
     def aot_spec(self, problem: GemmProblem, params: Params) -> AotSpec:
+        """The main kernel's spec (under split-K the reduce kernel is compiled by the JIT only:
+        it is the same few lines for every GEMM)."""
+        split = params.get("SPLIT_K", 1) > 1
+        swap = bool(params.get("SWAP_AB"))
+        kp = problem.transposed() if swap else problem  # what the kernel computes
         pointers = {"A": "*u8", "B": "*u8", "AS": "*fp8e4nv", "BS": "*fp8e4nv",
-                    "C": TRITON_POINTER[problem.out_dtype]}
-        for i, inp in enumerate(problem.epilogue_inputs):
-            pointers[f"E{i}"] = TRITON_POINTER[inp.dtype]
+                    "C": "*fp32" if split else TRITON_POINTER[problem.out_dtype]}
         constexprs: dict[str, Any] = {k: params[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
-        constexprs.update(stride_cn=1, **epilogue_unit_strides(problem))
+        if split:  # the fp32 workspace (SPLIT_K, M, N): unit column stride
+            constexprs["stride_cn"] = 1
+        else:
+            for i, inp in enumerate(kp.epilogue_inputs):
+                pointers[f"E{i}"] = TRITON_POINTER[inp.dtype]
+            constexprs.update({"stride_cm" if swap else "stride_cn": 1}, **epilogue_unit_strides(kp))
         dyn = problem.dynamic
-        divisible = divisible_sizes(problem)
+        divisible = divisible_sizes(kp)
         if "K" not in dyn and problem.K % 32 == 0:
             divisible += ["stride_am", "stride_bn"]
-        if "N" not in dyn and problem.N % 16 == 0:
+        if split and "N" not in kp.dynamic and kp.N % 16 == 0:
             divisible.append("stride_cm")
+        elif not split and "N" not in dyn and problem.N % 16 == 0:
+            divisible.append("stride_cn" if swap else "stride_cm")
         return AotSpec(self.kernel_name, "triton", pointers, constexprs,
-                       tuple(pointers) + tuple(divisible),
-                       {"num_warps": params["num_warps"], "num_stages": params["num_stages"]})
+                       tuple(pointers) + tuple(divisible), compile_options(params))
 
     def expected_instructions(self, problem: GemmProblem, params: Params,
                               target: Target) -> list[InstructionCheck]:
-        return mma_checks(self._as_bf16(problem), params, target)
+        kp = self._as_bf16(problem.transposed() if params.get("SWAP_AB") else problem)
+        return mma_checks(kp, params, target) + pdl_checks(params, target)
 
 
 class TritonGemmNvfp4Mma(TritonGemmNvfp4):
@@ -102,14 +121,16 @@ class TritonGemmNvfp4Mma(TritonGemmNvfp4):
     scaled_mma = True
     space = ParamSpace((
         # measured (triton 3.9, sm_100a): only 128-row tiles lower to the block-scaled MMA;
-        # 64-row tiles compile to an emulation, which the instruction check would reject
+        # 64-row tiles compile to an emulation, which the instruction check would reject. 16-
+        # and 32-column tiles do lower (kind::mxf4nvf4.block_scale.block16): with swap-AB they
+        # hold a decode step's few tokens while the weight's N fills the 128 rows
         Knob("BLOCK_M", (128,), 128, "rows of C per program"),
-        Knob("BLOCK_N", (64, 128, 256), 128, "columns of C per program"),
+        Knob("BLOCK_N", (16, 32, 64, 128, 256), 128, "columns of C per program"),
         Knob("BLOCK_K", (64, 128, 256), 128, "K slice per step"),
         Knob("GROUP_M", (1, 4, 8, 16), 8, "programs per swizzle group along M"),
         Knob("num_warps", (4, 8), 4, "warps per program"),
         Knob("num_stages", (2, 3, 4), 3, "software-pipeline depth"),
-    ))
+    ) + DECODE_KNOBS)
 
     def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         if target.interpreted:
@@ -124,7 +145,7 @@ class TritonGemmNvfp4Mma(TritonGemmNvfp4):
     def expected_instructions(self, problem: GemmProblem, params: Params,
                               target: Target) -> list[InstructionCheck]:
         return [InstructionCheck("ptx", (r"tcgen05\.mma\S*kind::mxf4nvf4\.block_scale\.block16",),
-                                 (r"wgmma",), "NVFP4 block-scaled tcgen05 MMA")]
+                                 (r"wgmma",), "NVFP4 block-scaled tcgen05 MMA")] + pdl_checks(params, target)
 
     def efficiency(self, target: Target) -> float:
         return 1.1

@@ -19,6 +19,7 @@ from tilewright.templates.base import InstructionCheck, ParamSpace, Params, Supp
 from tilewright.templates.triton.gemm import (
     CORE_KNOBS, TritonGemm, divisible_sizes, epilogue_unit_strides, mma_checks,
 )
+from tilewright.templates.triton.pdl import PDL_KNOB, pdl_checks
 
 
 class TritonGemmTma(TritonGemm):
@@ -26,7 +27,7 @@ class TritonGemmTma(TritonGemm):
     id = "triton.gemm_tma"
     jinja = "gemm_tma.py.jinja"
     kernel_name = "tw_gemm_tma_kernel"
-    space = ParamSpace(CORE_KNOBS)
+    space = ParamSpace(CORE_KNOBS + (PDL_KNOB,))
 
     def problem_support(self, problem: GemmProblem, target: Target) -> Support:
         base = super().problem_support(problem, target)
@@ -80,7 +81,7 @@ class TritonGemmTma(TritonGemm):
 
     def expected_instructions(self, problem: GemmProblem, params: Params,
                               target: Target) -> list[InstructionCheck]:
-        checks = mma_checks(problem, params, target)
+        checks = mma_checks(problem, params, target) + pdl_checks(params, target)
         if target.backend == "cuda":
             checks.append(InstructionCheck("ptx", (r"cp\.async\.bulk\.tensor",), (), "TMA tile loads"))
         elif target.arch == "gfx1250":

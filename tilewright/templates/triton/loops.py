@@ -27,6 +27,7 @@ from tilewright.templates.base import (
     SUPPORTED, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
 from tilewright.templates.loop_schedule import LoopSchedule
+from tilewright.templates.triton.pdl import GDC_IMPORT, PDL_KNOB, pdl_checks, pdl_refusal, signal_before_stores
 from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr
 from tilewright.templates.triton.descriptors import MIN_DESC_RBLOCK, DescriptorPlan, plan_descriptors
 
@@ -311,6 +312,8 @@ class _TritonLoops(TemplateSpec):
             return why
         if params.get("DESC") and (why := self.check_descriptors(params, problem, target)) is not None:
             return why
+        if (why := pdl_refusal(params, target)) is not None:
+            return why
         return self.check_tile(params, problem, target)
 
     def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
@@ -378,7 +381,9 @@ class _TritonLoops(TemplateSpec):
             } for b in k.outputs],
             buffers=[b.name for b in buffers], strides=strides, sizes=sizes,
             xnumel=code(k.xnumel, names), rnumel=code(k.rnumel, names),
-            body=body.e.lines, XBLOCK=params["XBLOCK"], RBLOCK=params.get("RBLOCK", 1),
+            body=signal_before_stores(body.e.lines) if params.get("PDL") else body.e.lines,
+            pdl=bool(params.get("PDL")), gdc_import=GDC_IMPORT,
+            XBLOCK=params["XBLOCK"], RBLOCK=params.get("RBLOCK", 1),
             num_warps=params["num_warps"],
             desc_body=desc_lines if desc_body is not None else None, desc_condition=desc_condition,
             rblock_floor=MIN_DESC_RBLOCK if desc_body is not None else 1,
@@ -407,7 +412,7 @@ class _TritonLoops(TemplateSpec):
         if target.backend == "cuda":
             # triton writes the arch-specific variant: sm_120 compiles to ``.target sm_120a``
             checks = [InstructionCheck("ptx", (rf"(?m)^\.target {target.arch}a?\b",), (),
-                                       f"code for {target.arch}")]
+                                       f"code for {target.arch}")] + pdl_checks(params, target)
             vec_load, vec_store = r"ld\.global(\.\w+)*\.v[248]\.", r"st\.global(\.\w+)*\.v[248]\."
         elif target.backend == "hip":
             checks = [InstructionCheck("amdgcn", (rf'\.amdgcn_target "[^"]*{target.arch}"',), (),
@@ -484,8 +489,10 @@ class _TritonLoops(TemplateSpec):
                 continue
             if not numel.free_symbols and int(numel) > 0 and int(numel) % 16 == 0:
                 divisible.append(name)
-        return AotSpec(kernel_name, "triton", pointers, constexprs, tuple(divisible),
-                       {"num_warps": params["num_warps"], "num_stages": 1},
+        options: dict[str, Any] = {"num_warps": params["num_warps"], "num_stages": 1}
+        if params.get("PDL"):
+            options["launch_pdl"] = True
+        return AotSpec(kernel_name, "triton", pointers, constexprs, tuple(divisible), options,
                        int_type="i64" if needs_int64(problem) else "i32")
 
 
@@ -498,6 +505,7 @@ class TritonPointwise(_TritonLoops):
         Knob("XBLOCK", powers_of_two(16, 65536), 1024, "elements per program"),
         Knob("num_warps", (1, 2, 4, 8, 16), 4, "warps per program"),
         Knob("DESC", (False, True), False, "dense accesses through tensor descriptors (TDM on gfx1250)"),
+        PDL_KNOB,
     ))
 
 
@@ -513,6 +521,7 @@ class TritonReduction(_TritonLoops):
         Knob("PERSISTENT", (False, True), True, "hold the whole row (RBLOCK = row rounded up to 2^k)"),
         Knob("num_warps", (1, 2, 4, 8, 16), 4, "warps per program"),
         Knob("DESC", (False, True), False, "dense accesses through tensor descriptors (TDM on gfx1250)"),
+        PDL_KNOB,
     ))
 
     def check_tile(self, params: Params, problem: LoopProblem, target: Target) -> str | None:
