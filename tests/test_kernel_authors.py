@@ -23,7 +23,7 @@ from tilewright.compiler.capture import ModelSpec
 from tilewright.compiler.report import collect_reports
 from tilewright.runtime.aot import compile_jobs
 from tilewright.runtime.verify import verify
-from tilewright.templates import templates_for, unregister_template
+from tilewright.templates import templates_for, unregister_language, unregister_template
 
 EXAMPLES = Path(__file__).parents[1] / "docs" / "examples"
 GUIDE = Path(__file__).parents[1] / "docs" / "kernel-authors.md"
@@ -39,7 +39,10 @@ def tutorial():
         template = tutorial_gemm.register()
         yield template
     finally:
+        # both go: a language left registered would be sent to every later tuning worker,
+        # which cannot import tutorial_language once the folder leaves sys.path
         unregister_template("tutorial.gemm")
+        unregister_language("tutorial")
         sys.path.remove(str(EXAMPLES))
 
 
@@ -139,10 +142,13 @@ def test_tuning_workers_see_templates_registered_by_calls(tutorial, tmp_path):
     # bug guarded: a spawned tuning worker starts with only what a scan finds, so a template
     # registered from user code was "no template 'tutorial.gemm'" there (isolation is on by
     # default on GPUs); the pool now replays the parent's registrations in each worker
+    import pickle
+
     from tilewright.templates import registered_by_calls
 
-    sent = registered_by_calls()
-    assert tutorial in sent and any(getattr(o, "name", "") == "tutorial" for o in sent)
+    sent = [pickle.loads(blob) for blob in registered_by_calls()]
+    assert any(getattr(o, "id", "") == tutorial.id for o in sent)
+    assert any(getattr(o, "name", "") == "tutorial" for o in sent)
     torch.manual_seed(1)
     model = Head().to(torch.float16)
     x = torch.randn(24, 48, dtype=torch.float16)
@@ -155,3 +161,25 @@ def test_tuning_workers_see_templates_registered_by_calls(tutorial, tmp_path):
         ref = Head().double()
         ref.load_state_dict(model.state_dict())
         assert rel_err(out, ref(x.double())) < 2e-3
+
+
+def test_a_registration_a_worker_cannot_import_costs_only_itself(caplog):
+    # bug guarded: the parent sent its registrations as one pickled list, so a template whose
+    # module had left sys.path (this guide's fixture, torn down) killed every later tuning
+    # worker before it was ready ("No module named 'tutorial_language'"), failing whole graphs
+    import pickle
+    import types
+
+    from tilewright.templates import replay
+
+    gone = types.ModuleType("tilewright_test_gone_module")
+    exec("class Thing:\n    pass\n", gone.__dict__)
+    gone.Thing.__module__ = gone.__name__
+    sys.modules[gone.__name__] = gone
+    try:
+        blob = pickle.dumps(gone.Thing())
+    finally:
+        del sys.modules[gone.__name__]
+    with caplog.at_level("WARNING", logger="tilewright"):
+        replay([blob])
+    assert "cannot be loaded in this worker" in caplog.text

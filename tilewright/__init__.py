@@ -20,6 +20,8 @@ _LAZY = {
     "register_language": "tilewright.runtime.languages",
     "register_template": "tilewright.templates",
     "TemplateSpec": "tilewright.templates.base",
+    "unregister_language": "tilewright.templates",
+    "unregister_template": "tilewright.templates",
 }
 
 
@@ -43,4 +45,5 @@ def launch_report(model, *args, train: bool = False, **kwargs):
 
 
 __all__ = ["Config", "Language", "TemplateSpec", "TilewrightError", "__version__", "config",
-           "launch_report", "register_language", "register_template"]
+           "launch_report", "register_language", "register_template", "unregister_language",
+           "unregister_template"]

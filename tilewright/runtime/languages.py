@@ -147,6 +147,20 @@ def register_language(language: Language, *, replace: bool = False) -> Language:
     return language
 
 
+def drop_language(name: str) -> Language:
+    """Remove a language from this registry; returns it. Use
+    :func:`tilewright.templates.unregister_language`, which first checks that none of its
+    templates is left.
+
+    Raises:
+        KeyError: no language of that name.
+    """
+    with _lock:
+        if name not in _LANGUAGES:
+            raise KeyError(f"no language named {name!r}; registered: {sorted(_LANGUAGES)}")
+        return _LANGUAGES.pop(name)
+
+
 def _ensure_loaded() -> None:
     """Scan the template folders (and the entry points) once: they declare the languages."""
     global _loaded

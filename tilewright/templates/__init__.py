@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from tilewright.errors import RegistrationError
-from tilewright.runtime.languages import Language, get_language, languages, register_language
+from tilewright.runtime.languages import Language, drop_language, get_language, languages, register_language
 from tilewright.templates.base import (
     Knob, ParamSpace, RenderedKernel, Support, SUPPORTED, TemplateSpec, powers_of_two,
 )
@@ -154,6 +154,28 @@ def unregister_template(template_id: str) -> TemplateSpec:
     return t
 
 
+def unregister_language(name: str) -> Language:
+    """Remove a language registered by :func:`register_language` (a kernel author reloading
+    their module, a test cleaning up); returns it. Tuning workers started afterwards no longer
+    receive it.
+
+    Raises:
+        KeyError: no language of that name.
+        RegistrationError: templates of that language are still registered; unregister them
+            first with :func:`unregister_template`.
+    """
+    ensure_registered()
+    with _lock:
+        left = [t.id for t in _BY_LANGUAGE.get(name, [])]
+        if left:
+            raise RegistrationError(f"language {name!r} still has templates {left}; "
+                                    "unregister_template them first")
+        lang = drop_language(name)
+        _BY_LANGUAGE.pop(name, None)
+        _SCANNED_LANGUAGES.discard(name)
+    return lang
+
+
 def _add(t: TemplateSpec) -> None:
     if _TEMPLATES.get(t.id) is t:
         return
@@ -211,10 +233,10 @@ def _entry_points(group: str) -> list:
         return []
 
 
-def registered_by_calls() -> list[Language | TemplateSpec]:
+def registered_by_calls() -> list[bytes]:
     """The languages and templates this process registered by calling ``register_language`` /
-    ``register_template`` (not found by scanning the folders and entry points), those that
-    can be sent to another process: a tuning worker (spawned: it starts with only what a scan
+    ``register_template`` (not found by scanning the folders and entry points), each pickled
+    on its own, for another process: a tuning worker (spawned: it starts with only what a scan
     finds) replays them with :func:`replay`. One that cannot be pickled (a lambda among a
     language's hooks, a class defined inside a function) is left out with a warning: its
     candidates then fail in workers, with the reason."""
@@ -226,20 +248,30 @@ def registered_by_calls() -> list[Language | TemplateSpec]:
     out = []
     for obj in found:
         try:
-            pickle.dumps(obj)
+            out.append(pickle.dumps(obj))
         except Exception as e:  # noqa: BLE001 - any pickling failure means the same
             name = getattr(obj, "id", None) or obj.name
             log.warning("%s cannot be sent to tuning workers (%s: %s); define it at module level "
                         "or register it through an entry point", name, type(e).__name__, e)
-            continue
-        out.append(obj)
     return out
 
 
-def replay(registrations: Iterable[Language | TemplateSpec]) -> None:
-    """Register what another process registered by calls (:func:`registered_by_calls`)."""
+def replay(registrations: Iterable[bytes]) -> None:
+    """Register what another process registered by calls (:func:`registered_by_calls`).
+
+    Each registration is unpickled on its own: one whose module this process cannot import
+    (the parent added a folder to ``sys.path`` and removed it again) is skipped with a warning,
+    so only that language's or template's candidates fail here, never the whole worker."""
+    import pickle
+
     ensure_registered()
-    for obj in registrations:
+    for blob in registrations:
+        try:
+            obj = pickle.loads(blob)
+        except Exception as e:  # noqa: BLE001 - an unimportable module, a changed class: skip it
+            log.warning("a language or template registered in the parent cannot be loaded in this "
+                        "worker (%s: %s); its candidates fail here", type(e).__name__, e)
+            continue
         if isinstance(obj, Language):
             register_language(obj, replace=True)
         else:
@@ -337,6 +369,7 @@ __all__ = [
     "TemplateSpec", "all_templates", "ensure_registered", "get_template", "load_entry_points",
     "manifests",
     "powers_of_two", "register", "register_language",
-    "register_template", "registered_by_calls", "replay", "templates_for", "unregister_template",
+    "register_template", "registered_by_calls", "replay", "templates_for", "unregister_language",
+    "unregister_template",
     "validate_template",
 ]
