@@ -30,7 +30,7 @@ from tilewright.templates.base import (
     SUPPORTED, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
     powers_of_two,
 )
-from tilewright.templates.triton.attention_mods import render_all
+from tilewright.templates.triton.attention_mods import IndexNames, render_all
 from tilewright.templates.triton.emit import POINTER, TritonExpr
 from tilewright.templates.triton.gemm import MAX_ACC_REGS_PER_THREAD, TORCH_DTYPE
 
@@ -85,6 +85,7 @@ class AttentionTemplate(TemplateSpec):
     op = "attention"
     direction = "forward"
     kernel_name = "tw_attention_fwd"
+    names = IndexNames()  # how the kernel names b, h, m, n in a key tile
     space = ParamSpace((
         Knob("BLOCK_M", powers_of_two(16, 256), 64, "query rows per program"),
         Knob("BLOCK_N", powers_of_two(16, 256), 64, "keys per inner-loop tile"),
@@ -129,10 +130,8 @@ class AttentionTemplate(TemplateSpec):
         params = self.space.complete(params)
         if (why := self.space_refusal(params)) is not None:
             return why
-        bm = problem.block_mask
-        if bm is not None and (bm.q_block % params["BLOCK_M"] or bm.kv_block % params["BLOCK_N"]):
-            return (f"BLOCK_M={params['BLOCK_M']}, BLOCK_N={params['BLOCK_N']} must divide the block "
-                    f"mask's {bm.q_block}x{bm.kv_block} blocks")
+        if (why := self.block_mask_refusal(params, problem)) is not None:
+            return why
         if params["DESC"] and not (target.interpreted or target.has("tma") or target.has("tdm")):
             return f"{target.name} has no tensor-descriptor engine (TMA/TDM)"
         if params["DESC"] and head_pad(problem.D) * ELEMENT_BYTES[problem.dtype] < 16:
@@ -145,6 +144,15 @@ class AttentionTemplate(TemplateSpec):
         regs = self.acc_regs(problem, params, target)
         if regs > MAX_ACC_REGS_PER_THREAD:
             return f"score and accumulator tiles need {regs:.0f} registers per thread (> {MAX_ACC_REGS_PER_THREAD})"
+        return None
+
+    def block_mask_refusal(self, params: Params, problem: AttentionProblem) -> str | None:
+        """A program's query rows must lie in one query block, and its key tiles tile a key
+        block."""
+        bm = problem.block_mask
+        if bm is not None and (bm.q_block % params["BLOCK_M"] or bm.kv_block % params["BLOCK_N"]):
+            return (f"BLOCK_M={params['BLOCK_M']}, BLOCK_N={params['BLOCK_N']} must divide the block "
+                    f"mask's {bm.q_block}x{bm.kv_block} blocks")
         return None
 
     def seed_params(self, problem: AttentionProblem, target: Target) -> list[dict[str, Any]]:
@@ -164,7 +172,7 @@ class AttentionTemplate(TemplateSpec):
     # -- rendering ------------------------------------------------------------------------------
     def context(self, problem: AttentionProblem, params: Params, target: Target) -> dict[str, Any]:
         interp = target.interpreted
-        score_mod, mask_mod, deriv, helpers = render_all(problem, interp)
+        score_mod, mask_mod, deriv, helpers = render_all(problem, interp, self.names)
         upcast = interp and problem.dtype != "fp32"
         e = TritonExpr(interpreted=interp, load=lambda n: "")
         out_value = e.convert("o", "fp32", problem.dtype) if interp and problem.dtype != "fp32" else "o"
