@@ -33,7 +33,7 @@ from tilewright.problem import DTYPES
 # ‖out − ref‖ / ‖ref‖ allowed per dtype of the kernel's inputs; lse (fp32) is judged at TOL_LSE
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2}
 TOL_LSE = {"fp32": 1e-5, "fp16": 1e-3, "bf16": 1e-3}
-INT_CAPTURE_VALUES = 4  # integer captures without bounds (document ids) take values 0..3
+INT_CAPTURE_VALUES = 4  # integer captures without bounds (document ids) take values 0..3, sorted
 
 
 def block_mask_names(problem: AttentionProblem) -> list[str]:
@@ -77,9 +77,14 @@ class AttentionInputs:
 def _capture(shape: Sequence[int], dtype: str, bounds, gen: torch.Generator) -> torch.Tensor:
     if dtype == "bool":
         return torch.rand(tuple(shape), generator=gen) < 0.7
-    if dtypes.is_int(dtype):
-        lo, hi = bounds if bounds else (0, INT_CAPTURE_VALUES)
+    if dtypes.is_int(dtype) and bounds:
+        lo, hi = bounds
         return torch.randint(lo, max(hi, lo + 1), tuple(shape), generator=gen).to(dtypes.TORCH[dtype])
+    if dtypes.is_int(dtype):
+        # ids of packed documents: runs of equal values (so masks have full blocks too)
+        ids = torch.randint(0, INT_CAPTURE_VALUES, tuple(shape), generator=gen)
+        ids = ids.sort(dim=-1).values if ids.dim() else ids
+        return ids.to(dtypes.TORCH[dtype])
     return torch.randn(tuple(shape), generator=gen).to(dtypes.TORCH[dtype])
 
 
