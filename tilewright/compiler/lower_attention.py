@@ -43,6 +43,7 @@ CPU_FLASH_BWD = aten._scaled_dot_product_flash_attention_for_cpu_backward.defaul
 CUDA_FLASH = aten._scaled_dot_product_flash_attention.default
 CUDA_FLASH_BWD = aten._scaled_dot_product_flash_attention_backward.default
 EFFICIENT = aten._scaled_dot_product_efficient_attention.default
+SDPA = aten.scaled_dot_product_attention.default  # what hand-written attention is rewritten to
 
 
 class NotAttention(Exception):
@@ -169,6 +170,10 @@ def lower_sdpa(node: fx.Node) -> tuple[AttentionProblem, list[str], list[str]]:
         empty_lse, mask = -math.inf, None
         if a.get("return_debug_mask"):
             raise NotAttention("the debug attention mask is requested")
+    elif target is SDPA:
+        bwd = False
+        a = dict(zip(["q", "k", "v", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"], node.args)) | kw
+        empty_lse, mask = -math.inf, a.get("attn_mask")
     elif target is EFFICIENT:
         bwd = False
         a = dict(zip(["q", "k", "v", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal"], node.args)) | kw
@@ -185,19 +190,21 @@ def lower_sdpa(node: fx.Node) -> tuple[AttentionProblem, list[str], list[str]]:
     if causal and target in (CUDA_FLASH, CUDA_FLASH_BWD, EFFICIENT) and dims["Sq"] != dims["Skv"]:
         raise NotAttention("causal GPU SDPA with Sq != Skv (its alignment is the kernel's)")
     score_mod, mask_mod, cap_nodes, captures = _sdpa_mask(mask, dims)
-    outs = _getitems(node, 3 if bwd else 2)
+    outs = [node, None] if target is SDPA else _getitems(node, 3 if bwd else 2)
     named = ({"dq": outs[0], "dk": outs[1], "dv": outs[2]} if bwd else {"out": outs[0], "lse": outs[1]})
     problem = AttentionProblem(**dims, scale=_scale(a.get("scale"), dims["D"]), causal=causal,
                                direction="backward" if bwd else "forward", score_mod=score_mod,
                                mask_mod=mask_mod, captures=captures, empty_lse=empty_lse,
                                orders=_orders(named), op="sdpa")
+    if target is SDPA and bool(a.get("enable_gqa", False)) != (dims["H"] != dims["H_kv"]):
+        raise NotAttention("query and key heads differ without enable_gqa")
     head = [a["q"], a["k"], a["v"]] + ([a["out"], a["grad_out"], a["lse"]] if bwd else [])
     args = [n.name for n in head + cap_nodes]
     return problem, args, [o.name if o is not None else "" for o in outs]
 
 
 # -- the pass -----------------------------------------------------------------------------------------
-SDPA_OPS = (CPU_FLASH, CPU_FLASH_BWD, CUDA_FLASH, CUDA_FLASH_BWD, EFFICIENT)
+SDPA_OPS = (CPU_FLASH, CPU_FLASH_BWD, CUDA_FLASH, CUDA_FLASH_BWD, EFFICIENT, SDPA)
 
 
 def lower_node(node: fx.Node, gm: fx.GraphModule) -> tuple[AttentionProblem, list[str], list[str]] | None:
