@@ -1,9 +1,9 @@
 """Candidates for an attention problem: ATen first, then the Triton attention templates' tiles,
 ranked by a roofline of the attention's own shape.
 
-Prefill (many query rows) goes to ``triton.attention``; decode (GROUP x Sq query rows per KV
-head small, keys many) also to ``triton.attention_decode``, whose key split fills the machine
-when ``B x H`` programs would not. Each template proposes its seed tiles (BLOCK_M, BLOCK_N,
+Prefill (many query rows) goes to ``triton.attention``; decode-shaped problems (GROUP x Sq query
+rows per KV head at most 128) also to ``triton.attention_decode``, whose key split fills the
+machine when ``B x H`` programs would not; the estimate decides between them. Each template proposes its seed tiles (BLOCK_M, BLOCK_N,
 warps, stages, the split; with ``DESC`` where the target moves tiles with TMA/TDM), its
 ``check`` refuses those that exceed the target's shared memory/LDS or registers before
 anything compiles, and :func:`estimate` ranks the rest. As for the other kinds, interpreted
@@ -24,11 +24,9 @@ from tilewright.autotune.cost_model import INTERP_MAC_MS, INTERP_STEP_MS, LAUNCH
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec, get_template, templates_for
 
-DECODE_ROWS = 64  # GROUP x Sq at most this: a decode-shaped problem
-
-
-def is_decode(problem: AttentionProblem) -> bool:
-    return problem.direction == "forward" and problem.group * problem.Sq <= DECODE_ROWS and problem.Skv >= 4 * problem.Sq
+# tiles moved by TMA/TDM free the warps from address math: a prior (as triton.gemm_tma's and
+# the grouped descriptor template's 1.15) until a device measures it
+DESC_EFFICIENCY = 1.15
 
 
 def estimate(problem: AttentionProblem, params: dict[str, Any], target: Target, *,
@@ -55,6 +53,9 @@ def estimate(problem: AttentionProblem, params: dict[str, Any], target: Target, 
         return CostEstimate(ms, ms, 0.0, "latency", float(programs), 1.0)
     peak = target.peak(problem.dtype) if problem.dtype != "fp32" else target.peak("fp32")
     area = min(bm * bn, 128 * 128) / (128 * 128)
+    engine = bool(params.get("DESC")) and (target.has("tma") or target.has("tdm"))
+    if engine:
+        efficiency *= DESC_EFFICIENCY
     mma = 0.7 * (0.35 + 0.65 * math.sqrt(area)) * efficiency
     compute_ms = 2 * macs / (peak * 1e9 * mma) if peak else 0.0
     resident = max(1, target.num_sms)
@@ -67,6 +68,8 @@ def estimate(problem: AttentionProblem, params: dict[str, Any], target: Target, 
     if decode:
         memory_bytes += problem.B * problem.H * problem.Sq * split * (problem.Dv + 2) * 4 * 2
     memory_ms = memory_bytes / (target.hbm_gbps * 1e6) if target.hbm_gbps else 0.0
+    if engine:  # the loop kernels' descriptor credit (cost_model.estimate_loop): 1.1x bandwidth
+        memory_ms /= 1.1
     launches = (2 if decode else 1) + (2 if problem.direction == "backward" else 0)
     ms = max(compute_ms, memory_ms) + launches * LAUNCH_US / 1000
     bound = "compute" if compute_ms >= memory_ms else "memory"

@@ -46,6 +46,15 @@ def head_pad(d: int) -> int:
     return max(16, ceil_pow2(d))
 
 
+def fit_block(tile: int, block: int | None) -> int:
+    """``tile`` halved until it divides ``block`` (a block mask's block size), at least 16."""
+    if block is None:
+        return tile
+    while tile > 16 and block % tile:
+        tile //= 2
+    return tile
+
+
 def mma_checks(problem: AttentionProblem, params: Params, target: Target) -> list[InstructionCheck]:
     """The matrix instructions the Q Kᵀ and P V dots lower to (measured, triton 3.9): wgmma on
     sm_90a and tcgen05 on sm_100a for BLOCK_M >= 64 with >= 4 warps (mma.sync otherwise),
@@ -76,6 +85,22 @@ def descriptor_checks(params: Params, target: Target) -> list[InstructionCheck]:
     if target.arch == "gfx1250":
         return [InstructionCheck("amdgcn", (r"tensor_load_to_lds",), (), "TDM tile loads")]
     return []
+
+
+def tiles(problem: AttentionProblem, target: Target, seeds: list[tuple[int, int, int, int]]) -> list[dict[str, Any]]:
+    """Seed (BLOCK_M, BLOCK_N, warps, stages) tiles made to fit the problem: no larger than the
+    lengths (a power of two >= 16), dividing a block mask's blocks; each with DESC where the
+    target moves tiles with an engine."""
+    bm_spec = problem.block_mask
+    cap_m, cap_n = max(16, ceil_pow2(problem.Sq)), max(16, ceil_pow2(problem.Skv))
+    descs = (False, True) if (target.has("tma") or target.has("tdm")) else (False,)
+    out = []
+    for d in descs:
+        for bm, bn, w, s in seeds:
+            bm = fit_block(min(bm, cap_m), bm_spec.q_block if bm_spec else None)
+            bn = fit_block(min(bn, cap_n), bm_spec.kv_block if bm_spec else None)
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, "DESC": d})
+    return out
 
 
 class AttentionTemplate(TemplateSpec):
@@ -164,10 +189,7 @@ class AttentionTemplate(TemplateSpec):
             seeds = [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 4, 1), (64, 32, 4, 1)]
         else:
             seeds = [(128, 64, 8, 3), (128, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2)]
-        cap_m, cap_n = max(16, ceil_pow2(problem.Sq)), max(16, ceil_pow2(problem.Skv))
-        descs = (False, True) if (target.has("tma") or target.has("tdm")) else (False,)
-        return [{"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "num_warps": w, "num_stages": s,
-                 "DESC": d} for d in descs for bm, bn, w, s in seeds]
+        return tiles(problem, target, seeds)
 
     # -- rendering ------------------------------------------------------------------------------
     def context(self, problem: AttentionProblem, params: Params, target: Target) -> dict[str, Any]:

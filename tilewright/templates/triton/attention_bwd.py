@@ -23,7 +23,7 @@ from tilewright.attention.problem import AttentionProblem
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import Params, Support
-from tilewright.templates.triton.attention import AttentionTemplate, head_pad
+from tilewright.templates.triton.attention import AttentionTemplate, head_pad, tiles
 from tilewright.templates.triton.emit import TritonExpr
 
 
@@ -66,10 +66,7 @@ class TritonAttentionBackward(AttentionTemplate):
             seeds = [(64, 64, 8, 1), (64, 32, 8, 1), (32, 32, 4, 1)]
         else:
             seeds = [(64, 64, 4, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 32, 4, 2)]
-        cap_m, cap_n = max(16, 1 << (max(problem.Sq, 1) - 1).bit_length()), max(16, 1 << (max(problem.Skv, 1) - 1).bit_length())
-        descs = (False, True) if (target.has("tma") or target.has("tdm")) else (False,)
-        return [{"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "num_warps": w, "num_stages": s, "DESC": d}
-                for d in descs for bm, bn, w, s in seeds]
+        return tiles(problem, target, seeds)
 
     def context(self, problem: AttentionProblem, params: Params, target: Target) -> dict[str, Any]:
         ctx = super().context(problem, params, target)

@@ -22,7 +22,7 @@ from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import Knob, ParamSpace, Params, Support, powers_of_two
-from tilewright.templates.triton.attention import AttentionTemplate, head_pad
+from tilewright.templates.triton.attention import AttentionTemplate, fit_block, head_pad
 from tilewright.templates.triton.attention_mods import IndexNames
 
 MAX_DECODE_ROWS = 128  # GROUP x Sq rows a decode program may take (more: the prefill kernel)
@@ -86,7 +86,8 @@ class TritonAttentionDecode(AttentionTemplate):
         out = []
         for d in descs:
             for bn, w, s in seeds:
-                bn = min(bn, max(16, ceil_pow2(problem.Skv)))
+                bn = fit_block(min(bn, max(16, ceil_pow2(problem.Skv))),
+                               problem.block_mask.kv_block if problem.block_mask else None)
                 out.append({"BLOCK_M": min(rows, 128), "BLOCK_N": bn, "SPLIT": split_for(problem, rows, bn, target),
                             "num_warps": w, "num_stages": s, "DESC": d})
         return out
