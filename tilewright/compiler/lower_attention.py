@@ -1,5 +1,5 @@
-"""Lowering attention: FX nodes → :class:`AttentionNode` kernels over an
-:class:`~tilewright.attention.AttentionProblem`.
+"""Lowering attention: FX nodes → :class:`~tilewright.attention.AttentionProblem` (the kind
+:mod:`tilewright.kinds.attention` makes each a kernel node).
 
 What is recognised (anything else stays the ATen call it is, so a model never fails here):
 
@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from tilewright.attention import mods
-from tilewright.attention.problem import AttentionProblem, BlockMaskSpec, Capture
-from tilewright.compiler.graph import ExternNode, KernelGraph, Node, TensorMeta, size_hint, to_sympy
+from tilewright.attention.problem import AttentionProblem, Capture
+from tilewright.compiler.graph import TensorMeta, size_hint
 from tilewright.ir import dtypes
-from tilewright.ir import expr as E
 from tilewright.problem import DTYPE_NAMES
 
 aten = torch.ops.aten
@@ -48,22 +46,6 @@ SDPA = aten.scaled_dot_product_attention.default  # what hand-written attention 
 
 class NotAttention(Exception):
     """This node stays on ATen; the message says why (logged, for ``explain``)."""
-
-
-@dataclass
-class AttentionNode(Node):
-    """One attention kernel. ``args`` are the graph values the launcher takes, in
-    :func:`tilewright.attention.tuning.input_names` order; ``outputs`` the values it produces
-    (:attr:`AttentionProblem.output_names` order; "" for an output nobody reads)."""
-
-    problem: AttentionProblem | None = None
-    args: list[str] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def inputs(self) -> list[str]:
-        return list(self.args)
 
 
 # -- shapes and layouts -----------------------------------------------------------------------------
@@ -224,46 +206,3 @@ def lower_node(node: fx.Node, gm: fx.GraphModule) -> tuple[AttentionProblem, lis
     if node.target is FLEX_BWD:
         return lower_flex_backward(node, gm)
     return None
-
-
-def _owned_getitems(node: fx.Node) -> set[str]:
-    """The getitem nodes of ``node``'s outputs, and theirs (a tuple output's items)."""
-    out: set[str] = set()
-    todo = [node]
-    while todo:
-        for user in todo.pop().users:
-            if user.target is operator.getitem:
-                out.add(user.name)
-                todo.append(user)
-    return out
-
-
-def lower_attention_nodes(kg: KernelGraph, gm: fx.GraphModule) -> int:
-    """Replace the attention ATen calls of ``kg`` by :class:`AttentionNode` kernels in place
-    (their getitems with them: the kernel produces those values); returns how many. An
-    attention node that cannot be lowered stays as it is (the reason is logged)."""
-    import logging
-
-    log = logging.getLogger("tilewright.compiler")
-    made: dict[str, AttentionNode] = {}
-    dropped: set[str] = set()
-    count = 0
-    for n in kg.nodes:
-        if not isinstance(n, ExternNode):
-            continue
-        try:
-            found = lower_node(n.fx_node, gm)
-        except NotAttention as e:
-            log.info("attention %s stays on ATen: %s", n.name, e)
-            continue
-        if found is None:
-            continue
-        problem, args, outs = found
-        made[n.name] = AttentionNode(f"attention_{count}", [n.fx_node], problem=problem, args=args,
-                                     outputs=outs, device=_meta(n.fx_node.args[0]).device)
-        dropped |= _owned_getitems(n.fx_node)
-        count += 1
-    if made:
-        kg.nodes = [made.get(n.name, n) for n in kg.nodes
-                    if not (isinstance(n, ExternNode) and n.name in dropped)]
-    return count
