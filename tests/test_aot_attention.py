@@ -64,7 +64,7 @@ def test_attention_forward_and_backward_build_and_check_on_every_gpu_target(bloc
     kernels, _ = aot.plan(block_train, [get_target(target_name)])
     assert {k.template.id for k in kernels} >= {"triton.attention", "triton.attention_bwd"}
     counts = _build(kernels, tmp_path)
-    engine = {"sm_90a": "cp.async.bulk.tensor", "sm_100a": "cp.async.bulk.tensor", "gfx1250": "tensor_load_to_lds"}
+    engine = {"sm_90a": r"cp\.async\.bulk\.tensor", "sm_100a": r"cp\.async\.bulk\.tensor", "gfx1250": "tensor_load_to_lds"}
     if target_name in engine:
         assert all(any(engine[target_name] in p for p in c) for c in counts.values()), counts
 
