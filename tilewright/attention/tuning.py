@@ -148,8 +148,8 @@ def poisoned(problem: AttentionProblem, device: torch.device | str) -> tuple[tor
 
 
 def run(launch, x: AttentionInputs, outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """One launch with ``outs`` as the outputs (named as :data:`OUTPUTS` of the direction)."""
-    names = ("out", "lse") if len(outs) == 2 else ("dq", "dk", "dv")
+    """One launch with ``outs`` as the outputs (a backward's inputs hold ``dout``)."""
+    names = ("dq", "dk", "dv") if "dout" in x.names else ("out", "lse")
     return tuple(launch(*x.tensors, **dict(zip(names, outs))))
 
 

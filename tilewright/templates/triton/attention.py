@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from tilewright.attention.problem import AttentionProblem
+from tilewright.attention.tuning import block_mask_names
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir.index import ceil_pow2
 from tilewright.problem import ELEMENT_BYTES
@@ -200,8 +201,6 @@ class AttentionTemplate(TemplateSpec):
         out_value = e.convert("o", "fp32", problem.dtype) if interp and problem.dtype != "fp32" else "o"
         helpers = helpers + e.helpers()
         bm = problem.block_mask
-        from tilewright.attention.tuning import block_mask_names
-
         return dict(
             kernel_name=self.kernel_name, problem_text=problem.describe(),
             params_text=self.space.encode(params), target=target.name,
@@ -223,8 +222,6 @@ class AttentionTemplate(TemplateSpec):
         """Pointer types, the tile and DESC as constexprs, unit head-dim strides specialised
         (the JIT does the same for a stride of 1), 16-byte divisibility of pointers and of the
         row strides when the head dims are multiples of 16."""
-        from tilewright.attention.tuning import block_mask_names
-
         pointers = self.pointer_types(problem)
         for i, c in enumerate(problem.captures):
             pointers[f"C{i}"] = POINTER[c.dtype]
