@@ -217,3 +217,61 @@ def test_demo_llama_training_step_runs_attention_through_generated_kernels(tmp_p
     for (name, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
         if q.grad is not None:
             assert (p.grad.double() - q.grad).norm() / q.grad.norm() < 1e-4, name
+
+
+def _fake_graph(target, args, kwargs, n_outputs, used=None):
+    """A one-op FX graph over fake CUDA tensors (no GPU needed) and the op's node."""
+    import operator
+
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    g = fx.Graph()
+    nodes = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Size):
+            with mode:
+                val = torch.empty(a, dtype=torch.bfloat16, device="cuda")
+            p = g.placeholder(f"x{i}")
+            p.meta["val"] = val
+            nodes.append(p)
+        else:
+            nodes.append(a)
+    node = g.call_function(target, tuple(nodes), kwargs)
+    with mode:
+        node.meta["val"] = target(*[n.meta["val"] if isinstance(n, torch.fx.Node) else n for n in nodes], **kwargs)
+    outs = []
+    for i in (used if used is not None else range(n_outputs)):
+        item = g.call_function(operator.getitem, (node, i))
+        item.meta["val"] = node.meta["val"][i]
+        outs.append(item)
+    g.output(tuple(outs))
+    return fx.GraphModule(torch.nn.Module(), g), node
+
+
+def test_cuda_sdpa_ops_lower_to_problems_without_a_gpu():
+    from tilewright.compiler.lower_attention import NotAttention, lower_node
+
+    aten = torch.ops.aten
+    s = torch.Size((2, 8, 128, 64))
+    gm, node = _fake_graph(aten._scaled_dot_product_flash_attention.default, (s, s, s, 0.0, True, False),
+                           {"scale": 0.125}, 2)
+    p, args, outs = lower_node(node, gm)
+    assert (p.direction, p.causal, p.empty_lse, p.dtype, p.scale) == ("forward", True, -math.inf, "bf16", 0.125)
+    assert args == ["x0", "x1", "x2"]
+    # the efficient kernel's lse is padded to a multiple of 32 rows: lowered only while unread
+    bias = torch.Size((2, 1, 128, 128))
+    gm, node = _fake_graph(aten._scaled_dot_product_efficient_attention.default, (s, s, s, bias, True, 0.0, False),
+                           {}, 2, used=[0])
+    p, args, _ = lower_node(node, gm)
+    assert p.score_mod and len(p.captures) == 1 and args == ["x0", "x1", "x2", "x3"]
+    gm, node = _fake_graph(aten._scaled_dot_product_efficient_attention.default, (s, s, s, bias, True, 0.0, False),
+                           {}, 2)
+    with pytest.raises(NotAttention, match="padded lse"):
+        lower_node(node, gm)
+    # causal with Sq != Skv on the GPU: the kernels' alignment differs, so it stays on ATen
+    gm, node = _fake_graph(aten._scaled_dot_product_flash_attention.default,
+                           (s, torch.Size((2, 8, 96, 64)), torch.Size((2, 8, 96, 64)), 0.0, True, False), {}, 2)
+    with pytest.raises(NotAttention, match="causal"):
+        lower_node(node, gm)
