@@ -36,12 +36,12 @@ class AtenAttention(TemplateSpec):
     op = "attention"
     jinja = "attention.py.jinja"
 
-    def supports(self, problem: AttentionProblem, target: Target) -> Support:
+    def problem_support(self, problem: AttentionProblem, target: Target) -> Support:
         if not isinstance(problem, AttentionProblem):
             return Support(False, f"{self.id} runs attention problems")
         return SUPPORTED
 
-    def render(self, problem: AttentionProblem, params: Params, target: Target) -> RenderedKernel:
+    def render_kernel(self, problem: AttentionProblem, params: Params, target: Target) -> RenderedKernel:
         source = self.render_jinja(problem_text=problem.describe(), problem_json=problem.to_json(),
                                    sdpa=sdpa_form(problem), backward=problem.direction == "backward")
         return RenderedKernel(template_id=self.id, params={}, target=target.name, source=source,

@@ -22,7 +22,6 @@ from typing import Any
 
 from tilewright.attention.problem import AttentionProblem
 from tilewright.attention.tuning import block_mask_names
-from tilewright.errors import UnsupportedProblemError
 from tilewright.ir.index import ceil_pow2
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.aot import AotSpec
@@ -120,7 +119,7 @@ class AttentionTemplate(TemplateSpec):
         Knob("DESC", (False, True), False, "Q/K/V tiles through tensor descriptors (TMA, TDM)"),
     ))
 
-    def supports(self, problem: AttentionProblem, target: Target) -> Support:
+    def problem_support(self, problem: AttentionProblem, target: Target) -> Support:
         if not isinstance(problem, AttentionProblem):
             return Support(False, f"{self.id} runs attention problems")
         if problem.direction != self.direction:
@@ -254,13 +253,7 @@ class AttentionTemplate(TemplateSpec):
     def efficiency(self, target: Target) -> float:
         return 1.0
 
-    def render(self, problem: AttentionProblem, params: Params, target: Target) -> RenderedKernel:
-        params = self.space.complete(params)
-        support = self.supports(problem, target)
-        if not support:
-            raise UnsupportedProblemError(f"{self.id} cannot run {problem.describe()}: {support.reason}")
-        if (why := self.check(params, problem, target)) is not None:
-            raise UnsupportedProblemError(f"{self.id} params {dict(params)} on {target.name}: {why}")
+    def render_kernel(self, problem: AttentionProblem, params: Params, target: Target) -> RenderedKernel:
         source = self.render_jinja(**self.context(problem, params, target))
         return RenderedKernel(template_id=self.id, params=dict(params), target=target.name, source=source,
                               name=self.id.replace(".", "_"), interpret=target.interpreted,

@@ -33,8 +33,8 @@ class TritonAttentionBackward(AttentionTemplate):
     kernel_name = "tw_attention_bwd"
     direction = "backward"
 
-    def supports(self, problem: AttentionProblem, target: Target) -> Support:
-        base = super().supports(problem, target)
+    def problem_support(self, problem: AttentionProblem, target: Target) -> Support:
+        base = super().problem_support(problem, target)
         if not base:
             return base
         try:

@@ -54,8 +54,8 @@ class TritonAttentionDecode(AttentionTemplate):
         Knob("DESC", (False, True), False, "K/V tiles through tensor descriptors (TMA, TDM)"),
     ))
 
-    def supports(self, problem: AttentionProblem, target: Target) -> Support:
-        base = super().supports(problem, target)
+    def problem_support(self, problem: AttentionProblem, target: Target) -> Support:
+        base = super().problem_support(problem, target)
         if not base:
             return base
         rows = problem.group * problem.Sq
