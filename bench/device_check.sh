@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in one run of under 8 minutes on an H200 that has only its own torch/triton:
 #   1. the correctness suite's GPU part (pytest -m gpu),
+#   1b. the attention rows (bench/attention_check.py: each generated attention kernel checked
+#      against float64 and timed beside ATen: prefill, backward, decode, a flex sliding window),
 #   2. the bench suite on the shapes of bench/cases/llm_gemm_shapes.json (bf16 decode and
 #      prefill, Llama-3-8B and Qwen3-30B-A3B): tilewright's choice vs ATen per problem,
 #      then the NVFP4 decode rows (nvfp4-check: the same dense layers as W4A4 GEMMs at M = 1,
@@ -31,10 +33,12 @@ START=$(date +%s)
 if [ "$MODE" = "--dry-run" ]; then
     SUITE=tiny; TARGET=cpu; TEST_TIMEOUT=300; BENCH_BUDGET=60; BENCH_TIMEOUT=120
     NVFP4_SUITE=""; NVFP4_BUDGET=0; NVFP4_TIMEOUT=0
+    ATTN_BUDGET=60; ATTN_TIMEOUT=120; ATTN_FLAGS=--dry-run
 else
-    # 200 s + 170 s + 80 s + a few seconds for the rest stays under 8 minutes
-    SUITE=h200-check; TARGET=""; TEST_TIMEOUT=200; BENCH_BUDGET=120; BENCH_TIMEOUT=170
+    # 200 s + 45 s + 140 s + 80 s + a few seconds for the rest stays under 8 minutes
+    SUITE=h200-check; TARGET=""; TEST_TIMEOUT=200; BENCH_BUDGET=100; BENCH_TIMEOUT=140
     NVFP4_SUITE=nvfp4-check; NVFP4_BUDGET=50; NVFP4_TIMEOUT=80
+    ATTN_BUDGET=30; ATTN_TIMEOUT=45; ATTN_FLAGS=""
     if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
         echo "device_check: no CUDA device visible to $PY (use --dry-run on a CPU)" >&2
         exit 2
@@ -65,6 +69,13 @@ timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -m gpu -p no:cacheprovider -p no:rand
 RC_TESTS=$?
 tail -n 3 "$OUT/gpu_tests.log"
 
+# 1b. the attention rows (a row starts only within ATTN_BUDGET s)
+echo "== 1b attention rows (bench/attention_check.py, budget ${ATTN_BUDGET}s)"
+timeout "$ATTN_TIMEOUT" "$PY" bench/attention_check.py "$OUT/attention.json" $ATTN_FLAGS \
+    --budget-s "$ATTN_BUDGET" > "$OUT/attention.log" 2>&1
+RC_ATTN=$?
+tail -n 9 "$OUT/attention.log"
+
 # 2. the bench suite (starts no new problem after BENCH_BUDGET s; the JSON is kept up to date)
 echo "== 2/3 bench run --suite $SUITE (budget ${BENCH_BUDGET}s)"
 timeout "$BENCH_TIMEOUT" "$PY" -m tilewright bench run --suite "$SUITE" ${TARGET:+--target "$TARGET"} \
@@ -93,10 +104,10 @@ else
          "(to record one: cp $OUT/bench.json bench/baselines/$ARCH/$SUITE.json)"
 fi
 
-"$PY" - "$OUT" "$RC_TESTS" "$RC_BENCH" "$RC_GATE" "$(( $(date +%s) - START ))" <<'PYEOF'
+"$PY" - "$OUT" "$RC_TESTS" "$RC_BENCH" "$RC_GATE" "$RC_ATTN" "$(( $(date +%s) - START ))" <<'PYEOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, rc_tests, rc_bench, rc_gate, seconds = sys.argv[1], *map(int, sys.argv[2:])
+out, rc_tests, rc_bench, rc_gate, rc_attn, seconds = sys.argv[1], *map(int, sys.argv[2:])
 tests = {}
 try:
     suite = ET.parse(Path(out) / "gpu_tests.xml").getroot()
@@ -104,7 +115,8 @@ try:
     tests = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 except (OSError, ET.ParseError, IndexError):
     pass
-summary = {"seconds": seconds, "gpu_tests": tests, "rc": {"tests": rc_tests, "bench": rc_bench, "gate": rc_gate}}
+summary = {"seconds": seconds, "gpu_tests": tests,
+           "rc": {"tests": rc_tests, "bench": rc_bench, "gate": rc_gate, "attention": rc_attn}}
 (Path(out) / "summary.json").write_text(json.dumps(summary, indent=1))
 print("device_check summary:", json.dumps(summary))
 PYEOF
@@ -116,4 +128,4 @@ fi
 if [ -f "$OUT/bench_nvfp4.json" ]; then
     "$PY" -m tilewright bench show "$OUT/bench_nvfp4.json"
 fi
-[ "$RC_TESTS" -eq 0 ] && [ "$RC_BENCH" -eq 0 ] && [ "$RC_GATE" -eq 0 ]
+[ "$RC_TESTS" -eq 0 ] && [ "$RC_BENCH" -eq 0 ] && [ "$RC_GATE" -eq 0 ] && [ "$RC_ATTN" -eq 0 ]

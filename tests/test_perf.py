@@ -353,6 +353,7 @@ def test_device_check_script_dry_run(tmp_path):
     out = tmp_path / "out"
     assert {"env.json", "gpu_tests.log", "bench.json", "summary.json"} <= {p.name for p in out.iterdir()}
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rc"] == {"tests": 0, "bench": 0, "gate": 0} and summary["gpu_tests"]["tests"] > 0
+    assert summary["rc"] == {"tests": 0, "bench": 0, "gate": 0, "attention": 0} and summary["gpu_tests"]["tests"] > 0
+    assert (out / "attention.json").is_file()
     assert load_results(out / "bench.json")["complete"]
     assert proc.stdout.rstrip().splitlines()[-1].startswith("└"), "the table must come last"

@@ -145,11 +145,13 @@ def describe_params(params: dict[str, Any]) -> str:
         if "RBLOCK" in params or "PERSISTENT" in params:  # Metal's looped rows have no RBLOCK
             text += " r-row" if params.get("PERSISTENT") else f" r{params.get('RBLOCK', '-looped')}"
         return text + f" w{params['num_warps']}" + (" desc" if params.get("DESC") else "")
-    text = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}".format(**params)
+    # the tile dims a template has (an attention tile has no BLOCK_K), then its other knobs
+    text = "x".join(str(params[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if k in params)
+    text += f" split{params['SPLIT']}" if "SPLIT" in params else ""
     # a FlyDSL template may have no warp or stage knob
     text += "".join(f" {c}{params[k]}" for k, c in (("num_warps", "w"), ("num_stages", "s")) if k in params)
     text += " 2cta" if params.get("CTA_GROUP") == 2 else ""
-    return text + (" pdl" if params.get("PDL") else "")
+    return text + (" pdl" if params.get("PDL") else "") + (" desc" if params.get("DESC") else "")
 
 
 def describe_problem(problem: Any) -> str:

@@ -66,7 +66,8 @@ def plan_sycl(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, 
     :class:`~tilewright.templates.base.RenderedKernel` by name)."""
     return plan_written(
         captured, targets, per_template=per_template, kernel_name=kernel_name,
-        templates=lambda kind, t: [x for x in templates_for(kind, t.backend) if x.backend == "sycl"])
+        templates=lambda kind, t: [x for x in templates_for(kind, t.backend) if x.backend == "sycl"],
+        none_reason=lambda kind: f"no SYCL template for {kind} kernels (they run on ATen on XPU)")
 
 
 def build_sycl(kernels: list, rendered: dict[str, RenderedKernel], root: Path,

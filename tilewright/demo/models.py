@@ -253,3 +253,56 @@ def qwen3_moe_shapes_mxfp4(tokens: int = 16):
     (``GemmProblem(dtype="mxfp4")``, FlyDSL ``flydsl.mx_gemm`` on gfx950) beside the bf16
     grouped expert GEMMs."""
     return qwen3_moe_shapes(tokens, torch.bfloat16, quant="mxfp4")
+
+
+# -- attention ------------------------------------------------------------------------------------
+class AttentionBlock(torch.nn.Module):
+    """A decoder layer's attention: q/kv projections, causal GQA SDPA (4 query heads, 2 KV heads
+    of 32), the output projection."""
+
+    def __init__(self, hidden: int = 64, heads: int = 4, kv_heads: int = 2, head_dim: int = 32):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q = torch.nn.Linear(hidden, heads * head_dim)
+        self.kv = torch.nn.Linear(hidden, 2 * kv_heads * head_dim)
+        self.o = torch.nn.Linear(heads * head_dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x.shape
+        q = self.q(x).view(B, S, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(B, S, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(a.transpose(1, 2).reshape(B, S, -1))
+
+
+def attention_block_example():
+    """(model, inputs) for ``tilewright aot``: :class:`AttentionBlock` in bf16 on 2 x 64 tokens
+    (build with ``--train`` for the backward's kernel too)."""
+    torch.manual_seed(0)
+    return AttentionBlock().to(torch.bfloat16), (torch.randn(2, 64, 64, dtype=torch.bfloat16),)
+
+
+def flex_example():
+    """(model, inputs) for ``tilewright aot``: FlexAttention over packed documents (a causal
+    document mask from a captured id tensor, through a 32 x 32 block mask) with soft-capped
+    scores, bf16, 2 x 4 heads x 96 tokens of 32 (inference: torch refuses flex's backward on a
+    CPU)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, H, S, D = 2, 4, 96, 32
+    doc = torch.arange(S) // 40
+
+    def mask_mod(b, h, m, n):
+        return (m >= n) & (doc[m] == doc[n])
+
+    def score_mod(s, b, h, m, n):
+        return 30 * torch.tanh(s / 30)
+
+    block_mask = create_block_mask(mask_mod, B, None, S, S, device="cpu", BLOCK_SIZE=32)
+
+    class Flex(torch.nn.Module):
+        def forward(self, q, k, v):
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+    torch.manual_seed(0)
+    return Flex(), tuple(torch.randn(B, H, S, D, dtype=torch.bfloat16) for _ in range(3))

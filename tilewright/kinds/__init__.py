@@ -35,9 +35,9 @@ from tilewright.errors import TilewrightError
 
 log = logging.getLogger("tilewright.kinds")
 
-BUILTIN = ("gemm", "grouped_gemm", "loop")
+BUILTIN = ("gemm", "grouped_gemm", "loop", "attention")
 """Modules of ``tilewright.kinds`` whose ``KIND`` is registered first, in this order (the order
-``tilewright aot`` lists captured kernels in: GEMMs, grouped GEMMs, loop kernels)."""
+``tilewright aot`` lists captured kernels in: GEMMs, grouped GEMMs, loop kernels, attention)."""
 
 ENTRY_POINT_GROUP = "tilewright.kinds"
 

@@ -162,7 +162,7 @@ def jinja_env(folder: Path) -> jinja2.Environment:
 
 # the packages whose code shapes rendered kernel text (an import of anything else, say the
 # autotuner, does not change what a template renders)
-_RENDER_PACKAGES = ("tilewright.templates", "tilewright.ir", "tilewright.grouped")
+_RENDER_PACKAGES = ("tilewright.templates", "tilewright.ir", "tilewright.grouped", "tilewright.attention")
 
 
 def _imported_render_modules(start: set[Path]) -> set[Path]:
