@@ -17,6 +17,7 @@ from tilewright.problem import EpilogueInput, EpilogueOp
 from tilewright.runtime.metal_check import check_shader
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template
+from tilewright.templates.metal.split_reduce import schedule
 
 MPS = get_target("mps")
 GEMV = get_template("metal.grouped_gemv")
@@ -196,3 +197,129 @@ def test_grouped_launchers_compile_their_shader_on_the_first_launch(monkeypatch)
         mod.launch(torch.randn(4, 16), torch.randn(2, 16, 8), torch.tensor([1, 4], dtype=torch.int32))
         assert compiled[-1] == mod.SHADER and mod._library is not None
     assert len(compiled) == 2
+
+
+# -- split-row reductions ---------------------------------------------------------------------------
+SPLIT = get_template("metal.split_reduction")
+VOCAB = 128256  # Llama 3's vocabulary: one decode step's logits row
+
+
+def _loop_problem(fn, *args, dynamic=None):
+    from tilewright.compiler.capture import ModelSpec, capture_kernels
+
+    caps = capture_kernels(ModelSpec(fn, args, {}, "t", **({"dynamic": dynamic} if dynamic else {})))
+    (p,) = [c.problem for c in caps if getattr(c.problem, "kind", "") == "reduction"]
+    return p
+
+
+def _split_run(problem, params, *inputs, sizes=()):
+    from tilewright.autotune.kinds import poisoned_loop_outputs
+
+    r = SPLIT.render(problem, params, MPS)
+    check_shader(r.meta["shader"])
+    mod = host_launcher(r)
+    outs = mod.launch(*inputs, *sizes, outs=tuple(poisoned_loop_outputs(problem.with_sizes(
+        **{s.name: v for s, v in zip(problem.kernel.size_symbols(), sizes)}) if sizes else problem, "cpu")))
+    assert mod._library.launched == r.meta["kernels"] and len(r.meta["kernels"]) == r.meta["launches"]
+    return outs, r
+
+
+def _logits(rows: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Logits with masked (-inf) entries: scattered ones, and a masked run longer than any chunk."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, VOCAB, generator=g) * 4
+    x[:, 1000:60000] = float("-inf")
+    x[:, torch.randint(0, VOCAB, (5000,), generator=g)] = float("-inf")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("op,dtype", [("softmax", torch.float32), ("log_softmax", torch.bfloat16)])
+def test_split_row_softmax_over_a_128256_vocabulary_with_masked_logits(op, dtype):
+    x = _logits(1, dtype, seed=11)
+    fn = getattr(torch, op)
+    p = _loop_problem(lambda v: fn(v.float(), -1), x)
+    # one pass of partials (the max, and the sum of exp(x - max) after it), then the outputs
+    assert [(len(plain), len(sums)) for plain, sums in schedule(p.kernel).passes] == [(1, 1)]
+    for params in SPLIT.seed_params(p, MPS)[:2]:
+        (out,), r = _split_run(p, params, x)
+        assert r.meta["launches"] == 2  # the online form: partial max and sum, then the outputs
+        ref = fn(x.double(), -1)
+        finite = ref.isfinite()
+        assert torch.equal(out.isfinite(), finite), "masked entries come out 0 / -inf exactly where torch's do"
+        assert rel(out[finite], ref[finite]) < 1e-5, params
+
+
+def test_a_fully_masked_row_gives_nan_as_torch_does_and_its_neighbours_stay_right():
+    x = _logits(3, torch.float32, seed=12)
+    x[1] = float("-inf")
+    p = _loop_problem(lambda v: torch.softmax(v, -1), x)
+    (out,), _ = _split_run(p, {"SPLIT": 4, "num_warps": 8}, x)
+    assert torch.softmax(x[1:2], -1).isnan().all() and out[1].isnan().all()
+    for row in (0, 2):
+        ref = torch.softmax(x[row].double(), -1)
+        assert rel(out[row], ref) < 1e-5
+
+
+def test_split_row_reductions_of_every_kind_match_float64():
+    # sums, NaN-propagating max/min, argmax ties across chunks, Welford's mean and variance,
+    # any/all (one kernel, one pass) and an int64 sum (a tree: no 64-bit SIMD shuffles): few
+    # rows of 9000, split 8 ways
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(3, 9000, generator=g)
+    x[1, 4321] = float("nan")
+    x[2, 100] = x[2, 8000] = 50.0  # an argmax tie in chunk 0 and chunk 7: the lower index wins
+    n = torch.randint(-1000, 1000, (3, 9000), generator=g)
+
+    def floats(v):
+        return (v.sum(-1), v.amax(-1), v.amin(-1), v.argmax(-1), v.mean(-1), v.var(-1),
+                (v > 3.5).any(-1), (v > -9.0).all(-1))
+
+    for fn, inp in ((floats, x), (lambda i: i.sum(-1), n)):
+        p = _loop_problem(fn, inp)
+        outs, _ = _split_run(p, {"SPLIT": 8, "num_warps": 8}, inp)
+        ref = load_reference(p)(inp)
+        assert len(outs) == len(ref)
+        for o, w in zip(outs, ref):
+            if o.dtype.is_floating_point:
+                assert torch.equal(o.isnan(), w.isnan()) and rel(o.nan_to_num(), w.nan_to_num()) < 1e-5
+            else:
+                assert torch.equal(o.to(w.dtype), w)
+    assert int(floats(x)[3][2]) == 100  # the tie the kernel had to break torch's way
+    assert int(_split_run(_loop_problem(lambda v: v.argmax(-1), x), {"SPLIT": 8, "num_warps": 8}, x)[0][0][2]) == 100
+
+
+def load_reference(problem):
+    """The problem in float64 through the ATen template's reference form."""
+    from tilewright.runtime.loader import load_module
+    from tilewright.templates.aten.loops import render_torch
+
+    mod = load_module(render_torch(problem), name=f"tw_split_ref_{problem.stable_hash()[:8]}", interpret=False)
+    return lambda *inputs: mod.launch(*inputs, reference=True)
+
+
+def test_a_row_shorter_at_run_time_leaves_chunks_empty_and_stays_right():
+    # a dynamic row length: the kernel chosen at 9000 runs a row of 700 with 8 chunks of 88
+    x = torch.randn(2, 9000)
+    p = _loop_problem(lambda v: torch.log_softmax(v, -1), x, dynamic={0: [1]})
+    assert p.kernel.size_symbols()
+    short = torch.randn(2, 700)
+    short[0, :300] = float("-inf")
+    (out,), _ = _split_run(p, {"SPLIT": 16, "num_warps": 8}, short, sizes=(700,))
+    ref = torch.log_softmax(short.double(), -1)
+    finite = ref.isfinite()
+    assert torch.equal(out.isfinite(), finite) and rel(out[finite], ref[finite]) < 1e-5
+
+
+def test_the_policy_splits_few_long_rows_and_keeps_many_rows_whole():
+    for shape, want in (((1, VOCAB), "metal.split_reduction"), ((4, VOCAB), "metal.split_reduction"),
+                        ((64, 4096), "metal.reduction"), ((1, 2048), "metal.reduction")):
+        p = _loop_problem(lambda v: torch.softmax(v.float(), -1), torch.randn(*shape).bfloat16())
+        assert _winner(p) == want, shape
+    assert SPLIT.seed_params(_loop_problem(lambda v: v.sum(-1), torch.randn(64, 8192)), MPS) == []
+
+
+def test_split_row_refusals_name_the_knob():
+    p = _loop_problem(lambda v: torch.softmax(v, -1), torch.randn(1, 8192))
+    assert "smaller SPLIT" in SPLIT.check({"SPLIT": 128, "num_warps": 8}, p, MPS)
+    assert "persistent" not in (SPLIT.check({"SPLIT": 8, "num_warps": 8}, p, MPS) or "")
+    assert "mps target only" in SPLIT.supports(p, get_target("h200")).reason
