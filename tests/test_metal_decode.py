@@ -323,3 +323,28 @@ def test_split_row_refusals_name_the_knob():
     assert "smaller SPLIT" in SPLIT.check({"SPLIT": 128, "num_warps": 8}, p, MPS)
     assert "persistent" not in (SPLIT.check({"SPLIT": 8, "num_warps": 8}, p, MPS) or "")
     assert "mps target only" in SPLIT.supports(p, get_target("h200")).reason
+
+
+def test_aot_for_mps_builds_the_split_row_log_softmax_of_an_lm_head(tmp_path):
+    # a decode step's lm_head + log_softmax: the logits row goes to the split-row kernel, whose
+    # shader (both kernel functions) passes the check in `tilewright aot --target mps`
+    import json
+
+    from tilewright.compiler import aot
+    from tilewright.compiler.capture import ModelSpec
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = torch.nn.Linear(64, VOCAB // 8, bias=False)
+
+        def forward(self, h):
+            return torch.log_softmax(self.lm_head(h).float(), -1)
+
+    report = aot.build(ModelSpec(Head(), (torch.randn(1, 64),), name="head"), ["mps"], tmp_path)
+    assert report.ok
+    kernels = json.loads((tmp_path / "manifest.json").read_text())["kernels"]
+    split = [k for k in kernels if k["template"] == "metal.split_reduction"]
+    assert split and all(k["status"] == "built" for k in split)
+    shader = (tmp_path / "kernels" / split[0]["artifacts"]["metal"]).read_text()
+    assert "kernel void tw_split_reduction_p0(" in shader and "kernel void tw_split_reduction_p1(" in shader
