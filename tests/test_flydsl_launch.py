@@ -13,7 +13,8 @@ No gfx950 here, so nothing is launched. What is proven instead:
 - the runtime's rules (the stream on a GPU device, the signature check, the compiled-function
   cache, the refusals off a gfx950) with torch's device calls stubbed;
 - that a compiled model on gfx950 is offered FlyDSL GEMM, grouped GEMM and MX GEMM candidates
-  (``tilewright explain``), and that without FlyDSL's toolchain they stay ``aot_only``.
+  (``tilewright explain``, for one problem and for a model's kernels), and that without
+  FlyDSL's toolchain they stay ``aot_only``, refused by ``supports`` with the language's reason.
 
 The instruction checks of every template's build, through the same ``launch``, are in
 tests/test_flydsl_{gemm,mx_gemm,loops,topk}.py (``compile_aot`` calls ``launch``).
@@ -310,6 +311,30 @@ def test_explain_on_gfx950_lists_flydsl_gemm_grouped_and_mx(toolchain, monkeypat
                            (["256", "512", "1024", "--dtype", "mxfp4"], "flydsl.mx_gemm")):
         assert main(["explain", *argv, "--target", "gfx950"]) == 0
         assert template + "[" in capsys.readouterr().out, argv
+
+
+def test_explain_refuses_groups_it_cannot_build_naming_why(capsys):
+    from tilewright.cli.main import main
+
+    assert main(["explain", "8", "64", "64", "--groups", "0"]) == 2
+    assert "--groups 0: give the number of experts" in capsys.readouterr().out
+    assert main(["explain", "8", "64", "64", "--groups", "4", "--dtype", "mxfp4"]) == 2
+    assert "--groups takes --dtype fp32, fp16 or bf16, not mxfp4" in capsys.readouterr().out
+
+
+def test_a_compiled_models_candidates_on_gfx950_include_flydsl_gemm_grouped_and_mx(toolchain, monkeypatch, capsys):
+    # issue 22's "done when": the kernels tilewright makes of a model (the Qwen3-30B-A3B decode
+    # GEMMs: dense projections, the experts' grouped GEMMs; the MXFP4 variant's dense ones),
+    # each selected for gfx950 in explain --model, list the FlyDSL templates as candidates
+    from tilewright.cli.main import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for spec, templates in (("tilewright.demo.models:qwen3_moe_shapes", ("flydsl.gemm[", "flydsl.grouped_gemm[")),
+                            ("tilewright.demo.models:qwen3_moe_shapes_mxfp4", ("flydsl.mx_gemm[",))):
+        assert main(["explain", "--model", spec, "--kernel", "all", "--target", "gfx950"]) == 0
+        out = capsys.readouterr().out
+        for template in templates:
+            assert template in out, (spec, template)
 
 
 def test_without_the_toolchain_flydsl_stays_aot_only_with_the_reason(monkeypatch):

@@ -348,3 +348,32 @@ def test_aot_for_mps_builds_the_split_row_log_softmax_of_an_lm_head(tmp_path):
     assert split and all(k["status"] == "built" for k in split)
     shader = (tmp_path / "kernels" / split[0]["artifacts"]["metal"]).read_text()
     assert "kernel void tw_split_reduction_p0(" in shader and "kernel void tw_split_reduction_p1(" in shader
+
+
+# -- issue 22's "done when": a model's decode kernels on the mps target ----------------------------
+class DecodeHead(torch.nn.Module):
+    """A decode step's lm_head over Llama 3's vocabulary and its log-softmax (one row)."""
+
+    def __init__(self, hidden: int = 64):
+        super().__init__()
+        self.lm_head = torch.nn.Linear(hidden, VOCAB, bias=False)
+
+    def forward(self, h):
+        return torch.log_softmax(self.lm_head(h).float(), -1)
+
+
+def decode_head():
+    """``(model, args)`` for ``tilewright explain --model test_metal_decode:decode_head``."""
+    return DecodeHead().eval(), (torch.randn(1, 64),)
+
+
+@pytest.mark.parametrize("spec,winner", [
+    ("tilewright.demo.models:qwen3_moe_shapes", "metal.grouped_gemv["),  # 16 tokens, top-8 of 128 experts
+    ("test_metal_decode:decode_head", "metal.split_reduction["),          # 1 x 128256 log-softmax
+])
+def test_a_models_decode_kernels_on_mps_choose_the_grouped_gemv_and_the_split_row_softmax(spec, winner, capsys):
+    from tilewright.cli.main import main
+
+    assert main(["explain", "--model", spec, "--kernel", "all", "--target", "mps"]) == 0
+    out = capsys.readouterr().out
+    assert "winner: " + winner in out, out[-2000:]
