@@ -13,7 +13,6 @@ for a buffer the launcher made), an int's value, the stream's handle as FlyDSL p
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import json
 import sys

@@ -377,3 +377,29 @@ def test_a_models_decode_kernels_on_mps_choose_the_grouped_gemv_and_the_split_ro
     assert main(["explain", "--model", spec, "--kernel", "all", "--target", "mps"]) == 0
     out = capsys.readouterr().out
     assert "winner: " + winner in out, out[-2000:]
+
+
+# -- on a Mac (skipped here: no Mac has run these kernels yet) --------------------------------------
+@pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs macOS with MPS")
+def test_on_a_mac_the_grouped_gemv_and_the_split_row_softmax_match_float64():
+    from tilewright.templates.metal.grouped_gemv import grouped_gemv_kernel
+    from tilewright.runtime.loader import load_module
+
+    M, K, N, G = 19, 70, 24, len(OFFSETS)
+    a = torch.randn(M, K).bfloat16()
+    b = torch.randn(G, N, K).bfloat16().transpose(1, 2)
+    offs = torch.tensor(OFFSETS, dtype=torch.int32)
+    mod = grouped_gemv_kernel(GroupedGemmProblem("2d3d", G, M, N, K, "bf16", layout_b="col"))
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="mps")
+    mod.launch(a.to("mps"), b.to("mps"), offs.to("mps"), out=out)
+    used = OFFSETS[-1]
+    assert rel(out.cpu()[:used], _grouped_reference(a, b, offs)[:used]) < 1e-2
+
+    x = _logits(1, torch.float32, seed=21)
+    p = _loop_problem(lambda v: torch.softmax(v, -1), x)
+    r = SPLIT.render(p, SPLIT.seed_params(p, MPS)[0], MPS)
+    split = load_module(r.source, name="tw_split_on_mps", interpret=False)
+    (got,) = split.launch(x.to("mps"), outs=(torch.full(x.shape, float("nan"), device="mps"),))
+    ref = torch.softmax(x.double(), -1)
+    finite = ref.isfinite()
+    assert torch.equal(got.cpu().isfinite(), finite) and rel(got.cpu()[finite], ref[finite]) < 1e-5
