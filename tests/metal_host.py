@@ -42,9 +42,9 @@ _BUFFER = re.compile(r"(?:device|constant) (const )?(\w+)\* \w+ \[\[buffer\((\d+
 _BUILTIN = re.compile(r"uint \w+ \[\[(\w+)\]\]")
 
 
-def _driver(shader: str, kernel: str) -> str:
-    """``tw_run(bufs, groups, threads_per_group, grid_threads)``: every thread of the launch,
-    with the kernel's arguments read off its signature."""
+def _driver(shader: str, kernel: str, fn: str = "tw_run") -> str:
+    """``fn(bufs, groups, threads_per_group, grid_threads)``: every thread of a launch of
+    ``kernel``, with the kernel's arguments read off its signature."""
     signature = shader[shader.index(f"kernel void {kernel}("):]
     signature = signature[:signature.index(") {")]
     buffers = [f"({'const ' if const else ''}volatile {t}*)bufs[{i}]" for const, t, i in _BUFFER.findall(signature)]
@@ -52,11 +52,11 @@ def _driver(shader: str, kernel: str) -> str:
     call = f"{kernel}({', '.join(buffers + builtins)});"
     if "threadgroup_position_in_grid" not in signature:  # no barriers: one OS thread walks them all
         return f"""
-extern "C" void tw_run(void** bufs, long groups, long tg, long grid) {{
+extern "C" void {fn}(void** bufs, long groups, long tg, long grid) {{
     for (long g = 0; g < grid; ++g) {call}
 }}"""
     return f"""
-extern "C" void tw_run(void** bufs, long groups, long tg, long grid) {{
+extern "C" void {fn}(void** bufs, long groups, long tg, long grid) {{
     tw_os_barrier group((long)tg);
     twx::group_barrier = &group;
     tw_os_barrier* simd[32];
@@ -77,13 +77,15 @@ extern "C" void tw_run(void** bufs, long groups, long tg, long grid) {{
 
 class HostLibrary:
     """Stands in for ``torch.mps.compile_shader(src)``: ``lib.<kernel>(*tensors, threads=(n,),
-    group_size=(g,))`` runs the compiled shader on CPU tensors."""
+    group_size=(g,))`` runs the compiled shader on CPU tensors (every kernel function the
+    rendered kernel names: ``meta["kernels"]`` when it launches several)."""
 
     def __init__(self, rendered):
         shader = _TG_DECL.sub(r"\1static \2", rendered.meta["shader"])
         self.kernel = rendered.meta["kernel"]
+        self.kernels = list(rendered.meta.get("kernels", [self.kernel]))
         self.grouped = "threadgroup_position_in_grid" in shader  # one threadgroup per row / tile
-        source = shader + _driver(shader, self.kernel)
+        source = shader + "".join(_driver(shader, k, f"tw_run_{k}") for k in self.kernels)
         digest = hashlib.sha256((source + SHIM.read_text() + EXEC.read_text()).encode()).hexdigest()[:16]
         _BUILD.mkdir(exist_ok=True)
         lib = _BUILD / f"{digest}.so"
@@ -99,19 +101,21 @@ class HostLibrary:
             Path(str(lib) + ".tmp").rename(lib)
         self.lib = ctypes.CDLL(str(lib))
         self.calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        self.launched: list[str] = []  # kernel names, in launch order
 
     def __getattr__(self, name: str):
-        if name != self.__dict__.get("kernel"):
+        if name not in self.__dict__.get("kernels", ()):
             raise AttributeError(name)
 
         def run(*tensors: torch.Tensor, threads, group_size):
             assert all(t.device.type == "cpu" for t in tensors)
             (n,), (g,) = threads, group_size
             self.calls.append(((n,), (g,)))
+            self.launched.append(name)
             if self.grouped:
                 assert n % g == 0 and g % 32 == 0 and g <= 1024
             ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
-            self.lib.tw_run(ptrs, ctypes.c_long(n // g), ctypes.c_long(g), ctypes.c_long(n))
+            getattr(self.lib, f"tw_run_{name}")(ptrs, ctypes.c_long(n // g), ctypes.c_long(g), ctypes.c_long(n))
 
         return run
 

@@ -59,14 +59,19 @@ def test_missing_toolchain_is_refused_naming_the_fix(tmp_path, monkeypatch):
         assert "make flydsl-setup" in why or "pip install" in why
 
 
-def test_a_compiled_model_is_never_offered_a_flydsl_kernel(monkeypatch):
-    # no launcher exists: on a gfx950 the autotuner's candidates leave FlyDSL out, while
-    # `tilewright aot` (templates_for without jit) still plans it
+def test_a_compiled_model_on_gfx950_is_offered_flydsl_only_where_flydsl_builds(monkeypatch):
+    # each module has its launcher: with FlyDSL and its toolchain the autotuner of a compiled
+    # model on gfx950 gets the FlyDSL candidates; without them the templates stay aot_only
+    # (built by `tilewright aot` where it can, never offered), for the toolchain's reason
     from tilewright.autotune.policy import policy_for
-    from tilewright.templates import templates_for
 
     monkeypatch.setattr(fly_runtime, "toolchain_problem", lambda: None)
-    assert GEMM.supports(BIAS_GELU, GFX950) and GEMM.aot_only and GROUPED.aot_only
+    assert GEMM.supports(BIAS_GELU, GFX950) and not GEMM.aot_only and not GROUPED.aot_only
+    assert GEMM in templates_for("gemm", "hip", jit=True)
+    offered = {c.template_id for c in policy_for("gemm", GFX950).candidates(BIAS_GELU, GFX950)}
+    assert "flydsl.gemm" in offered
+    monkeypatch.setattr(fly_runtime, "toolchain_problem", lambda: "flydsl is not installed: pip install")
+    assert GEMM.aot_only and GROUPED.aot_only and "pip install" in GEMM.aot_only_reason
     assert GEMM in templates_for("gemm", "hip") and GEMM not in templates_for("gemm", "hip", jit=True)
     offered = {c.template_id for c in policy_for("gemm", GFX950).candidates(BIAS_GELU, GFX950)}
     assert offered and not any(t.startswith("flydsl.") for t in offered)
@@ -135,10 +140,10 @@ def test_seed_params_are_legal_and_the_policy_ranks_them():
     assert ranked and all(GEMM.check(p, BIAS_GELU, GFX950) is None for _, p in ranked)
 
 
-def test_the_render_is_aot_only_with_the_epilogue_from_the_ir_emitter():
+def test_the_render_has_its_launcher_and_the_epilogue_from_the_ir_emitter():
     r = GEMM.render(BIAS_GELU, {}, GFX950)
     assert r.aot.language == "flydsl" and r.aot.options == {"gpu_arch": "gfx950"}
-    assert "def compile_aot():" in r.source and "@flyc.kernel" in r.source
+    assert "def compile_aot():" in r.source and "@flyc.kernel" in r.source and "def launch(a, b" in r.source
     assert "_tw_erf" in r.source  # gelu's erf built from exp by the emitter (no ocml here)
     g = GROUPED.render(MOE, {}, GFX950)
     assert "fx.memref_load(OFFS, g)" in g.source and "se0_b" in g.source

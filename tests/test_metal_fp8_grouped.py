@@ -136,7 +136,8 @@ GROUPED = get_template("metal.grouped_gemm")
 def test_the_grouped_gemm_is_registered_for_mps_only():
     assert isinstance(GROUPED, MetalGroupedGemm)
     # (aten.grouped_gemm and triton.grouped_gemm serve the graph-lowered problem kind too)
-    assert [t.id for t in templates_for("grouped_gemm", "mps") if t.backend == "metal"] == ["metal.grouped_gemm"]
+    assert [t.id for t in templates_for("grouped_gemm", "mps") if t.backend == "metal"] == \
+        ["metal.grouped_gemm", "metal.grouped_gemv"]  # the tiled kernel and its decode path
     p = GroupedGemmProblem("2d3d", 2, 16, 16, 16, "bf16")
     assert GROUPED.supports(p, MPS)
     assert "mps target only" in GROUPED.supports(p, get_target("h200")).reason
@@ -234,7 +235,8 @@ def test_templates_and_explain_list_the_metal_templates(tmp_path, capsys):
 
     assert main(["templates"]) == 0
     out = capsys.readouterr().out
-    for tid in ("metal.pointwise", "metal.reduction", "metal.gemm", "metal.gemv", "metal.grouped_gemm"):
+    for tid in ("metal.pointwise", "metal.reduction", "metal.gemm", "metal.gemv", "metal.grouped_gemm",
+                "metal.grouped_gemv"):
         assert tid in out
     cache = str(tmp_path / "tuning.json")
     assert main(["explain", "256", "256", "128", "--dtype", "bf16", "--target", "mps", "--cache", cache]) == 0

@@ -147,6 +147,13 @@ class GroupedGemmProblem:
         return RAGGED[self.case]
 
     @property
+    def active_groups(self) -> int:
+        """Groups that can hold rows: with the tokens ragged (2d3d) at most one per token, so a
+        decode step of a few tokens over many experts touches only those experts' weights (the
+        grouped cost models and the Metal gemv's decode test use it)."""
+        return max(1, min(self.G, self.M)) if self.ragged == "M" else self.G
+
+    @property
     def out_3d(self) -> bool:
         return self.case in ("2d2d", "3d3d")
 

@@ -143,7 +143,7 @@ LOOP_DESC_EFFICIENCY = 1.1
 
 def estimate_loop(problem, params: Mapping[str, Any], target: Target) -> CostEstimate:
     """Predicted time of a pointwise or reduction kernel (``LoopProblem``) with ``params``
-    (XBLOCK, RBLOCK, PERSISTENT, num_warps) on ``target``, in ms.
+    (XBLOCK, RBLOCK, PERSISTENT, num_warps, and SPLIT: threadgroups per row) on ``target``, in ms.
 
     A loop kernel is memory bound: the bytes each input and output cross DRAM once (a looped
     reduction reads its row once per pass) over the sustained bandwidth, discounted when the
@@ -156,7 +156,9 @@ def estimate_loop(problem, params: Mapping[str, Any], target: Target) -> CostEst
     xblock = int(params.get("XBLOCK", 1024))
     persistent = bool(params.get("PERSISTENT", True))
     rblock = (1 << max(rnumel - 1, 0).bit_length()) if persistent or not reduction else int(params.get("RBLOCK", 1024))
-    programs = math.ceil(xnumel / xblock)
+    # SPLIT: each row over SPLIT threadgroups, one launch per pass (metal.split_reduction)
+    split = int(params.get("SPLIT", 1)) if reduction else 1
+    programs = math.ceil(xnumel / xblock) * split
     if target.interpreted:
         steps = programs * (1 if persistent or not reduction else math.ceil(rnumel / rblock))
         elems = programs * xblock * (rblock if reduction else 1)
@@ -165,6 +167,7 @@ def estimate_loop(problem, params: Mapping[str, Any], target: Target) -> CostEst
     passes = 1
     if reduction and not persistent:
         passes = 1 + len({id(r) for r in problem.kernel.reductions()})
+    launches = passes if split > 1 else 1  # a split row's passes are launches of their own
     bytes_ = problem.min_bytes * (passes if reduction else 1)
     threads = int(params.get("num_warps", 4)) * target.warp_size
     per_program = xblock * (rblock if reduction else 1)
@@ -176,6 +179,6 @@ def estimate_loop(problem, params: Mapping[str, Any], target: Target) -> CostEst
     if params.get("DESC"):
         eff = min(1.0, eff * LOOP_DESC_EFFICIENCY)
     memory_ms = bytes_ / (target.hbm_gbps * 1e9 * eff) * 1e3
-    ms = memory_ms + LAUNCH_US * 1e-3
+    ms = memory_ms + LAUNCH_US * 1e-3 * launches
     return CostEstimate(ms, 0.0, memory_ms, "memory" if memory_ms > LAUNCH_US * 1e-3 else "latency",
                         waves, busy)

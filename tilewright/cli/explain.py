@@ -2,7 +2,8 @@
 why the winner won.
 
 A problem of any kind the autotuner selects for (a GEMM, a loop kernel, a grouped GEMM, and
-each kind registered later) comes from one of three places: ``M N K`` (a GEMM), ``--problem``
+each kind registered later) comes from one of three places: ``M N K`` (a GEMM; with ``--dtype
+mxfp4|mxfp8`` an MX block-scaled one, with ``--groups G`` the MoE grouped GEMM), ``--problem``
 (a problem's JSON, or a debug dump's ``kernels/<name>_selection.json``, which holds one), or
 ``--model`` (the kernels ``tilewright`` would make for a model: listed, or explained with
 ``--kernel``). Nothing here knows a kind: candidates come from ``policy_for``, estimates from
@@ -118,7 +119,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from tilewright import config
     from tilewright.cli.cache import open_cache
     from tilewright.errors import InvalidInputError
-    from tilewright.problem import GemmProblem
     from tilewright.runtime.targets import get_target
 
     given = [args.M is not None, args.problem is not None, args.model is not None]
@@ -141,7 +141,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     elif args.problem is not None:
         problems = [_problem_from_file(args.problem)]
     else:
-        problems = [GemmProblem(M=args.M, N=args.N, K=args.K, dtype=args.dtype, layout_b=args.layout_b, op="mm")]
+        problems = [_sized_problem(args)]
     cache = open_cache(args)
     with config.patch(isolate=args.isolate):
         for problem in problems:
@@ -149,16 +149,48 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sized_problem(args: argparse.Namespace) -> Any:
+    """The problem ``M N K`` describes: a GEMM (block-scaled MX operands, E8M0 scales per 32
+    values row-major and a bf16 output, for ``--dtype mxfp4|mxfp8``), or with ``--groups G``
+    the MoE forward grouped GEMM (2d3d: M tokens over G experts, each expert's weight (N, K) as
+    nn.Linear stores it, for ``--layout-b col``).
+
+    Raises:
+        InvalidInputError: ``--groups`` with an MX dtype, or a group count below 1.
+    """
+    from tilewright.errors import InvalidInputError
+    from tilewright.problem import GemmProblem
+
+    if args.groups is not None:
+        from tilewright.grouped import GroupedGemmProblem
+
+        if args.groups < 1:
+            raise InvalidInputError(f"--groups {args.groups}: give the number of experts (at least 1)")
+        if args.dtype not in ("fp32", "fp16", "bf16"):
+            raise InvalidInputError(f"--groups takes --dtype fp32, fp16 or bf16, not {args.dtype}")
+        return GroupedGemmProblem(case="2d3d", G=args.groups, M=args.M, N=args.N, K=args.K, dtype=args.dtype,
+                                  layout_b=args.layout_b)
+    if args.dtype in ("mxfp4", "mxfp8"):
+        return GemmProblem(M=args.M, N=args.N, K=args.K, dtype=args.dtype, out_dtype="bf16", layout_b="col",
+                           scale_layout="row", op="mx_mm")
+    return GemmProblem(M=args.M, N=args.N, K=args.K, dtype=args.dtype, layout_b=args.layout_b, op="mm")
+
+
 def add_parser(sub) -> None:
     e = sub.add_parser("explain", help="show the candidates for one kernel (a GEMM, a loop kernel, a grouped "
                                        "GEMM ...) and why the winner won",
-                       description="Explain a GEMM (M N K), a problem from JSON (--problem, e.g. a "
+                       description="Explain a GEMM (M N K; --dtype mxfp4/mxfp8 for an MX one, --groups G for a "
+                                   "grouped MoE one), a problem from JSON (--problem, e.g. a "
                                    "TILEWRIGHT_DEBUG_DIR dump's kernels/<name>_selection.json), or the "
                                    "kernels of a model (--model; --kernel N or all).")
     e.add_argument("M", type=int, nargs="?")
     e.add_argument("N", type=int, nargs="?")
     e.add_argument("K", type=int, nargs="?")
-    e.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
+    e.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16", "mxfp4", "mxfp8"),
+                   help="with M N K: the operand type; mxfp4/mxfp8: block-scaled operands (E8M0 "
+                        "scales per 32, row-major), bf16 out")
+    e.add_argument("--groups", type=int,
+                   help="with M N K: a grouped GEMM (MoE forward, 2d3d): M tokens over this many experts")
     e.add_argument("--layout-b", default="col", choices=("row", "col"),
                    help="col: B is a transposed weight, as in x @ W.T (default)")
     e.add_argument("--problem", help="a problem's JSON file (any kind), or a debug dump's *_selection.json")

@@ -108,8 +108,10 @@ def loop_sizes(problem, x2d: torch.Tensor) -> tuple[list[int], int, int]:
 
 def _build_flydsl(key: gate.GateKey, x: torch.Tensor, weight: torch.Tensor, eps: float):
     """The FlyDSL RMSNorm launcher: the ``flydsl.reduction`` template (loops.py) rendered for
-    :func:`reference_loop_problem` and imported (FlyDSL compiles at the first call). UNTESTED ON
-    HARDWARE: this host has no gfx950; the rendered kernel is compile-checked only.
+    :func:`reference_loop_problem`, imported, and called through its module's ``launch`` (the
+    loop-kernel contract: inputs, sizes, ``outs``; the stream is the module's). FlyDSL compiles
+    at the first call. UNTESTED ON HARDWARE: this host has no gfx950; the rendered kernel is
+    compile-checked and its launch checked against the kernel's signature.
 
     Raises:
         gate.FlyDslUnavailable: the template is not in this build or refuses the problem.
@@ -133,14 +135,12 @@ def _build_flydsl(key: gate.GateKey, x: torch.Tensor, weight: torch.Tensor, eps:
     params = template.seed_params(problem.with_sizes(**{H_name: x.shape[-1]}), target)[-1]
     rendered = template.render(problem, params, target)
     module = load_module(rendered.source, name="flydsl_rms_norm", interpret=False)
-    import flydsl.expr as fx
 
     def launch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x2d = x.view(-1, x.shape[-1])
         out = torch.empty_like(x)
-        sizes, xnumel, rnumel = loop_sizes(problem, x2d)
-        module.launch(x2d, weight, out.view(x2d.shape), *sizes, xnumel, rnumel,
-                      stream=fx.Stream(torch.cuda.current_stream(x.device)))
+        sizes, _, _ = loop_sizes(problem, x2d)
+        module.launch(x2d, weight, *sizes, outs=(out.view(x2d.shape),))
         return out
 
     return launch

@@ -69,23 +69,19 @@ def _gfx950():
 
 
 def _build_flydsl(key: gate.GateKey, x, k, dim, largest, sorted):
-    """The real launcher: render the template for this class, import it (FlyDSL compiles at the
-    first call) and wrap it. UNTESTED ON HARDWARE: this host has no gfx950; the kernel is only
-    compile-checked (tests/test_flydsl_topk.py)."""
+    """The real launcher: render the template for this class, import it and wrap its module's
+    ``launch`` (the tensor mapping and the current stream are the module's; FlyDSL compiles at
+    the first call). UNTESTED ON HARDWARE: this host has no gfx950; the kernel is compile-checked
+    and its launch checked against the kernel's signature (tests/test_flydsl_launch.py)."""
     from tilewright.runtime.loader import load_module
     from tilewright.templates.flydsl import topk as template
 
     problem = template.TopkProblem(E=x.shape[-1], k=k, dtype=key.dtype, largest=largest)
     rendered = template.TEMPLATE.render(problem, {"ROWS": 4}, _gfx950())
     module = load_module(rendered.source, name=f"flydsl_{rendered.name}", interpret=False)
-    import flydsl.expr as fx
 
     def launch(x, k, dim, largest, sorted):
-        rows2d = x.reshape(-1, x.shape[-1])
-        values = torch.empty(rows2d.shape[0], k, dtype=x.dtype, device=x.device)
-        indices = torch.empty(rows2d.shape[0], k, dtype=torch.int64, device=x.device)
-        module.launch(rows2d, values, indices, rows2d.shape[0], rows2d.shape[1],
-                      stream=fx.Stream(torch.cuda.current_stream(x.device)))
+        values, indices = module.launch(x.reshape(-1, x.shape[-1]))
         out_shape = (*x.shape[:-1], k)
         return torch.return_types.topk((values.view(out_shape), indices.view(out_shape)))
 

@@ -2,9 +2,10 @@
 (``torch._grouped_mm``'s four shape cases, MoE experts) with its fused epilogue.
 
 Policy :class:`~tilewright.autotune.grouped_policy.GroupedGemmPolicy` and its cost estimate
-(the dense model on G equal GEMMs), inputs, checks and the float64 reference in
-:mod:`tilewright.grouped` (tuned on synthetic even offsets), ATen template
-``aten.grouped_gemm``.
+per template (:func:`~tilewright.autotune.grouped_policy.estimate_for`: the dense model on the
+equal GEMMs of the groups that hold rows, or the gemv model for a template whose ``schedule``
+is "gemv"), inputs, checks and the float64 reference in :mod:`tilewright.grouped` (tuned on
+synthetic even offsets), ATen template ``aten.grouped_gemm``.
 
 In a compiled graph: ``aten._grouped_mm`` is retargeted to ``tilewright.grouped_mm`` and its
 epilogues folded into it (:mod:`tilewright.compiler.lower_grouped`, this kind's
@@ -22,7 +23,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from tilewright.autotune.cost_model import CostEstimate
-from tilewright.autotune.grouped_policy import GroupedGemmPolicy, estimate as estimate_grouped
+from tilewright.autotune.grouped_policy import GroupedGemmPolicy, estimate_for
 from tilewright import grouped
 from tilewright.grouped import GroupedGemmProblem
 from tilewright.kinds import ProblemKind
@@ -125,7 +126,7 @@ class GroupedGemmKind(ProblemKind):
 
     def estimate(self, problem: GroupedGemmProblem, params: Mapping[str, Any], target: Any,
                  template: Any) -> CostEstimate:
-        return estimate_grouped(problem, params, target, efficiency=template.efficiency(target))
+        return estimate_for(template, problem, dict(params), target)
 
     # -- checking (synthetic even, aligned offsets: tilewright.grouped.synthetic_offsets) --------
     def make_inputs(self, problem: GroupedGemmProblem, device: Any, seed: int = 0) -> grouped.GroupedInputs:

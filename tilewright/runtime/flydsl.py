@@ -68,10 +68,20 @@ def available() -> bool:
 
 
 def rocm_root() -> Path:
-    """The folder passed as ``ROCM_PATH``: ``$TILEWRIGHT_FLYDSL_ROCM``, else ``<sys.prefix>/rocm``
-    (inside the virtual environment, where ``make flydsl-setup`` puts it)."""
+    """The folder passed as ``ROCM_PATH``: ``$TILEWRIGHT_FLYDSL_ROCM``; else ``<sys.prefix>/rocm``
+    (inside the virtual environment, where ``make flydsl-setup`` puts it) when it exists; else a
+    ROCm install (``$ROCM_PATH``, ``/opt/rocm``), which a gfx950 machine has; else the venv path
+    (missing: the reason then names the setup step)."""
     env = os.environ.get("TILEWRIGHT_FLYDSL_ROCM")
-    return Path(env) if env else Path(sys.prefix) / "rocm"
+    if env:
+        return Path(env)
+    venv = Path(sys.prefix) / "rocm"
+    if venv.is_dir():
+        return venv
+    for root in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
+        if root and (Path(root) / "llvm" / "bin" / "ld.lld").exists():
+            return Path(root)
+    return venv
 
 
 def toolchain_problem() -> str | None:

@@ -228,7 +228,7 @@ class TemplateSpec(ABC):
     ``render_kernel``), so every template refuses the same way. Every other hook is declared
     below with its default: :meth:`check`, :meth:`seed_params`, :meth:`expected_instructions`,
     :meth:`efficiency`, and the class attributes ``stores_acc``, ``fuses_glu``, ``aot_only``,
-    ``launcher``.
+    ``launcher``, ``schedule``.
     """
 
     id: ClassVar[str]
@@ -250,6 +250,10 @@ class TemplateSpec(ABC):
     # a compiled kernel that spills registers fails its instruction check unless its template
     # says spilling is acceptable (tilewright.runtime.resources reads the spills)
     accepts_spills: ClassVar[bool] = False
+    # the shape of its kernel, for the cost models: "tiled" (output tiles through an MMA, the
+    # default) or "gemv" (one simdgroup/warp per output column, lanes along K: a weight stream,
+    # offered for decode shapes; the grouped policy predicts it by its gemv model)
+    schedule: ClassVar[str] = "tiled"
 
     @cached_property
     def folder(self) -> Path:

@@ -1,6 +1,9 @@
 """FlyDSL templates (``flydsl``, ROCm/FlyDSL): gfx950 kernels written in FlyDSL's Python DSL,
-rendered from jinja and compiled ahead of time, compile-only, in child processes
-(:mod:`tilewright.runtime.flydsl`). Registering them needs neither FlyDSL nor a GPU.
+rendered from jinja. Each rendered module's ``launch(...)`` (the contract of its problem kind)
+runs the kernel through FlyDSL's JIT on torch's current stream
+(:mod:`tilewright.runtime.flydsl_launch`); ``tilewright aot`` builds it through the same
+``launch``, compile-only, in child processes (:mod:`tilewright.runtime.flydsl`). Registering
+them needs neither FlyDSL nor a GPU.
 
 Each template module adds its spec to ``TEMPLATES`` below (one import, one entry)."""
 
@@ -35,10 +38,11 @@ def _versions() -> dict[str, str]:
 LANGUAGE = Language(
     name="flydsl",
     description="FlyDSL kernels (flydsl) for gfx950: MFMA GEMMs with fused epilogues, grouped and "
-                "MX block-scaled GEMMs, row kernels; built ahead of time, compile-only",
+                "MX block-scaled GEMMs, row kernels, top-k; launched through FlyDSL's JIT (compile-only "
+                "ahead of time here; not yet run on a gfx950)",
     target_backends=("hip",),
-    forcing="FlyDSL kernels only; they are built ahead of time (tilewright aot) and have no "
-            "launcher yet, so a compiled model runs every problem on ATen",
+    forcing="FlyDSL kernels only (gfx950, where FlyDSL and its ROCm linker are installed: elsewhere "
+            "they are built ahead of time only), problems they do not serve run on ATen",
     unavailable=_unavailable,
     versions=_versions,
     aot_compile=fly_runtime.compile_aot_job,

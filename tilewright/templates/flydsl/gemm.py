@@ -17,10 +17,11 @@ goes through LDS (fp32, reusing the ring's bytes) and each lane runs the epilogu
 Edges: rows/columns past M or N read zeros (buffer descriptors carry the operands' sizes) and
 are never stored; the K tail is not masked, so K must be a static multiple of BLOCK_K.
 
-Built ahead of time only: there is no FlyDSL launcher for a real device in tilewright yet, so
-``supports`` refuses wherever a GPU could run it; ``tilewright aot --target gfx950`` plans and
-compiles it (compile-only, :mod:`tilewright.runtime.flydsl`). The index math is proven in torch
-form by :mod:`tilewright.templates.flydsl.emulate`; the kernel itself is compile-checked only.
+The module's ``launch(a, b, *epilogue_inputs, out=None)`` runs it on a ROCm gfx950 device on
+torch's current stream (:mod:`tilewright.runtime.flydsl_launch`); ``tilewright aot --target
+gfx950`` builds it through the same ``launch`` compile-only (:mod:`tilewright.runtime.flydsl`).
+The index math is proven in torch form by :mod:`tilewright.templates.flydsl.emulate`; the kernel
+is compile-checked only, and has not run on a gfx950.
 """
 
 from __future__ import annotations
@@ -43,6 +44,25 @@ INT32_MAX = 2**31 - 1  # buffer offsets are 32-bit byte offsets
 PLACEHOLDER_MAX = 512  # largest side of a compile_aot placeholder tensor
 
 
+class LaunchedWhereInstalled:
+    """Mixin of the FlyDSL templates: each rendered module's ``launch`` maps torch tensors onto
+    its ``@flyc.jit`` host function and runs it on the current stream
+    (:mod:`tilewright.runtime.flydsl_launch`), so a compiled model on gfx950 is offered them.
+    Where the language is unavailable (FlyDSL or its ROCm linker folder missing: the FlyDSL
+    ``Language.unavailable`` check) nothing can launch them, so they are ``aot_only`` (built by
+    ``tilewright aot`` only, never a compiled model's candidate) for the reason
+    :attr:`aot_only_reason` gives, the one their ``supports`` refuses with."""
+
+    @property
+    def aot_only_reason(self) -> str | None:
+        """Why no rendered module can launch here (the language's check), or None."""
+        return self.language.check()  # type: ignore[attr-defined]
+
+    @property
+    def aot_only(self) -> bool:  # type: ignore[override]
+        return self.aot_only_reason is not None
+
+
 def greater_than(n: int) -> str:
     """A regular expression matching a decimal integer greater than ``n`` (whole token)."""
     s = str(n)
@@ -63,10 +83,8 @@ def mfma_check(dtype: str) -> InstructionCheck:
         f"{name} fed by async buffer->LDS DMA, LDS within {limits.LDS_BYTES} B, no spills")
 
 
-class FlyDslGemm(TemplateSpec):
+class FlyDslGemm(LaunchedWhereInstalled, TemplateSpec):
     """gfx950 MFMA GEMM through a num_stages LDS ring, the IR epilogue fused."""
-
-    aot_only = True  # compile-only FlyDSL: no launcher, never a compiled model's candidate
 
     id = "flydsl.gemm"
     backend = "flydsl"
@@ -197,7 +215,8 @@ class FlyDslGemm(TemplateSpec):
             sm = N if inp.broadcast == "MN" else 1 if inp.broadcast == "M" else 0
             sn = 1 if "N" in inp.broadcast else 0
             numel = {"": 1, "M": M, "N": N, "MN": M * N}[inp.broadcast]
-            out.append(dict(index=k, numel=numel, sm=sm, sn=sn, torch=OUT_DTYPES[inp.dtype]))
+            natural = {"": "()", "M": f"({M}, 1)", "N": f"({N},)", "MN": f"({M}, {N})"}[inp.broadcast]
+            out.append(dict(index=k, numel=numel, sm=sm, sn=sn, torch=OUT_DTYPES[inp.dtype], natural=natural))
         return out
 
     @staticmethod

@@ -15,9 +15,10 @@ the group's (N, K) slice, and the K loop is the dense template's (shared jinja m
 epilogue inputs (patterns "B", "BN") are read at the group.
 
 Refused with the reason: the 2d2d, 3d2d and 3d3d cases, B N-contiguous, a fused gated product
-(``glu``), K dynamic or not a multiple of BLOCK_K. Built ahead of time only, like
-:mod:`tilewright.templates.flydsl.gemm`; the index math is proven in torch form by
-:mod:`tilewright.templates.flydsl.emulate`, the kernel is compile-checked only.
+(``glu``), K dynamic or not a multiple of BLOCK_K. Launched like
+:mod:`tilewright.templates.flydsl.gemm` (``launch(a, b, offs, *epilogue_inputs, out=None)``);
+the index math is proven in torch form by :mod:`tilewright.templates.flydsl.emulate`, the
+kernel is compile-checked only and has not run on a gfx950.
 """
 
 from __future__ import annotations
@@ -34,14 +35,12 @@ from tilewright.templates.base import (
 )
 from tilewright.templates.flydsl import limits
 from tilewright.templates.flydsl.gemm import (
-    AB_DTYPES, INPUT_DTYPES, INT32_MAX, OUT_DTYPES, FlyDslGemm, mfma_check,
+    AB_DTYPES, INPUT_DTYPES, INT32_MAX, OUT_DTYPES, FlyDslGemm, LaunchedWhereInstalled, mfma_check,
 )
 
 
-class FlyDslGroupedGemm(TemplateSpec):
+class FlyDslGroupedGemm(LaunchedWhereInstalled, TemplateSpec):
     """Ragged grouped GEMM (MoE forward) through the dense template's MFMA main loop."""
-
-    aot_only = True  # compile-only FlyDSL: no launcher, never a compiled model's candidate
 
     id = "flydsl.grouped_gemm"
     backend = "flydsl"
@@ -123,8 +122,10 @@ class FlyDslGroupedGemm(TemplateSpec):
             for d in reversed(inp.broadcast):  # natural shapes, contiguous
                 strides[d] = size
                 size *= shape[d]
-            inputs.append(dict(index=k, numel=size, torch=OUT_DTYPES[inp.dtype],
-                               sb=strides.get("B", 0), sm=strides.get("M", 0), sn=strides.get("N", 0)))
+            natural = "(" + "".join(f"{shape[d]}, " for d in inp.broadcast) + ")"
+            inputs.append(dict(index=k, numel=size, torch=OUT_DTYPES[inp.dtype], pattern=inp.broadcast,
+                               natural=natural, sb=strides.get("B", 0), sm=strides.get("M", 0),
+                               sn=strides.get("N", 0)))
         source = self.render_jinja(
             problem_text=problem.describe(), params_text=self.space.encode(params), target=target.name,
             kernel_name=self.kernel_name, ab_fx=ab_fx, ab_torch=ab_torch,

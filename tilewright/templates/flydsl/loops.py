@@ -28,8 +28,11 @@ reach 2**31 elements are refused. Refused too, with reasons: GEMM accumulators,
 argmax/argmin/Welford/any/all and non-float reductions, 0-d/fp8/fp64 buffers, math the
 compile-only setup cannot link (:func:`tilewright.templates.flydsl.emit.unsupported_op`).
 
-Built ahead of time only, compile-only (:mod:`tilewright.runtime.flydsl`): the numerics of the
-compiled kernels are not measured here; the reduction order is proven in torch form.
+The module's ``launch(*inputs, *sizes, outs=None)`` runs the kernel on a ROCm gfx950 device on
+the current stream (:mod:`tilewright.runtime.flydsl_launch`); ahead of time it is built through
+the same ``launch``, compile-only (:mod:`tilewright.runtime.flydsl`). The numerics of the
+compiled kernels are not measured here (no gfx950 has run them); the rendered source runs in
+the tests' interpreter and the reduction order is proven in torch form.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import torch
 
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, load_mask
-from tilewright.ir.index import CodePrinter, static_or_hint
+from tilewright.ir.index import CodePrinter, code, static_or_hint
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.aot import AotSpec
@@ -50,6 +53,7 @@ from tilewright.runtime.verify import InstructionCheck
 from tilewright.templates.base import SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec
 from tilewright.templates.loop_schedule import LoopSchedule
 from tilewright.templates.flydsl.emit import FLY, FlyExpr, check_nodes, literal
+from tilewright.templates.flydsl.gemm import LaunchedWhereInstalled
 
 ARCH = "gfx950"
 WAVE = 64
@@ -254,8 +258,7 @@ def row_reduce_in_torch(values: torch.Tensor, lanes: int, kind: str = "sum") -> 
     return block_reduce_in_torch(acc, kind)
 
 
-class _FlyLoops(TemplateSpec):
-    aot_only = True  # compile-only FlyDSL: no launcher, never a compiled model's candidate
+class _FlyLoops(LaunchedWhereInstalled, TemplateSpec):
 
     backend = "flydsl"
     jinja = "loops.py.jinja"
@@ -291,12 +294,16 @@ class _FlyLoops(TemplateSpec):
         sizes = problem.size_map
         hint = lambda e: static_or_hint(sympy.sympify(e), sizes)  # noqa: E731
         buffers = list(k.inputs) + list(k.outputs)
+        names = {sym: sym.name for sym in k.size_symbols()}
         kernel_name = f"tw_fly_{problem.kind}"
         source = self.render_jinja(
             problem_text=problem.describe().replace("\n", "\n# "), params_text=self.space.encode(p),
             target=target.name, arch=ARCH, kernel_name=kernel_name, reduction=reduction,
             helpers=body.e.helpers(), buffers=[b.name for b in buffers],
             sizes=[s.name for s in k.size_symbols()], size_values=[hint(s) for s in k.size_symbols()],
+            inputs=[b.name for b in k.inputs], xnumel_code=code(k.xnumel, names), rnumel_code=code(k.rnumel, names),
+            outputs=[{"dtype": str(dtypes.TORCH[b.dtype]), "shape": [code(s, names) for s in b.shape],
+                      "stride": [code(s, names) for s in b.stride]} for b in k.outputs],
             storages=body.storages, body=body.e.lines, LANES=lanes, num_warps=p["num_warps"],
             XBLOCK=p["XBLOCK"], xnumel=hint(k.xnumel), rnumel=hint(k.rnumel),
             placeholders=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),

@@ -1,5 +1,6 @@
 """FlyDSL MXFP4 / MXFP8 block-scaled GEMM for gfx950 (CDNA4) on the scaled MFMA
-``v_mfma_scale_f32_16x16x128_f8f6f4`` (template ``flydsl.mx_gemm``), built ahead of time.
+``v_mfma_scale_f32_16x16x128_f8f6f4`` (template ``flydsl.mx_gemm``); the module's ``launch`` runs
+it on the current stream (:mod:`tilewright.runtime.flydsl_launch`), compile-checked only here.
 
 Formats (OCP Microscaling Formats (MX) v1.0): mxfp4 = E2M1 values packed two per byte (even
 index in the low nibble) + one E8M0 scale per 32 values along K; mxfp8 = E4M3 values + one E8M0
@@ -43,6 +44,7 @@ from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support,
     TemplateSpec,
 )
+from tilewright.templates.flydsl.gemm import LaunchedWhereInstalled
 
 # format -> (values per byte, MFMA cbsz/blgp format code: 0 = FP8 E4M3, 4 = FP4 E2M1)
 FORMATS = {"mxfp4": (2, 4), "mxfp8": (1, 0)}
@@ -211,12 +213,12 @@ def input_context(problem: GemmProblem) -> list[dict[str, Any]]:
         out.append(dict(index=k, numel={"": 1, "M": M, "N": N, "MN": M * N}[inp.broadcast],
                         sm=N if inp.broadcast == "MN" else 1 if inp.broadcast == "M" else 0,
                         sn=1 if "N" in inp.broadcast else 0,
+                        natural={"": "()", "M": f"({M}, 1)", "N": f"({N},)", "MN": f"({M}, {N})"}[inp.broadcast],
                         torch={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[inp.dtype]))
     return out
 
 
-class FlyDslMxGemm(TemplateSpec):
-    aot_only = True  # compile-only FlyDSL: no launcher, never a compiled model's candidate
+class FlyDslMxGemm(LaunchedWhereInstalled, TemplateSpec):
 
     id = "flydsl.mx_gemm"
     backend = "flydsl"
@@ -309,7 +311,8 @@ class FlyDslMxGemm(TemplateSpec):
                     M=problem.M, N=problem.N, K=problem.K, kernel=KERNEL)
 
     def render_kernel(self, problem: GemmProblem, params: Params, target: Target) -> RenderedKernel:
-        """The FlyDSL module (kernel, ``@flyc.jit`` launcher ``mx_gemm``, ``compile_aot()``).
+        """The FlyDSL module (kernel, ``@flyc.jit`` host ``mx_gemm``, the torch-facing ``launch``
+        and ``compile_aot()``).
 
         Raises:
             UnsupportedProblemError: an epilogue the FlyDSL emitter refuses.
@@ -317,8 +320,8 @@ class FlyDslMxGemm(TemplateSpec):
         source = self.render_jinja(**self.context(problem, params))
         return RenderedKernel(
             template_id=self.id, params=dict(params), target=target.name, source=source,
-            name=self.id.replace(".", "_"),
-            meta={"lds_bytes": geometry(problem, params).lds_B},
+            name=self.id.replace(".", "_"), language="flydsl",
+            meta={"kind": self.op, "language": "flydsl", "lds_bytes": geometry(problem, params).lds_B},
             aot=AotSpec(kernel=KERNEL, language="flydsl", pointer_types={}, constexprs={},
                         divisible_by_16=(), options={"gpu_arch": target.arch}))
 

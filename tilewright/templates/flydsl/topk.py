@@ -14,8 +14,9 @@ Tie order: equal values come out lowest column first. ``torch.topk`` documents n
 values and the set of selected values agree; :func:`selection_in_torch` is this kernel's
 algorithm written in torch (lanes as a tensor dim), the proof the tests run on this host.
 
-Compile-only here: it is built for gfx950 in a child process and its ISA checked; it has not
-run on hardware.
+The module's ``launch(x, out=None)`` runs it on the current stream of x's device; here it is
+built for gfx950 through that ``launch`` in a child process (compile-only) and its ISA checked;
+it has not run on hardware.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tilewright.runtime.flydsl import LDS_LIMIT as FLY_LDS_LIMIT
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
 from tilewright.templates.base import Knob, ParamSpace, Params, RenderedKernel, Support, SUPPORTED, TemplateSpec
+from tilewright.templates.flydsl.gemm import LaunchedWhereInstalled
 
 WAVE = 64          # gfx950 wavefront
 MAX_E = 4 * WAVE   # columns per row: 4 per lane keeps every key in registers
@@ -65,8 +67,7 @@ class TopkProblem:
         return f"top-{self.k} of rows of {self.E} {self.dtype} ({'largest' if self.largest else 'smallest'})"
 
 
-class FlyDslTopk(TemplateSpec):
-    aot_only = True  # compile-only FlyDSL: no launcher, never a compiled model's candidate
+class FlyDslTopk(LaunchedWhereInstalled, TemplateSpec):
 
     id = "flydsl.topk"
     backend = "flydsl"

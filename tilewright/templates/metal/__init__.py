@@ -1,5 +1,6 @@
 """Metal templates for Apple GPUs (MPS): loop kernels, a simdgroup_matrix GEMM (also fp8 e4m3),
-a gemv and a grouped GEMM, compiled on macOS by
+a gemv, a grouped GEMM and its decode gemv, split-row reductions for few long rows, compiled
+on macOS by
 ``torch.mps.compile_shader``; elsewhere rendered and syntax-checked only
 (:mod:`tilewright.runtime.metal_check`)."""
 
@@ -7,7 +8,9 @@ from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.metal.gemm import MetalGemm, MetalGemv
 from tilewright.templates.metal.grouped import MetalGroupedGemm
+from tilewright.templates.metal.grouped_gemv import MetalGroupedGemv
 from tilewright.templates.metal.loops import MetalPointwise, MetalReduction
+from tilewright.templates.metal.split_reduce import MetalSplitReduction
 
 LANGUAGE = Language(
     name="metal",
@@ -18,4 +21,4 @@ LANGUAGE = Language(
     priority=40,
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (MetalPointwise(), MetalReduction(), MetalGemm(), MetalGemv(),
-                                         MetalGroupedGemm()))
+                                         MetalGroupedGemm(), MetalGroupedGemv(), MetalSplitReduction()))
