@@ -67,12 +67,13 @@ class _Builder:
         if not self.stored:
             raise FusionError("a group that stores nothing")
         self.metas = metas
-        reductions = [m for m in members if m.is_reduction]
+        reductions = [m for m in members if m.is_reduction]  # and scans: row ops
         if reductions:
-            self.x = _refine_all([r.ranges for r in reductions]) if any(_nonunit(r.ranges) for r in reductions) else ()
-            if any(_nonunit(r.ranges) for r in reductions):
+            outer = [r.outer_ranges for r in reductions]
+            self.x = _refine_all(outer) if any(_nonunit(o) for o in outer) else ()
+            if any(_nonunit(o) for o in outer):
                 for r in reductions:
-                    if not same(product(r.ranges), product(self.x)):
+                    if not same(product(r.outer_ranges), product(self.x)):
                         raise FusionError("reductions over different outer spaces")
             self.r = _refine_all([r.reduction_ranges for r in reductions]) or (sympy.Integer(1),)
             for r in reductions:
@@ -105,9 +106,13 @@ class _Builder:
             return  # placed by :meth:`_place_by_flow`
         try:
             if m.is_reduction:
-                self.own[m.name] = group_index(m.ranges, self.x, self.xv)
+                own = group_index(m.outer_ranges, self.x, self.xv)
                 self.red_vars[m.name] = dict(zip(variables("j", len(m.reduction_ranges)),
                                                  group_index(m.reduction_ranges, self.r, self.rv)))
+                if m.is_scan:  # its own element: the row's position at the scanned dim
+                    d = m.scan_dim
+                    own = own[:d] + (self.red_vars[m.name][variables("j", 1)[0]],) + own[d:]
+                self.own[m.name] = own
             elif same(product(m.ranges), product(self.x)):
                 self.own[m.name] = group_index(m.ranges, self.x, self.xv)
             elif self.r and same(product(m.ranges), product(self.x) * product(self.r)):
@@ -207,7 +212,8 @@ class _Builder:
         if m.is_reduction:
             own = self.own[name]
             if any(not same(a, b) for a, b, s in zip(index, own, m.ranges) if s != 1):
-                raise FusionError(f"a member reads reduction {name} outside its own row")
+                where = "element" if m.is_scan else "row"
+                raise FusionError(f"a member reads {'scan' if m.is_scan else 'reduction'} {name} outside its own {where}")
             subs = dict(zip(ivars, own)) | self.red_vars[name]
         else:
             subs = dict(zip(ivars, index))

@@ -131,14 +131,17 @@ class LoopNode(Node):
     """One op lowered to the expression IR: value ``name`` at output index ``(i0, i1, ...)``
     (:func:`tilewright.ir.index.variables` ``("i", n)``), reducing over ``(j0, ...)`` when
     ``reduction_ranges`` is not empty (the body is then independent of the ``j``: it holds a
-    ``reduce``). ``meta`` gives the layout eager would give the value, which is the layout it
-    gets when stored."""
+    ``reduce``). A *scan* (cumsum, cummax, ...) is a row op too: its ``reduction_ranges`` are the
+    one scanned dim, ``scan_dim`` says which output dim that is, and its body reads the row at
+    ``j0`` there (the output index ``i{scan_dim}`` is that same position). ``meta`` gives the
+    layout eager would give the value, which is the layout it gets when stored."""
 
     ranges: tuple[sympy.Expr, ...] = ()
     reduction_ranges: tuple[sympy.Expr, ...] = ()
     body: Any = None  # tilewright.ir.expr.Node
     dtype: str = "fp32"
     meta: TensorMeta | None = None
+    scan_dim: int | None = None
 
     @property
     def inputs(self) -> list[str]:
@@ -155,7 +158,20 @@ class LoopNode(Node):
 
     @property
     def is_reduction(self) -> bool:
+        """A row op: a reduction or a scan (the scheduler places both by their rows)."""
         return bool(self.reduction_ranges)
+
+    @property
+    def is_scan(self) -> bool:
+        return self.scan_dim is not None
+
+    @property
+    def outer_ranges(self) -> tuple[sympy.Expr, ...]:
+        """The dims the row op keeps apart (its rows): a reduction's output dims, a scan's
+        output dims but the scanned one."""
+        if self.scan_dim is None:
+            return self.ranges
+        return self.ranges[:self.scan_dim] + self.ranges[self.scan_dim + 1:]
 
 
 @dataclass

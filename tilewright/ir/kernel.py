@@ -151,6 +151,9 @@ class LoopKernel:
     def reductions(self) -> list[Node]:
         return [n for n in self.nodes() if n.is_reduce]
 
+    def scans(self) -> list[Node]:
+        return [n for n in self.nodes() if n.is_scan]
+
     def depends_on_r(self, node: Node) -> bool:
         """Whether ``node`` varies along the reduction variables (below its reductions)."""
         rv = set(self.r_vars)
@@ -158,6 +161,8 @@ class LoopKernel:
         for n in toposort([node]):
             if n.op == "reduce":
                 memo[id(n)] = False
+            elif n.op == "scan":
+                memo[id(n)] = True  # a prefix differs from element to element of the row
             elif n.op == "load":
                 memo[id(n)] = any(i.free_symbols & rv for i in n.arg[1]) or any(memo[id(s)] for s in n.src)
             elif n.op == "index":

@@ -209,6 +209,26 @@ class LoopLowering:
                                    reduction_ranges=tuple(src_shape[d] for d in dims)))
         return Buffer(name, meta.shape, dtype)
 
+    def scan(self, node: fx.Node, src_shape: Sequence[sympy.Expr], dim: int,
+             body_fn: Callable[[Index], E.Node], name: str | None = None,
+             meta: TensorMeta | None = None) -> Buffer:
+        """A scan loop node along ``dim`` of ``src_shape`` (the output's shape too):
+        ``body_fn(source index)`` is the ``scan`` node, the source index holding ``j0`` at
+        ``dim`` and the output's own variables elsewhere."""
+        meta = meta or TensorMeta.of(node)
+        if meta is None:
+            raise Unsupported("no tensor metadata")
+        if tuple(meta.shape) != tuple(src_shape):
+            raise Unsupported("a scan whose output is not shaped like its input")
+        out_idx = variables("i", meta.ndim)
+        src_index = out_idx[:dim] + (variables("j", 1)[0],) + out_idx[dim + 1:]
+        dtype = dtypes.name_of(meta.dtype)
+        body = E.cast(body_fn(src_index), dtype)
+        name = name or node.name
+        self.nodes.append(LoopNode(name, [node], ranges=meta.shape, body=body, dtype=dtype, meta=meta,
+                                   reduction_ranges=(src_shape[dim],), scan_dim=dim))
+        return Buffer(name, meta.shape, dtype)
+
     def output_names(self, node: fx.Node, count: int) -> list[str]:
         """Names for the outputs of a multi-output op: each one is named after the ``getitem``
         node that takes it (so graph outputs and ATen consumers find it), else ``name_k``."""

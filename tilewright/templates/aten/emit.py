@@ -125,6 +125,8 @@ class TorchExpr:
             return self._cast(a[0], n.src[0].dtype, n.dtype)
         if n.op == "reduce":
             return self._reduce(n.arg, a[0])
+        if n.op == "scan":
+            return self._scan(n.arg, a[0])
         if n.op == "acc":
             raise ValueError("a loop kernel has no accumulator")
         if n.op in _INT_DIVISIONS and dtypes.is_int(n.dtype):
@@ -182,6 +184,17 @@ class TorchExpr:
         # kept size-1 dim back (the outer dims keep their sizes: a view(-1, -1, 1) cannot say so)
         r = f"{full}.flatten({self.nx}).{kind}(-1, keepdim=True)"
         return r if self.nr == 1 else f"{r}.unflatten(-1, {_tuple(['1'] * self.nr)})"
+
+    def _scan(self, kind: str, x: str) -> str:
+        """A prefix along the row: the reduction dims flattened into one (row-major), scanned,
+        and given their sizes back."""
+        full = f"torch.broadcast_to({x}, ({', '.join(self.full)},))"
+        flat = f"{full}.flatten({self.nx})" if self.nr > 1 else full
+        fn = {"sum": "torch.cumsum({}, -1)", "prod": "torch.cumprod({}, -1)",
+              "logsumexp": "torch.logcumsumexp({}, -1)", "max": "torch.cummax({}, -1).values",
+              "min": "torch.cummin({}, -1).values", "argmax": "torch.cummax({}, -1).indices",
+              "argmin": "torch.cummin({}, -1).indices"}[kind].format(flat)
+        return fn if self.nr == 1 else f"{fn}.unflatten(-1, ({', '.join(self.full[self.nx:])},))"
 
     def store(self, s: Store) -> None:
         value = self.emit(s.value)

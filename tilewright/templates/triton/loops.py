@@ -88,6 +88,47 @@ def _welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
     return mean_a + delta * ratio, m2_a + m2_b + delta * delta * w_a * ratio, w
 '''
 
+# scans: each combine is commutative as well as associative (a row's prefix is a scan, the
+# carry of a looped row a tl.reduce, whose order Triton does not promise); cummax/cummin carry
+# the position so that ties and NaN go to the later element, as torch's CPU kernel does
+_SCAN_HELPERS = '''
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+
+
+@triton.jit
+def _prod_scan_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def _cummax_combine(a, ia, b, ib):
+    # the latest NaN if there is one, else the largest value, the latest of equal ones (torch:
+    # an element >= the running max, or any NaN, takes over)
+    a_nan = a != a
+    b_nan = b != b
+    take_b = tl.where(a_nan | b_nan, b_nan & (~a_nan | (ib > ia)), (b > a) | ((b == a) & (ib > ia)))
+    return tl.where(take_b, b, a), tl.where(take_b, ib, ia)
+
+
+@triton.jit
+def _cummin_combine(a, ia, b, ib):
+    a_nan = a != a
+    b_nan = b != b
+    take_b = tl.where(a_nan | b_nan, b_nan & (~a_nan | (ib > ia)), (b < a) | ((b == a) & (ib > ia)))
+    return tl.where(take_b, b, a), tl.where(take_b, ib, ia)
+
+
+@triton.jit
+def _logaddexp_combine(a, b):
+    # log(exp(a) + exp(b)) shifted by the larger (torch's _log_add_exp_helper): NaN propagates,
+    # two equal infinities stay themselves (inf - inf would be NaN)
+    mx = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    mn = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    return tl.where((mn != mx) | (tl.abs(mn) < float("inf")), mx + LOG1P(tl.exp(mn - mx)), a)
+'''
+
 
 def needs_int64(problem: LoopProblem) -> bool:
     """64-bit index math when a buffer may span 2**31 elements (always for dynamic sizes)."""
@@ -111,12 +152,14 @@ class _Body(LoopSchedule):
         self.interpreted = interpreted
         self.descriptors = descriptors  # loads/stores that move blocks through tensor descriptors
         self.combine_helpers = False
+        self.scan_helpers = False
         self.welford: dict[int, tuple[str, str]] = {}
+        self.extremes: dict[tuple[str, int], tuple[str, str]] = {}  # a row's (cummax, its index)
         super().__init__(kernel, persistent)
 
     def make_emitter(self) -> TritonExpr:
         return TritonExpr(interpreted=self.interpreted, load=self._load, index=self._index,
-                          reduce=self.reduce_inline)
+                          reduce=self.reduce_inline, scan=self.scan_value)
 
     # -- values -----------------------------------------------------------------------------------
     def _mask(self, has_x: bool, has_r: bool) -> str | None:
@@ -189,6 +232,77 @@ class _Body(LoopSchedule):
             self.e.line(f"{m2} = tl.sum(tl.where(xmask & rmask, ({v} - {mean}) * ({v} - {mean}), 0.0), 1)[:, None]")
             self.welford[id(src)] = (mean, m2)
         return self.welford[id(src)]
+
+    # -- scans: [XBLOCK, RBLOCK] blocks scanned along axis 1 ---------------------------------------
+    def _scan_operand(self, n: Node, v: str) -> tuple[str, str | None]:
+        """The row's values with masked lanes at the combine's identity, and for cummax/cummin
+        their positions (masked lanes at -1, so they win no tie)."""
+        self.scan_helpers = True
+        kind, cdt = n.arg, dtypes.compute_type(n.src[0].dtype)
+        fill = {"sum": "0", "prod": "1", "logsumexp": "float('-inf')"}.get(kind)
+        if fill is None:
+            fill = _IDENTITY["max" if kind in ("max", "argmax") else "min"](cdt)
+        vals = self.e.fresh()
+        self.e.line(f"{vals} = tl.where(xmask & rmask, {v}, {fill})")
+        if kind in ("sum", "prod", "logsumexp"):
+            return vals, None
+        idx = self.e.fresh()
+        self.e.line(f"{idx} = tl.where(xmask & rmask, tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64), -1)")
+        return vals, idx
+
+    @staticmethod
+    def _combine(kind: str) -> str:
+        return {"sum": "_sum_combine", "prod": "_prod_scan_combine", "logsumexp": "_logaddexp_combine",
+                "max": "_cummax_combine", "argmax": "_cummax_combine",
+                "min": "_cummin_combine", "argmin": "_cummin_combine"}[kind]
+
+    def scan_inline(self, n: Node, v: str) -> str:
+        """Persistent rows: ``tl.associative_scan`` of the whole row block."""
+        kind = n.arg
+        family = ("max" if kind in ("max", "argmax") else "min" if kind in ("min", "argmin") else kind, id(n.src[0]))
+        if family in self.extremes:  # cummax's values and indices: one scan
+            vals, idx = self.extremes[family]
+            return idx if kind.startswith("arg") else vals
+        vals, idx = self._scan_operand(n, v)
+        if idx is None:
+            return f"tl.associative_scan({vals}, 1, {self._combine(kind)})"
+        sv, si = self.e.fresh(), self.e.fresh()
+        self.e.line(f"{sv}, {si} = tl.associative_scan(({vals}, {idx}), 1, {self._combine(kind)})")
+        self.extremes[family] = (sv, si)
+        return si if kind.startswith("arg") else sv
+
+    def init_scan(self, n: Node) -> list[str]:
+        kind, cdt = n.arg, dtypes.compute_type(n.src[0].dtype)
+        tl_dt = TL_DTYPE[cdt]
+        if kind in ("sum", "prod", "logsumexp"):
+            c = self.e.fresh()
+            init = {"sum": "0", "prod": "1", "logsumexp": "float('-inf')"}[kind]
+            self.e.line(f"{c} = tl.full([XBLOCK, 1], {init}, {tl_dt})")
+            return [c]
+        cv, ci = self.e.fresh(), self.e.fresh()
+        self.e.line(f"{cv} = tl.full([XBLOCK, 1], {_IDENTITY['max' if kind in ('max', 'argmax') else 'min'](cdt)}, {tl_dt})")
+        self.e.line(f"{ci} = tl.full([XBLOCK, 1], -1, tl.int64)")
+        return [cv, ci]
+
+    def scan_step(self, n: Node, v: str, carries: list[str]) -> str:
+        """This step's prefix: its block's scan combined with the carry; then the carry
+        combined with the block's total (a tl.reduce: every combine is commutative)."""
+        kind = n.arg
+        comb = self._combine(kind)
+        vals, idx = self._scan_operand(n, v)
+        out = self.e.fresh()
+        if idx is None:
+            (c,) = carries
+            self.e.line(f"{out} = {comb}({c}, tl.associative_scan({vals}, 1, {comb}))")
+            self.e.line(f"{c} = {comb}({c}, tl.reduce({vals}, 1, {comb})[:, None])")
+            return out
+        cv, ci = carries
+        sv, si, tv, ti = (self.e.fresh() for _ in range(4))
+        self.e.line(f"{sv}, {si} = tl.associative_scan(({vals}, {idx}), 1, {comb})")
+        self.e.line(f"{sv}, {si} = {comb}({cv}, {ci}, {sv}, {si})")
+        self.e.line(f"{tv}, {ti} = tl.reduce(({vals}, {idx}), 1, {comb})")
+        self.e.line(f"{cv}, {ci} = {comb}({cv}, {ci}, {tv}[:, None], {ti}[:, None])")
+        return si if kind.startswith("arg") else sv
 
     # -- statements -------------------------------------------------------------------------------
     def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
@@ -369,7 +483,11 @@ class _TritonLoops(TemplateSpec):
         if desc_body is not None:  # both bodies call the same helpers
             body.e.helpers_used |= desc_body.e.helpers_used
             combine = combine or desc_body.combine_helpers
-        helpers = body.e.helpers() + (_COMBINE_HELPERS if combine else "")
+        scans = body.scan_helpers or (desc_body is not None and desc_body.scan_helpers)
+        if scans and target.interpreted:
+            body.e.helpers_used.add("_log1p")  # the logaddexp combine's log1p
+        helpers = body.e.helpers() + (_COMBINE_HELPERS if combine else "") + (
+            _SCAN_HELPERS.replace("LOG1P", "_log1p" if target.interpreted else "libdevice.log1p") if scans else "")
         source = self.render_jinja(
             problem_text=problem.describe(), params_text=self.space.encode(params), target=target.name,
             kernel_name=kernel_name, reduction=problem.kind == "reduction", persistent=persistent,
