@@ -239,9 +239,7 @@ class _Body(LoopSchedule):
         their positions (masked lanes at -1, so they win no tie)."""
         self.scan_helpers = True
         kind, cdt = n.arg, dtypes.compute_type(n.src[0].dtype)
-        fill = {"sum": "0", "prod": "1", "logsumexp": "float('-inf')"}.get(kind)
-        if fill is None:
-            fill = _IDENTITY["max" if kind in ("max", "argmax") else "min"](cdt)
+        fill = {"sum": "0", "prod": "1", "logsumexp": "float('-inf')"}.get(kind) or self._extreme(kind, cdt)
         vals = self.e.fresh()
         self.e.line(f"{vals} = tl.where(xmask & rmask, {v}, {fill})")
         if kind in ("sum", "prod", "logsumexp"):
@@ -249,6 +247,14 @@ class _Body(LoopSchedule):
         idx = self.e.fresh()
         self.e.line(f"{idx} = tl.where(xmask & rmask, tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64), -1)")
         return vals, idx
+
+    @staticmethod
+    def _extreme(kind: str, cdt: str) -> str:
+        """The identity of cummax (cummin): the type's lowest (highest) value; False (True) for
+        booleans."""
+        if cdt == "bool":
+            return "0" if kind in ("max", "argmax") else "1"
+        return _IDENTITY["max" if kind in ("max", "argmax") else "min"](cdt)
 
     @staticmethod
     def _combine(kind: str) -> str:
@@ -264,8 +270,9 @@ class _Body(LoopSchedule):
             vals, idx = self.extremes[family]
             return idx if kind.startswith("arg") else vals
         vals, idx = self._scan_operand(n, v)
-        if idx is None:
-            return f"tl.associative_scan({vals}, 1, {self._combine(kind)})"
+        if idx is None:  # from the identity, as torch starts: its cumsum of -0 is 0 + -0 = +0
+            (c,) = self.init_scan(n)
+            return f"{self._combine(kind)}({c}, tl.associative_scan({vals}, 1, {self._combine(kind)}))"
         sv, si = self.e.fresh(), self.e.fresh()
         self.e.line(f"{sv}, {si} = tl.associative_scan(({vals}, {idx}), 1, {self._combine(kind)})")
         self.extremes[family] = (sv, si)
@@ -280,7 +287,7 @@ class _Body(LoopSchedule):
             self.e.line(f"{c} = tl.full([XBLOCK, 1], {init}, {tl_dt})")
             return [c]
         cv, ci = self.e.fresh(), self.e.fresh()
-        self.e.line(f"{cv} = tl.full([XBLOCK, 1], {_IDENTITY['max' if kind in ('max', 'argmax') else 'min'](cdt)}, {tl_dt})")
+        self.e.line(f"{cv} = tl.full([XBLOCK, 1], {self._extreme(kind, cdt)}, {tl_dt})")
         self.e.line(f"{ci} = tl.full([XBLOCK, 1], -1, tl.int64)")
         return [cv, ci]
 
