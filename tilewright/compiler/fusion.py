@@ -66,6 +66,10 @@ class _Builder:
         self.stored = [m for m in members if m.name in stored]
         if not self.stored:
             raise FusionError("a group that stores nothing")
+        for m in members:
+            if m.scatter is not None and m.scatter.target in self.members:
+                raise FusionError(f"{m.name} scatters into {m.scatter.target}, which must be complete "
+                                  "before its kernel starts (no grid-wide barrier)")
         self.metas = metas
         reductions = [m for m in members if m.is_reduction]  # and scans: row ops
         if reductions:
@@ -229,6 +233,9 @@ class _Builder:
                 return None
             if E.load_indirect(n):
                 raise FusionError(f"a gather reads {n.arg[0]} through data: it must be in memory")
+            m = self.members.get(n.arg[0])
+            if m is not None and m.scatter is not None:
+                raise FusionError(f"{n.arg[0]} is a scatter's result, complete only when its kernel ends")
             v = self.value(n.arg[0], n.arg[1])
             mask = src[0] if n.arg[2] else None
             # the consumer's mask guards its own element, not the rows a reduction inside v
@@ -239,12 +246,21 @@ class _Builder:
 
     # -- the kernel -----------------------------------------------------------------------------
     def build(self) -> BuiltKernel:
-        stores: list[tuple[str, tuple, E.Node]] = []
+        stores: list[tuple] = []
         for m in self.stored:
             own = self.own.get(m.name)
             if own is None:
                 raise FusionError(f"{m.name} cannot be stored from this kernel")
-            stores.append((m.name, own, E.cast(self.value(m.name, own), m.dtype)))
+            if m.scatter is None:
+                stores.append((m.name, own, E.cast(self.value(m.name, own), m.dtype)))
+                continue
+            # a scatter: its values and indices at its own element, written where they point
+            subs = dict(zip(variables("i", len(m.ranges)), own))
+            body = E.substitute_vars([m.body, *m.scatter.indirect], subs, self._simplify)
+            value, *indirect = (self.resolve(b) for b in body)
+            index = tuple(self._simplify(sympy.sympify(e).xreplace(subs)) for e in m.scatter.index)
+            stores.append((m.name, index, E.cast(value, m.dtype),
+                           (tuple(indirect), m.scatter.accumulate, m.scatter.target)))
         return _canonical(self.x, self.r, stores, self.members, self.metas)
 
 
@@ -264,12 +280,20 @@ def _masked(v: E.Node, mask: E.Node, reductions: bool = True) -> E.Node:
 
 
 def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKernel:
-    """Rename buffers to in{k}/out{k} and size symbols to z{k}, in order of appearance."""
+    """Rename buffers to in{k}/out{k} and size symbols to z{k}, in order of appearance.
+    ``stores`` are (name, index, value) or, for a scatter, (name, index, value, (indirect,
+    accumulate, target)): its target is an input the output starts as."""
+    scatter = {st[0]: st[3] for st in stores if len(st) > 3}
+    stores = [st[:3] for st in stores]
     values = [v for _, _, v in stores]
+    indirect = [v for extra in scatter.values() for v in extra[0]]
     ext: list[str] = []
-    for ld in E.toposort(values):
+    for ld in E.toposort(values + indirect):
         if ld.op == "load" and ld.arg[0] not in ext:
             ext.append(ld.arg[0])
+    for _, _, target in scatter.values():
+        if target not in ext:
+            ext.append(target)
     sym_order: list[sympy.Symbol] = []
 
     def note(e: Any) -> None:
@@ -287,7 +311,7 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKern
     for name, idx, _ in stores:
         for e in metas[name].shape + metas[name].stride:
             note(e)
-    for e in E.free_index_symbols(values):
+    for e in E.free_index_symbols(values + indirect):
         note(e)
     for _, idx, _ in stores:
         for e in idx:
@@ -307,32 +331,40 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKern
         return None
 
     new_values = E.rewrite(values, fn)
-    bounds = _index_bounds(values, metas)
+    bounds = _index_bounds(values + indirect, metas, scatter, {n: idx for n, idx, _ in stores})
 
     def buffer(name: str) -> Buffer:
         meta = metas[name]
         b = bounds.get(name)
+        init = rename[scatter[name][2]] if name in scatter else None
         return Buffer(rename[name], dtypes.name_of(meta.dtype), tuple(z(s) for s in meta.shape),
-                      tuple(z(s) for s in meta.stride), (0, b) if b is not None else None)
+                      tuple(z(s) for s in meta.stride), (0, b) if b is not None else None, init)
+
+    def store(n: str, idx: tuple, v: E.Node) -> Store:
+        if n not in scatter:
+            return Store(rename[n], tuple(z(i) for i in idx), v)
+        ind, accumulate, _ = scatter[n]
+        return Store(rename[n], tuple(z(i) for i in idx), v, None, tuple(E.rewrite(list(ind), fn)), accumulate)
 
     kernel = LoopKernel(tuple(z(s) for s in x), tuple(z(s) for s in r),
                         tuple(buffer(n) for n in ext), tuple(buffer(n) for n, _, _ in stores),
-                        tuple(Store(rename[n], tuple(z(i) for i in idx), v)
-                              for (n, idx, _), v in zip(stores, new_values)))
+                        tuple(store(n, idx, v) for (n, idx, _), v in zip(stores, new_values)))
     return BuiltKernel(kernel, ext, [n for n, _, _ in stores], sym_order)
 
 
-def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta]) -> dict[str, int]:
-    """Integer buffers whose values index a gather: the size of the dim they index (tuning draws
-    their random values below it)."""
+def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: dict | None = None,
+                  store_index: dict | None = None) -> dict[str, int]:
+    """Integer buffers whose values index a gather or a scatter: the size of the dim they index
+    (tuning draws their random values below it)."""
     out: dict[str, sympy.Expr] = {}
-    for n in E.toposort(values):
-        if n.op != "load" or not E.load_indirect(n):
-            continue
-        target = metas[n.arg[0]]
-        for k, v in enumerate(E.load_indirect(n)):
+    uses = [(n.arg[0], n.arg[1], E.load_indirect(n)) for n in E.toposort(values)
+            if n.op == "load" and E.load_indirect(n)]
+    uses += [(name, store_index[name], extra[0]) for name, extra in (scatter or {}).items()]
+    for name, index, indirect in uses:
+        target = metas[name]
+        for k, v in enumerate(indirect):
             sym = E.indirect_symbol(k)
-            dims = [d for d, e in enumerate(n.arg[1]) if sym in e.free_symbols]
+            dims = [d for d, e in enumerate(index) if sym in sympy.sympify(e).free_symbols]
             for ld in E.toposort([v]):
                 if ld.op == "load" and dims:
                     hint = target.hint_shape[dims[0]]
@@ -460,7 +492,8 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
 
         def buf(b: Buffer, rename=rename, zsub=zsub) -> Buffer:
             return Buffer(rename[b.name], b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
-                          tuple(e.xreplace(zsub) for e in b.stride), b.bounds)
+                          tuple(e.xreplace(zsub) for e in b.stride), b.bounds,
+                          rename[b.init] if b.init else None)
 
         for b in k.inputs:
             inputs.setdefault(rename[b.name], buf(b))
@@ -468,7 +501,8 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         for sp in k.parts or (k,):  # the part in its own space, under the combo's names
             part_stores = tuple(
                 Store(rename[st.buffer], tuple(i.xreplace(zsub) for i in st.index), E.rewrite([st.value], renamed)[0],
-                      None if st.mask is None else E.rewrite([st.mask], renamed)[0]) for st in sp.stores)
+                      None if st.mask is None else E.rewrite([st.mask], renamed)[0],
+                      tuple(E.rewrite(list(st.indirect), renamed)), st.accumulate) for st in sp.stores)
             parts_out.append(LoopKernel(tuple(e.xreplace(zsub) for e in sp.ranges),
                                         tuple(e.xreplace(zsub) for e in sp.reduction_ranges),
                                         tuple(buf(b) for b in sp.inputs), tuple(buf(b) for b in sp.outputs),
@@ -476,7 +510,9 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         for s in k.stores if numel != 0 else ():  # an empty part has nothing to write
             value = _masked(E.rewrite([s.value], fn)[0], mask)
             smask = mask if s.mask is None else E.op("logical_and", mask, E.rewrite([s.mask], fn)[0])
-            stores.append(Store(rename[s.buffer], tuple(i.xreplace(subs) for i in s.index), value, smask))
+            ind = tuple(_masked(v, mask) for v in E.rewrite(list(s.indirect), fn))
+            stores.append(Store(rename[s.buffer], tuple(i.xreplace(subs) for i in s.index), value, smask,
+                                ind, s.accumulate))
         offset = offset + rows
     kernel = LoopKernel((offset,), (R,) if host is not None else (),
                         tuple(inputs[f"in{i}"] for i in range(len(args))), tuple(out_buffers), tuple(stores),

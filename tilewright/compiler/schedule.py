@@ -112,8 +112,8 @@ class Scheduler:
         self.producer = kg.producers()
         # pointwise values that read no memory (constants, iotas and what is computed from them)
         # are recomputed by every loop kernel that reads them: no edge, no load
-        self.inline = {n.name: n for n in self.loops if not n.is_reduction and not any(
-            x.op == "load" for x in E.toposort([n.body]))}
+        self.inline = {n.name: n for n in self.loops if not n.is_reduction and not n.materialize
+                       and n.scatter is None and not any(x.op == "load" for x in E.toposort([n.body]))}
         self.users: dict[str, set[str]] = {}
         for n in kg.nodes:
             for v in n.inputs:

@@ -54,6 +54,9 @@ def strided_scan_refusal(kernel: LoopKernel) -> str | None:
     if any(n.is_scan for n in kernel.nodes()):
         return ("scans (cumsum, cummax, ...) need the row in order and this language's rows are walked "
                 "with a stride by the lanes of a work-group: the kernel runs on Triton or its torch form")
+    if kernel.scatters() or any(b.init for b in kernel.outputs):
+        return ("scatters (index_put, scatter_add, ...) write through data-dependent indices with atomics, "
+                "not written for this language yet: the kernel runs on Triton or its torch form")
     return None
 
 
@@ -117,7 +120,8 @@ class LoopSchedule:
         if row_stores:
             self.write_row_stores(row_stores)
         if element_stores:
-            self.open_row([s.value for s in element_stores] + [s.mask for s in element_stores if s.mask is not None])
+            self.open_row([s.value for s in element_stores] + [s.mask for s in element_stores if s.mask is not None]
+                          + [v for s in element_stores for v in s.indirect])
             for s in element_stores:
                 self.store(s, None)
             self.close_row()
@@ -178,7 +182,8 @@ class LoopSchedule:
     def on_r(self, s: Store) -> bool:
         """Whether a store's value (or its mask) varies along the row: stored per element."""
         return self.reduction and (self.k.depends_on_r(s.value)
-                                   or s.mask is not None and self.k.depends_on_r(s.mask))
+                                   or s.mask is not None and self.k.depends_on_r(s.mask)
+                                   or any(self.k.depends_on_r(v) for v in s.indirect))
 
     def deps(self, exprs) -> tuple[bool, bool]:
         """Whether index expressions read the outer and the reduction variables."""

@@ -1,7 +1,7 @@
 """Lowering rules for ops that move data by index: concatenation, padding, the backward of
-slicing and selecting, gathers (embedding, advanced indexing, ``gather``, ``index_select``) and
-the one-hot scatter of ``nll_loss``'s backward. Out-of-range parts are masked loads: nothing is
-read where the mask is false."""
+slicing and selecting, and gathers (embedding, advanced indexing, ``gather``, ``index_select``).
+Out-of-range parts are masked loads: nothing is read where the mask is false. Indexing that
+writes (scatter, index_put, ...) is in :mod:`~tilewright.compiler.loops.scatters`."""
 
 from __future__ import annotations
 
@@ -221,27 +221,3 @@ def _index(ctx, node, a):
         src = list(idx[:first]) + [E.indirect_symbol(j) for j in range(len(used))] + list(idx[first + nb:])
         return E.load(x.name, tuple(src), x.dtype, indirect=tuple(ind))
     return ctx.loop(node, body)
-
-
-@lowering(aten.scatter.value, aten.scatter.src)
-def _scatter(ctx, node, a):
-    """Only the collision-free case: an index of size 1 along ``dim`` and the self's size
-    elsewhere (one-hot writes, as nll_loss's backward makes)."""
-    x = _tensor(ctx, a["self"])
-    index = _tensor(ctx, a["index"])
-    dim = a["dim"] % max(x.ndim, 1)
-    if a.get("reduce") is not None or index.ndim != x.ndim or index.shape[dim] != 1 or any(
-            index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
-        raise Unsupported("general scatter (collisions)")
-    src = a.get("src")
-    value = a.get("value")
-    cdt = dtypes.compute_type(x.dtype)
-    srcv = _tensor(ctx, src) if src is not None else None
-
-    def body(idx):
-        at = idx[:dim] + (sympy.Integer(0),) + idx[dim + 1:]
-        hit = E.op("eq", E.cast(index.load(at), "i64"), E.cast(E.index(idx[dim]), "i64"))
-        new = E.cast(srcv.load(at), cdt) if srcv is not None else E.const(value, cdt)
-        return E.where(hit, new, E.cast(x.load(idx), cdt))
-    return ctx.loop(node, body)
-

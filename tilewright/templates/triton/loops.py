@@ -17,7 +17,7 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, load_indirect, load_mask
+from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
 from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
@@ -128,6 +128,26 @@ def _logaddexp_combine(a, b):
     mn = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
     return tl.where((mn != mx) | (tl.abs(mn) < float("inf")), mx + LOG1P(tl.exp(mn - mx)), a)
 '''
+
+
+# the atomics Triton has, by operation and element type (tl.atomic_add/max/min); the
+# interpreter's are numpy's, which has no bf16 and whose fp16 Triton refuses there
+_ATOMICS = {"add": {"fp32", "fp64", "fp16", "bf16", "i32", "i64"}, "max": {"fp32", "i32", "i64"},
+            "min": {"fp32", "i32", "i64"}}
+
+
+def atomic_refusal(accumulate: str | None, dtype: str, target: Target) -> str | None:
+    """Why a scatter that combines by ``accumulate`` into a ``dtype`` buffer cannot be a Triton
+    atomic on ``target``, or None."""
+    if accumulate is None:
+        return None
+    if dtype not in _ATOMICS[accumulate]:
+        return f"Triton has no atomic {accumulate} on {dtype}"
+    if target.interpreted and dtype in ("fp16", "bf16"):
+        return f"the Triton interpreter has no {dtype} atomics"
+    if dtype == "bf16" and target.backend == "cuda" and target.arch in ("sm_80", "sm_89"):
+        return f"bf16 atomic adds need sm_90 or later, not {target.arch}"
+    return None
 
 
 def needs_int64(problem: LoopProblem) -> bool:
@@ -312,9 +332,50 @@ class _Body(LoopSchedule):
         return si if kind.startswith("arg") else sv
 
     # -- statements -------------------------------------------------------------------------------
+    def write_scatter(self, s, buf, node: Node, value: str) -> None:
+        """A store through data-dependent indices: masked to the buffer's range (an index out of
+        it is never written; ``tl.device_assert`` says so where asserts are on), an atomic where
+        it accumulates."""
+        names = dict(self.names)
+        for k, v in enumerate(s.indirect):
+            names[indirect_symbol(k)] = self.e.emit(v)
+        strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
+        r_store = self.on_r(s)
+        mask = "xmask & rmask" if r_store else "xmask"
+        if s.mask is not None:
+            mask = f"{mask} & ({self.e.emit(s.mask)})"
+        syms = {indirect_symbol(k) for k in range(len(s.indirect))}
+        checks = [f"(({code(e, names)}) >= 0) & (({code(e, names)}) < {code(n, self.names)})"
+                  for e, n in zip(s.index, buf.shape) if sympy.sympify(e).free_symbols & syms]
+        inside = self.e.fresh()
+        self.e.line(f"{inside} = {' & '.join(checks) if checks else 'True'}")
+        self.e.line(f"tl.device_assert({inside} | ~({mask}), 'scatter index out of bounds')")
+        block = "[XBLOCK, RBLOCK]" if r_store else "[XBLOCK, 1]" if self.reduction else "[XBLOCK]"
+        ptr, val = self.e.fresh(), self.e.fresh()
+        self.e.line(f"{ptr} = tl.broadcast_to({buf.name} + ({code(offset(s.index, strides), names)}), {block})")
+        self.e.line(f"{val} = tl.broadcast_to({self.e.store_value(value, node.dtype, buf.dtype)}, {block})")
+        if s.accumulate is None:
+            self.e.line(f"tl.store({ptr}, {val}, {mask} & {inside})")
+        elif s.accumulate in ("max", "min") and dtypes.is_float(buf.dtype):
+            # Triton's float max/min are integer atomics on the bits (by sign), which drop a
+            # NaN value or replace a NaN in memory; torch's amax/amin propagate it. So a NaN
+            # value, or one the atomic replaced (its old value), is exchanged in with the sign
+            # every later max (+NaN) or min (-NaN) on the bits keeps
+            nan = 0x7FC00000 if s.accumulate == "max" else -0x400000
+            old = self.e.fresh()
+            self.e.line(f"{old} = tl.atomic_{s.accumulate}({ptr}, {val}, mask={mask} & {inside} & ({val} == {val}), "
+                        "sem='relaxed')")
+            self.e.line(f"tl.atomic_xchg({ptr}.to(tl.pointer_type(tl.int32), bitcast=True), tl.full({block}, {nan}, tl.int32), "
+                        f"mask={mask} & {inside} & (({val} != {val}) | ({old} != {old})), sem='relaxed')")
+        else:
+            self.e.line(f"tl.atomic_{s.accumulate}({ptr}, {val}, mask={mask} & {inside}, sem='relaxed')")
+
     def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
         if node.op == "const":  # a literal has no .to(): a 0-d tensor (the store broadcasts it)
             value = f"tl.full([], {value}, {TL_DTYPE[dtypes.compute_type(node.dtype)]})"
+        if s.is_scatter:
+            self.write_scatter(s, buf, node, value)
+            return
         if self.descriptors is not None and id(s) in self.descriptors.stores:
             self.e.line(self.descriptors.store_line(self.descriptors.stores[id(s)],
                                                     self.e.store_value(value, node.dtype, buf.dtype),
@@ -425,6 +486,9 @@ class _TritonLoops(TemplateSpec):
         for b in problem.kernel.inputs + problem.kernel.outputs:
             if b.dtype in ("fp8e4m3", "fp8e5m2") and target.backend == "cpu":
                 return Support(False, "fp8 buffers in the interpreter")
+        for st in problem.kernel.scatters():
+            if (why := atomic_refusal(st.accumulate, problem.kernel.buffer(st.buffer).dtype, target)) is not None:
+                return Support(False, why)
         return SUPPORTED
 
     def check(self, params: Params, problem: Any, target: Target) -> str | None:
@@ -501,7 +565,7 @@ class _TritonLoops(TemplateSpec):
             interpreted=target.interpreted, index_64=needs_int64(problem),
             helpers=helpers,
             inputs=[b.name for b in k.inputs], outputs=[{
-                "name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),
+                "name": b.name, "dtype": str(dtypes.TORCH[b.dtype]), "init": b.init,
                 "shape": [code(s, names) for s in b.shape], "stride": [code(s, names) for s in b.stride],
             } for b in k.outputs],
             buffers=[b.name for b in buffers], strides=strides, sizes=sizes,
