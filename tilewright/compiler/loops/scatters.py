@@ -14,8 +14,8 @@ write with duplicate indices leaves one of the values, which torch also leaves u
 Integer atomics and max/min are deterministic; float sums by atomics are not (their order
 varies), so under ``torch.use_deterministic_algorithms(True)`` a float accumulation stays ATen.
 Products (``prod``, ``multiply``) have no atomic and stay ATen. Negative indices count from the
-end (Python's rule); indices out of range are never written (the kernel masks them; its torch
-form raises IndexError as eager does).
+end in ``index_put`` (Python's rule, as eager; the other ops refuse them, as eager); indices out of
+range are never written (the kernel masks them; its torch form raises IndexError as eager does).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def scatter(ctx, node: fx.Node, ranges, value_fn, index_fn, accumulate: str | No
 
 def _along(x, dim: int, index, it):
     """The target index of ``scatter``-style ops: ``it`` with ``index[it]`` at ``dim``."""
-    ind = _wrapped(index.load(it), x.shape[dim])
+    ind = E.cast(index.load(it), "i64")  # no Python-style negatives: eager's scatter refuses them
     return it[:dim] + (E.indirect_symbol(0),) + it[dim + 1:], (ind,)
 
 
@@ -274,7 +274,7 @@ def _index_add(ctx, node, a):
     cdt = dtypes.compute_type(dtype)
 
     def index_fn(it):
-        ind = _wrapped(index.load((it[dim],) if index.ndim else ()), x.shape[dim])
+        ind = E.cast(index.load((it[dim],) if index.ndim else ()), "i64")  # eager refuses negatives
         return it[:dim] + (E.indirect_symbol(0),) + it[dim + 1:], (ind,)
 
     def value_fn(it):
@@ -299,7 +299,7 @@ def _embedding_dense_backward(ctx, node, a):
     rows = TensorMeta.of(node).shape[0]
 
     def index_fn(it):
-        return (E.indirect_symbol(0), it[-1]), (_wrapped(ids.load(it[:-1]), rows),)
+        return (E.indirect_symbol(0), it[-1]), (E.cast(ids.load(it[:-1]), "i64"),)
 
     def value_fn(it):
         v = E.cast(grad.load(it), cdt)
