@@ -61,6 +61,10 @@ OPS = {
                         lambda: [ints(6, 4, dtype=torch.int32), ints(9, 4, lo=0, hi=6), ints(9, 4, dtype=torch.int32)], 2),
     "inverse_permutation_of_a_sort": (lambda i: torch.empty_like(i).index_put((i,), torch.arange(i.numel())),
                                       lambda: [torch.randperm(16, generator=torch.Generator().manual_seed(3))], 2),
+    "histc_of_expert_ids": (lambda e: torch.histc(e.float(), 8, 0, 7),
+                            lambda: [torch.cat([ints(40, lo=0, hi=8), torch.tensor([7, 0, 9, -1])])], 2),
+    "histc_of_floats_with_nan": (lambda x: torch.histc(x, 10, -1.5, 2.0),
+                                 lambda: [torch.cat([randn(50), torch.tensor([float("nan"), 2.0, -1.5, 5.0])])], 2),
     "embedding_dense_backward": (lambda g, i: torch.ops.aten.embedding_dense_backward(g, i, 10, 2, False),
                                  lambda: [randn(3, 5, 8), ints(3, 5, lo=0, hi=10)], 2),
 }

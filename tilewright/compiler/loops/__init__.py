@@ -41,7 +41,9 @@ class Value:
     shape: tuple[sympy.Expr, ...]
     dtype: str
 
-    def load(self, index: Sequence[Any], mask: E.Node | None = None) -> E.Node:
+    def load(self, index: Sequence[Any], mask: E.Node | None = None, indirect: tuple[E.Node, ...] = ()) -> E.Node:
+        """The element at ``index``; ``indirect`` are the values of the symbols ``ind0, ...``
+        the index uses (a gather: an index that is data)."""
         raise NotImplementedError
 
     @property
@@ -57,10 +59,10 @@ class Buffer(Value):
     shape: tuple[sympy.Expr, ...]
     dtype: str
 
-    def load(self, index: Sequence[Any], mask: E.Node | None = None) -> E.Node:
+    def load(self, index: Sequence[Any], mask: E.Node | None = None, indirect: tuple[E.Node, ...] = ()) -> E.Node:
         if len(index) != len(self.shape):
             raise ValueError(f"{self.name}: index {tuple(index)} for shape {self.shape}")
-        return E.load(self.name, index, self.dtype, mask)
+        return E.load(self.name, index, self.dtype, mask, indirect)
 
 
 @dataclass
@@ -75,8 +77,8 @@ class View(Value):
     def __post_init__(self) -> None:
         self.dtype = self.dtype or self.source.dtype
 
-    def load(self, index: Sequence[Any], mask: E.Node | None = None) -> E.Node:
-        return self.source.load(self.fn(tuple(sympy.sympify(i) for i in index)), mask)
+    def load(self, index: Sequence[Any], mask: E.Node | None = None, indirect: tuple[E.Node, ...] = ()) -> E.Node:
+        return self.source.load(self.fn(tuple(sympy.sympify(i) for i in index)), mask, indirect)
 
 
 @dataclass

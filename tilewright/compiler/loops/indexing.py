@@ -150,11 +150,9 @@ def _wrapped(ind: E.Node, size: sympy.Expr) -> E.Node:
 
 
 def _gathered(ctx, x):
-    """Gathers read through an index that is data: only a buffer in memory can be read that way."""
-    from tilewright.compiler.loops import Buffer
-
-    if not isinstance(x, Buffer):
-        raise Unsupported("gather from a view (materialise it first)")
+    """Gathers read through an index that is data: a buffer in memory, or a view of one (its
+    index map applies to the gathered index; a view of a computed value makes the scheduler
+    keep that value in memory, as a gather reads only memory)."""
     return x
 
 
@@ -167,7 +165,7 @@ def _embedding(ctx, node, a):
 
     def body(idx):
         ind = _wrapped(ids.load(idx[:-1]), w.shape[0])
-        return E.load(w.name, (E.indirect_symbol(0), idx[-1]), w.dtype, indirect=(ind,))
+        return w.load((E.indirect_symbol(0), idx[-1]), indirect=(ind,))
     return ctx.loop(node, body)
 
 
@@ -180,7 +178,7 @@ def _gather_along(ctx, node, a, index_at):
     def body(idx):
         ind = _wrapped(index.load(index_at(idx, dim, index)), x.shape[dim])
         src = idx[:dim] + (E.indirect_symbol(0),) + idx[dim + 1:]
-        return E.load(x.name, src, x.dtype, indirect=(ind,))
+        return x.load(src, indirect=(ind,))
     return ctx.loop(node, body)
 
 
@@ -219,5 +217,5 @@ def _index(ctx, node, a):
             vi = tuple(sympy.Integer(0) if s == 1 else bidx[lead + d] for d, s in enumerate(v.shape))
             ind.append(_wrapped(v.load(vi), x.shape[k]))
         src = list(idx[:first]) + [E.indirect_symbol(j) for j in range(len(used))] + list(idx[first + nb:])
-        return E.load(x.name, tuple(src), x.dtype, indirect=tuple(ind))
+        return x.load(tuple(src), indirect=tuple(ind))
     return ctx.loop(node, body)

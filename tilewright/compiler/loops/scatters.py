@@ -1,6 +1,6 @@
 """Lowering rules for indexing that writes: ``index_put`` (with ``accumulate``), ``scatter``,
 ``scatter_add``, ``scatter_reduce`` (sum, amax, amin, mean; ``include_self`` either way),
-``index_add`` and the embedding's backward, as scatter loop nodes
+``index_add``, the embedding's backward and ``histc``, as scatter loop nodes
 (:class:`~tilewright.compiler.graph.Scatter`).
 
 Each op becomes a *target* node (a copy of ``self``, or zeros where ``self`` is a fresh
@@ -80,12 +80,14 @@ def target(ctx, node: fx.Node, self_arg, name: str, fill=None) -> str:
 
 
 def scatter(ctx, node: fx.Node, ranges, value_fn, index_fn, accumulate: str | None, into: str,
-            name: str | None = None, meta: TensorMeta | None = None) -> Buffer:
+            name: str | None = None, meta: TensorMeta | None = None, exact: bool = False) -> Buffer:
     """A scatter node over ``ranges``: ``value_fn(it)`` goes to ``index_fn(it) -> (index with
-    ind symbols, their values)`` of ``into``, combined by ``accumulate``."""
+    ind symbols, their values)`` of ``into``, combined by ``accumulate`` (``exact``: values
+    whose sums are exact in any order, deterministic even as float atomics)."""
     meta = meta or TensorMeta.of(node)
     dtype = dtypes.name_of(meta.dtype)
-    _check_deterministic(dtype, accumulate)
+    if not exact:
+        _check_deterministic(dtype, accumulate)
     it = variables("i", len(ranges))
     value = E.cast(value_fn(it), dtype)
     index, indirect = index_fn(it)
@@ -308,3 +310,36 @@ def _embedding_dense_backward(ctx, node, a):
         return E.where(E.op("eq", E.cast(ids.load(it[:-1]), "i64"), E.const(padding, "i64")), E.const(0, cdt), v)
     tgt = target(ctx, node, None, f"{node.name}_init")
     return scatter(ctx, node, grad.shape, value_fn, index_fn, "add", tgt)
+
+
+@lowering(aten.histc.default)
+def _histc(ctx, node, a):
+    """Counts per bin: a scatter-add of one per element into zeros, at torch's bin
+    ``int((x - min) * bins / (max - min))`` (``max`` itself in the last bin); elements outside
+    [min, max] (NaN too) add 0. The counts are small integers, exact in any order, so the
+    atomics are deterministic."""
+    x = _tensor(ctx, a["self"])
+    bins, lo, hi = a["bins"], a["min"], a["max"]
+    if any(isinstance(v, fx.Node) for v in (bins, lo, hi)) or not lo < hi:
+        raise Unsupported("histc with symbolic or data-dependent (min == max) edges")
+    dtype = dtypes.name_of(TensorMeta.of(node).dtype)
+    cdt = dtypes.compute_type(dtype)
+    if not dtypes.is_float(x.dtype):
+        raise Unsupported("histc of integers")
+
+    def parts(it):
+        v = E.cast(x.load(it), cdt)
+        inside = E.op("logical_and", E.op("ge", v, E.const(lo, cdt)), E.op("le", v, E.const(hi, cdt)))
+        pos = E.cast((v - E.const(lo, cdt)) * E.const(bins, cdt) / E.const(hi - lo, cdt), "i64")
+        pos = E.op("minimum", pos, E.const(bins - 1, "i64"))
+        return inside, pos
+
+    def value_fn(it):
+        inside, _ = parts(it)
+        return E.where(inside, E.const(1, cdt), E.const(0, cdt))
+
+    def index_fn(it):
+        inside, pos = parts(it)
+        return (E.indirect_symbol(0),), (E.where(inside, pos, E.const(0, "i64")),)
+    tgt = target(ctx, node, None, f"{node.name}_init")
+    return scatter(ctx, node, x.shape, value_fn, index_fn, "add", tgt, exact=True)
