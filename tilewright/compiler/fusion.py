@@ -264,6 +264,41 @@ class _Builder:
         return _canonical(self.x, self.r, stores, self.members, self.metas)
 
 
+# what a lane outside a reduction's row contributes: nothing (argmax/argmin: a value that
+# wins no comparison, ties going to the lower index, which is inside the row)
+_REDUCE_IDENTITY = {"sum": 0, "prod": 1, "any": False, "all": True}
+
+
+def _identity_outside(v: E.Node, mask: E.Node) -> E.Node:
+    """``v`` with the operand of each reduction inside it replaced by the reduction's identity
+    where ``mask`` is false."""
+    def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+        if n.op != "reduce":
+            return None
+        x = src[0]
+        kind = n.arg
+        if kind in _REDUCE_IDENTITY:
+            ident = _REDUCE_IDENTITY[kind]
+        elif dtypes.is_float(x.dtype):
+            ident = float("-inf") if kind in ("max", "argmax") else float("inf")
+        elif x.dtype == "bool":
+            ident = kind in ("min", "argmin")
+        else:
+            info = __import__("torch").iinfo(dtypes.TORCH[x.dtype])
+            ident = info.min if kind in ("max", "argmax") else info.max
+        return E.Node("reduce", n.dtype, (E.where(mask, x, E.const(ident, x.dtype)),), kind)
+    return E.rewrite([v], fn)[0]
+
+
+def _varies_along(v: E.Node, var: sympy.Symbol) -> bool:
+    """Whether ``v`` varies with ``var`` outside its reductions (a scan varies)."""
+    for n in E.toposort([v], stop=lambda n: n.op == "reduce"):
+        if n.op == "scan" or n.op == "load" and any(var in sympy.sympify(e).free_symbols for e in n.arg[1]) \
+                or n.op == "index" and var in n.arg.free_symbols:
+            return True
+    return False
+
+
 def _masked(v: E.Node, mask: E.Node, reductions: bool = True) -> E.Node:
     """``v`` with every load inside it masked by ``mask`` too (no read where it is false);
     with ``reductions=False`` the loads under a reduction are left as they are (the mask does
@@ -429,20 +464,23 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
     instead of several.
 
     The parts' iteration spaces are laid end to end along one flat dim ``x0``. Without a
-    reduction, part ``p`` owns ``x0`` in ``[offset_p, offset_p + numel_p)``. With one (the
-    *host*, at most one), the host's rows come first and every pointwise part fills whole rows
-    of the host's reduction length after them, its element ``(x0 - offset_p) * R + r0``. Each
-    part's loads and stores are masked to its share, so nothing is read or written outside it;
-    lanes of other parts compute values nobody stores.
+    reduction, part ``p`` owns ``x0`` in ``[offset_p, offset_p + numel_p)``. With reductions
+    (the *hosts*), the rows are as long as the longest host's, ``R``; each host's rows come
+    first, one after another, a host of a shorter row ``R_p`` using the lanes ``r0 < R_p`` (its
+    reductions see the others as their identity: Inductor's CPU kernels put the row sums of a
+    layer norm's backward and the column sums of its weight's gradient in one function, this is
+    that for one launch), and every pointwise part fills whole rows of ``R`` after them, its
+    element ``(x0 - offset_p) * R + r0``. Each part's loads and stores are masked to its share,
+    so nothing is read or written outside it; lanes of other parts compute values nobody
+    stores.
 
     Raises:
-        FusionError: two reductions, or two parts that store the same value.
+        FusionError: hosts of row lengths that are symbolic and differ, a shorter host with
+            Welford's statistics (they count the row's lanes), or two parts that store the
+            same value.
     """
     hosts = [p for p in parts if p.kernel.kind == "reduction"]
-    if len(hosts) > 1:
-        raise FusionError("a combo kernel holds at most one reduction")
-    host = hosts[0] if hosts else None
-    order = ([host] if host is not None else []) + [p for p in parts if p is not host]
+    order = hosts + [p for p in parts if p not in hosts]
     args: list[str] = []
     outputs: list[str] = []
     symbols: list[sympy.Symbol] = []
@@ -455,10 +493,19 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         symbols += [s for s in p.symbols if s not in symbols]
     znew = {s: size_symbol(i) for i, s in enumerate(symbols)}
     x0, r0 = variables("x", 1)[0], variables("r", 1)[0]
+
+    def row_of(p: BuiltKernel) -> sympy.Expr:
+        zsub = {size_symbol(i): znew[s] for i, s in enumerate(p.symbols)}
+        return product(tuple(e.xreplace(zsub) for e in p.kernel.reduction_ranges))
     R = sympy.Integer(1)
-    if host is not None:
-        zsub = {size_symbol(i): znew[s] for i, s in enumerate(host.symbols)}
-        R = product(tuple(e.xreplace(zsub) for e in host.kernel.reduction_ranges))
+    if hosts:
+        rows_r = [row_of(h) for h in hosts]
+        if all(same(r, rows_r[0]) for r in rows_r):
+            R = rows_r[0]
+        elif all(r.is_Integer for r in rows_r):
+            R = max(rows_r)
+        else:
+            raise FusionError("reductions over rows of different symbolic lengths")
     inputs: dict[str, Buffer] = {}
     out_buffers: list[Buffer] = []
     stores: list[Store] = []
@@ -469,20 +516,30 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         zsub = {size_symbol(i): znew[s] for i, s in enumerate(p.symbols)}
         ranges = tuple(e.xreplace(zsub) for e in k.ranges)
         numel = product(ranges)
+        short = False  # a host whose rows are shorter than R
+        row_mask = None  # its mask without the lanes' part: what its per-row stores need
         if numel == 0:  # no share of the space (its outputs are allocated, nothing more)
             sub, mask, rows = {}, None, sympy.Integer(0)
-        elif p is host:
+        elif p in hosts:
             red = tuple(e.xreplace(zsub) for e in k.reduction_ranges)
-            sub = dict(zip(k.x_vars, unravel(x0, ranges))) | dict(zip(k.r_vars, unravel(r0, red)))
-            mask = _lt(x0, numel)
+            sub = dict(zip(k.x_vars, unravel(x0 - offset, ranges))) | dict(zip(k.r_vars, unravel(r0, red)))
+            mask = _lt(x0, offset + numel)
+            if offset != 0:
+                mask = E.op("logical_and", E.op("ge", E.index(x0), E.index(offset)), mask)
+            if not same(product(red), R):
+                short = True
+                if any(n.arg.startswith("welford") for n in k.reductions()):
+                    raise FusionError("Welford's statistics count every lane of the row: not in a shorter host")
+                row_mask = mask
+                mask = E.op("logical_and", mask, _lt(r0, product(red)))
             rows = numel
         else:
-            flat = (x0 - offset) * R + r0 if host is not None else x0 - offset
+            flat = (x0 - offset) * R + r0 if hosts else x0 - offset
             sub = dict(zip(k.x_vars, unravel(flat, ranges)))
             mask = E.op("logical_and", E.op("ge", E.index(x0), E.index(offset)), _lt(flat, numel))
-            if host is not None:
+            if hosts:
                 mask = E.op("logical_and", mask, _lt(x0, offset + _rows(numel, R)))
-            rows = _rows(numel, R) if host is not None else numel
+            rows = _rows(numel, R) if hosts else numel
         rename = {f"in{i}": f"in{args.index(a)}" for i, a in enumerate(p.args)}
         rename |= {f"out{i}": f"out{outputs.index(o)}" for i, o in enumerate(p.outputs)}
         subs = zsub | sub
@@ -509,12 +566,17 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
                                         part_stores))
         for s in k.stores if numel != 0 else ():  # an empty part has nothing to write
             value = _masked(E.rewrite([s.value], fn)[0], mask)
-            smask = mask if s.mask is None else E.op("logical_and", mask, E.rewrite([s.mask], fn)[0])
+            own_mask = mask
+            if short:  # the lanes past its row add the identity to its reductions
+                value = _identity_outside(value, mask)
+                if not (_varies_along(value, r0) or s.indirect or s.mask is not None):
+                    own_mask = row_mask  # a value per row is stored once per row
+            smask = own_mask if s.mask is None else E.op("logical_and", mask, E.rewrite([s.mask], fn)[0])
             ind = tuple(_masked(v, mask) for v in E.rewrite(list(s.indirect), fn))
             stores.append(Store(rename[s.buffer], tuple(i.xreplace(subs) for i in s.index), value, smask,
                                 ind, s.accumulate))
         offset = offset + rows
-    kernel = LoopKernel((offset,), (R,) if host is not None else (),
+    kernel = LoopKernel((offset,), (R,) if hosts else (),
                         tuple(inputs[f"in{i}"] for i in range(len(args))), tuple(out_buffers), tuple(stores),
                         tuple(parts_out))
     return BuiltKernel(kernel, args, outputs, symbols)
