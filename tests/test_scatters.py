@@ -88,6 +88,33 @@ def test_the_torch_form_of_a_scatter_matches_eager(name):
     assert rel_error(out, fn(*to_reference(args)).to(out.dtype)) <= 2e-5
 
 
+@pytest.mark.parametrize("adjacent", [True, False])
+def test_index_with_several_tensors_is_one_gather_kernel(adjacent):
+    # x[:, i, j] keeps the broadcast index dims where the tensors are; x[i, :, j] puts them first
+    fn = (lambda x, i, j: x[:, i, j] * 2) if adjacent else (lambda x, i, j: x[i, :, j] * 2)  # noqa: E731
+    x = randn(5, 6, 7)
+    i, j = ints(3, 1, lo=-5, hi=5), ints(4, lo=-7, hi=7)
+    check_against_eager(fn, x, i, j, kernels=1)
+
+
+def test_scatter_reduce_keeps_special_values_as_torch():
+    # NaN in the values or in self propagates through amax/amin (the atomics on the bits would
+    # drop or replace it); infinities win; zeros compare equal (their sign is the order's)
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([1.0, -0.0, 0.0, 5.0, nan, 2.0, -inf, inf])
+    i = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 5, 6, 7, 4])
+    v = torch.tensor([nan, 2.0, 0.0, -0.0, 1.0, 3.0, -inf, inf, -0.0, 1.0, -1.0, 7.0])
+    for reduce in ("amax", "amin", "sum", "mean"):
+        for include_self in (True, False):
+            fn = lambda x, i, v: x.scatter_reduce(0, i, v, reduce, include_self=include_self)  # noqa: E731
+            torch._dynamo.reset()
+            with tilewright.config.patch(force_backend="triton", strict=True):
+                got = torch.compile(fn, backend="tilewright")(x, i, v)
+            want = fn(x, i, v)
+            same = (got == want) | (got.isnan() & want.isnan())
+            assert same.all(), (reduce, include_self, got, want)
+
+
 def test_values_computed_before_a_scatter_fuse_into_its_kernel():
     # the exp and the product are computed where they are scattered (2 kernels: the target's
     # copy of x * 2, then the scatter); the + 1 after it needs the whole result (a third)

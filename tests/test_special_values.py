@@ -222,9 +222,15 @@ def _scan_results(emitter: str, dtype: str, half: int) -> tuple[list[torch.Tenso
     return xs, _launch(template_id, target, params)(problem, xs)
 
 
-@pytest.mark.parametrize("half", [1, 16])
-@pytest.mark.parametrize("dtype", SCAN_DTYPES)
-@pytest.mark.parametrize("emitter", sorted(SCAN_EMITTERS))
+def _scan_params():
+    for emitter in sorted(SCAN_EMITTERS):
+        for dtype in SCAN_DTYPES:
+            for half in (1, 16):
+                marks = [] if dtype in ("fp32", "i64") else [pytest.mark.slow]  # ~5 s a build
+                yield pytest.param(emitter, dtype, half, marks=marks, id=f"{emitter}-{dtype}-{2 * half}")
+
+
+@pytest.mark.parametrize("emitter,dtype,half", list(_scan_params()))
 def test_scans_match_torch_on_special_values(emitter, dtype, half):
     xs, got = _scan_results(emitter, dtype, half)
     bad = []

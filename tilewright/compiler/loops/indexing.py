@@ -197,8 +197,10 @@ def _index(ctx, node, a):
     x = _gathered(ctx, _tensor(ctx, a["self"]))
     indices = list(a["indices"])
     used = [k for k, t in enumerate(indices) if t is not None]
-    if not used or used != list(range(used[0], used[-1] + 1)):
-        raise Unsupported("index tensors that are not adjacent")
+    if not used:
+        raise Unsupported("index without index tensors")
+    # adjacent index tensors put their broadcast dims where they are; apart, first (numpy's rule)
+    adjacent = used == list(range(used[0], used[-1] + 1))
     idx_vals = []
     for k in used:
         v = _tensor(ctx, indices[k])
@@ -207,7 +209,7 @@ def _index(ctx, node, a):
         idx_vals.append(v)
     out_meta = TensorMeta.of(node)
     nb = out_meta.ndim - (x.ndim - len(used))  # dims of the broadcast index shape
-    first = used[0]
+    first = used[0] if adjacent else 0
 
     def body(idx):
         bidx = idx[first:first + nb]
@@ -216,6 +218,7 @@ def _index(ctx, node, a):
             lead = nb - v.ndim
             vi = tuple(sympy.Integer(0) if s == 1 else bidx[lead + d] for d, s in enumerate(v.shape))
             ind.append(_wrapped(v.load(vi), x.shape[k]))
-        src = list(idx[:first]) + [E.indirect_symbol(j) for j in range(len(used))] + list(idx[first + nb:])
+        others = iter(idx[:first] + idx[first + nb:])
+        src = [E.indirect_symbol(used.index(d)) if d in used else next(others) for d in range(x.ndim)]
         return x.load(tuple(src), indirect=tuple(ind))
     return ctx.loop(node, body)
