@@ -133,3 +133,36 @@ def test_languages_without_scans_refuse_them_with_a_reason(template_id, target):
     (problem,) = loop_problems(SCANS["cumsum"][0], *SCANS["cumsum"][1]())
     why = get_template(template_id).supports(problem, get_target(target))
     assert not why and "scan" in why.reason
+
+
+def test_scans_and_scatters_compile_for_a_gpu(tmp_path):
+    """The interpreter forgives what a GPU compile may not: scans persistent and looped (tuple
+    scans, the carry's tl.reduce), atomics (add on fp32/bf16/i64, max/min with the NaN
+    exchange), plain scatter stores; built for sm_90a and gfx950 with no GPU."""
+    from tilewright.runtime.aot import CompileJob, compile_jobs
+
+    fns = [
+        (lambda a: (torch.cummax(a, 1), a.cumsum(1), torch.logcumsumexp(a, 1), (a * 0.1 + 1).cumprod(0)),
+         [randn(5, ROW)]),
+        (lambda x, i, v: (torch.index_put(x, (i,), v, accumulate=True), x.scatter_reduce(0, i[:, None].expand(9, 8), v, "amax"),
+                          x.scatter_reduce(0, i[:, None].expand(9, 8), v, "amin"), torch.index_put(x, (i,), v)),
+         [randn(10, 8), ints(9, lo=0, hi=10), randn(9, 8)]),
+        (lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True), [randn(10, 8, dtype=BF16), ints(9, lo=0, hi=10),
+                                                                     randn(9, 8, dtype=BF16)]),
+        (lambda x, i, v: x.scatter_add(0, i, v), [ints(6, 4), ints(9, 4, lo=0, hi=6), ints(9, 4)]),
+    ]
+    jobs = []
+    for target in ("sm_90a", "gfx950"):
+        tgt = get_target(target)
+        for i, (fn, args) in enumerate(fns):
+            for k, problem in enumerate(loop_problems(fn, *args)):
+                template = get_template(f"triton.{problem.kind}")
+                if not template.supports(problem, tgt):
+                    continue
+                for params in ({}, {"PERSISTENT": False, "RBLOCK": 16}) if problem.kind == "reduction" else ({},):
+                    rendered = template.render(problem, template.space.complete(params), tgt)
+                    jobs.append(CompileJob(f"{target}_case{i}_{k}_{len(params)}", rendered.source,
+                                           rendered.aot.to_json(), tgt.triton))
+    assert len(jobs) >= 16
+    for r in compile_jobs(jobs, tmp_path, workers=2, timeout_s=300):
+        assert r.ok, f"{r.name}: {r.status} {r.error[-800:]}"
