@@ -177,7 +177,7 @@ def test_float_accumulation_stays_aten_under_deterministic_algorithms():
 
 
 @pytest.mark.parametrize("template_id,target", [("sycl.pointwise", "xpu"), ("metal.pointwise", "mps"),
-                                                ("flydsl.pointwise", "hip:gfx950")])
+                                                ("flydsl.pointwise", "hip:gfx950"), ("cpp.pointwise", "cpu")])
 def test_languages_without_scatters_refuse_them_with_a_reason(template_id, target):
     fn, make, _ = OPS["scatter_add_transposed_self"]
     scatter = next(p for p in loop_problems(fn, *make()) if p.kernel.scatters())

@@ -239,7 +239,8 @@ def test_scans_match_torch_on_special_values(emitter, dtype, half):
     assert not bad, f"{emitter}, {dtype}, rows of {2 * half}:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("template_id,target", [("sycl.reduction", "xpu"), ("metal.reduction", "mps")])
+@pytest.mark.parametrize("template_id,target", [("sycl.reduction", "xpu"), ("metal.reduction", "mps"),
+                                                ("cpp.reduction", "cpu")])
 def test_strided_languages_refuse_scans(template_id, target):
     problem, _ = sv.scan_problem("fp32", ["sum"], 1)
     why = get_template(template_id).supports(problem, get_target(target))

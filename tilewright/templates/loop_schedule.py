@@ -49,11 +49,12 @@ from tilewright.ir.kernel import LoopKernel, Store
 
 def strided_scan_refusal(kernel: LoopKernel) -> str | None:
     """Why a language whose lanes walk a row with a stride (SYCL, Metal, FlyDSL: each lane sums
-    every WG-th element, then the work-group combines) cannot render ``kernel``: a scan needs the
-    row in order (a work-group scan, not written for them yet); None when it has no scan."""
+    every WG-th element, then the work-group combines; C++: 16 lanes a step) cannot render
+    ``kernel``: a scan needs the row in order (a lane-parallel scan, not written for them yet),
+    a scatter atomics; None when it has neither."""
     if any(n.is_scan for n in kernel.nodes()):
-        return ("scans (cumsum, cummax, ...) need the row in order and this language's rows are walked "
-                "with a stride by the lanes of a work-group: the kernel runs on Triton or its torch form")
+        return ("scans (cumsum, cummax, ...) need the row in order and this language's lanes walk a row "
+                "with a stride: the kernel runs on Triton or its torch form")
     if kernel.scatters() or any(b.init for b in kernel.outputs):
         return ("scatters (index_put, scatter_add, ...) write through data-dependent indices with atomics, "
                 "not written for this language yet: the kernel runs on Triton or its torch form")
