@@ -235,3 +235,71 @@ def mismatches(case: Case, got: torch.Tensor, xs: list[torch.Tensor], limit: int
               f"expected {want[i].item()!r}"] = None
     out = list(lines)
     return out[:limit] + ([f"... {len(out)} cases in all"] if len(out) > limit else [])
+
+
+# -- scans ---------------------------------------------------------------------------------------
+# kind -> torch's meaning along dim 1
+SCAN_KINDS = {
+    "sum": lambda x: torch.cumsum(x, 1), "prod": lambda x: torch.cumprod(x, 1),
+    "logsumexp": lambda x: torch.logcumsumexp(x, 1), "max": lambda x: torch.cummax(x, 1).values,
+    "min": lambda x: torch.cummin(x, 1).values, "argmax": lambda x: torch.cummax(x, 1).indices,
+    "argmin": lambda x: torch.cummin(x, 1).indices,
+}
+
+
+def _scan_out_dtype(kind: str, dtype: str) -> str:
+    if kind.startswith("arg"):
+        return "i64"
+    if kind in ("sum", "prod") and not dtypes.is_float(dtype):
+        return "i64"  # torch promotes integer and boolean cumsum/cumprod
+    return dtype
+
+
+def scan_rows(dtype: str, half: int) -> torch.Tensor:
+    """Every ordered pair (a, b) of ``dtype``'s special values as a row: ``half`` copies of a,
+    then ``half`` of b. Long rows (``half`` > 1) keep the values whose sums and products come out
+    the same in any order (no extremes, subnormals or the smallest normal: 16 x max overflows in
+    fp32 where eager's CPU cumsum sums in float64, and a parallel scan's inf x (sub x sub) is
+    inf x 0 = NaN where a sequential one keeps inf; an association the pairs cannot show)."""
+    vals = specials(dtype)
+    if half > 1 and dtypes.is_float(dtype):
+        vals = [v for v in vals if v != v or v == 0 or abs(v) == float("inf") or abs(v) in (1.0, 0.5, 2.5, 3.0)]
+    elif half > 1 and dtype != "bool":
+        ii = torch.iinfo(dtypes.TORCH[dtype])
+        vals = [v for v in vals if abs(v) < 100 or v in (ii.max, ii.min)]
+    pairs = list(itertools.product(vals, vals))
+    rows = [[p[0]] * half + [p[1]] * half for p in pairs]
+    return torch.tensor(rows, dtype=torch.float64 if dtypes.is_float(dtype) else None).to(dtypes.TORCH[dtype])
+
+
+def scan_problem(dtype: str, kinds: list[str], half: int) -> tuple[LoopProblem, list[torch.Tensor]]:
+    """One row kernel storing each scan ``kind`` of :func:`scan_rows`, and its input."""
+    x = scan_rows(dtype, half)
+    n, r = (sympy.Integer(s) for s in x.shape)
+    x0, r0 = var("x", 0), var("r", 0)
+    strides = contiguous_strides((n, r))
+    v = E.cast(E.load("in0", (x0, r0), dtype), dtypes.compute_type(dtype))
+    outs, stores = [], []
+    for k, kind in enumerate(kinds):
+        out = _scan_out_dtype(kind, dtype)
+        val = E.scan(kind, E.cast(v, dtypes.compute_type(out)) if kind in ("sum", "prod") else v)
+        outs.append(Buffer(f"out{k}", out, (n, r), strides))
+        stores.append(Store(f"out{k}", (x0, r0), E.cast(val, out)))
+    kernel = LoopKernel((n,), (r,), (Buffer("in0", dtype, (n, r), strides),), tuple(outs), tuple(stores))
+    return LoopProblem(kernel, op=f"special scans {dtype}"), [x]
+
+
+def scan_mismatches(kind: str, got: torch.Tensor, x: torch.Tensor, ulps: int, limit: int = 6) -> list[str]:
+    """Rows where ``got`` is not torch's scan ``kind`` of ``x`` (in float64 rounded once, or as
+    eager computes it), described with the row's two values."""
+    out = dtypes.TORCH[_scan_out_dtype(kind, dtypes.name_of(x.dtype))]
+    fn = SCAN_KINDS[kind]
+    exact = fn(_compute(x) if not kind.startswith("arg") else x).to(out)
+    eager = fn(_eager(x).to(out) if kind in ("sum", "prod") else _eager(x)).to(out)
+    if got.dtype != exact.dtype or got.shape != exact.shape:
+        return [f"cum{kind}: dtype/shape {got.dtype}{tuple(got.shape)} != {exact.dtype}{tuple(exact.shape)}"]
+    good = (_matches(got, exact, ulps) | _matches(got, eager, ulps)).all(1)
+    half = x.shape[1] // 2
+    lines = [f"cum{kind}([{x[i, 0].item()!r}]*{half} + [{x[i, -1].item()!r}]*{half}) = {got[i].tolist()}, "
+             f"expected {exact[i].tolist()}" for i in (~good).nonzero().flatten().tolist()]
+    return lines[:limit] + ([f"... {len(lines)} rows in all"] if len(lines) > limit else [])

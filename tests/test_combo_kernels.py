@@ -41,9 +41,35 @@ def test_a_reduction_hosts_pointwise_parts_in_whole_rows():
     check_against_eager(fn, x, y, kernels=1)
 
 
-def test_two_reductions_stay_two_kernels():
+def test_reductions_over_rows_of_different_lengths_launch_once():
+    # the shorter rows use the first lanes of the longer ones; the lanes past them add each
+    # reduction's identity (a max of -inf, an argmax that loses every tie, a product's 1), so
+    # an all-negative row, a NaN and ties still come out as eager's
     def fn(x, y):
-        return x.sum(-1), y.amax(-1)
+        return x.sum(-1), y.amax(-1), y.argmax(-1), (y * 0.1).prod(-1), (y > 0).any(-1), y.argmin(-1)
+
+    y = -torch.rand(3, 5, generator=_gen(1)) - 1
+    y[1, 2] = float("nan")
+    y[2, 1] = y[2, 3] = -0.5
+    check_against_eager(fn, torch.randn(4, 9, generator=_gen(0)), y, kernels=1)
+
+
+def test_a_layer_norm_backward_and_its_column_sums_launch_once():
+    # GPT-2's backward, from the saved normalised input: the input's gradient reduces rows of
+    # 64, the weight's and bias's gradients columns of 32; one launch, as Inductor's CPU
+    # backend puts them in one function
+    def fn(g, xhat, w, rstd):
+        gw = g * w
+        dx = rstd * (gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True))
+        return dx, (g * xhat).sum(0), g.sum(0)
+
+    check_against_eager(fn, torch.randn(32, 64, generator=_gen(0)), torch.randn(32, 64, generator=_gen(1)),
+                        torch.randn(64, generator=_gen(2)), torch.rand(32, 1, generator=_gen(3)) + 0.5, kernels=1)
+
+
+def test_welford_is_never_a_shorter_host():
+    def fn(x, y):
+        return x.sum(-1), y.var(-1)
 
     check_against_eager(fn, torch.randn(4, 9, generator=_gen(0)), torch.randn(3, 5, generator=_gen(1)),
                         kernels=2)

@@ -245,3 +245,33 @@ def test_compiled_grouped_gemm_is_chosen_in_select_on_the_gpu(fresh_cache):
     assert sorted(problem_from_json(k.problem_json).case for k in grouped) == ["2d2d", "2d3d", "2d3d"]
     assert all(k.winner.startswith("triton.") for k in grouped), [k.winner for k in grouped]
     assert no_workers_left()
+
+
+def test_scans_and_scatters_on_the_gpu(fresh_cache):
+    """Scans (tl.associative_scan, persistent and over rows past 4096 where the policy loops)
+    and scatters (atomics with duplicates, the NaN exchange of float amax) compiled for the GPU
+    against eager in float64; every loop kernel on Triton."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8, 5000, device="cuda", generator=g)
+    idx = torch.randint(0, 64, (4096,), device="cuda", generator=g)
+    vals = torch.randn(4096, 32, device="cuda", generator=g)
+    vals[5, 3] = float("nan")
+    base = torch.randn(64, 32, device="cuda", generator=g)
+
+    def fn(x, idx, vals, base):
+        c = torch.cummax(x, 1)
+        return (x.exp().cumsum(1) * 0.5, c.values, c.indices, torch.logcumsumexp(x, 1),
+                torch.index_put(base, (idx,), vals.sin(), accumulate=True),
+                base.scatter_reduce(0, idx[:, None].expand(-1, 32), vals, "amax"))
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        out = torch.compile(fn, backend="tilewright")(x, idx, vals, base)
+    ref = fn(x.double(), idx, vals.double(), base.double())
+    for o, r in zip(out, ref):
+        if o.is_floating_point():
+            assert torch.equal(o.isnan(), r.isnan())
+            fin = r.isfinite()
+            assert rel_err(o[fin], r[fin]) < 1e-4
+        else:
+            assert torch.equal(o, r)
+    kernels = [k for r in reports for k in r.kernels]
+    assert kernels and all(k.winner.startswith("triton.") for k in kernels), [k.winner for k in kernels]

@@ -194,3 +194,54 @@ def test_the_special_value_check_is_skipped_where_eager_arithmetic_disagrees_wit
     assert TemplateKernelFactory().special_reference(problem, x) is None
     x.tensors[0][1] = 1.0
     assert TemplateKernelFactory().special_reference(problem, x) is not None
+
+
+# -- scans: every ordered pair of special values as a row, through every emitter that scans -------
+# rows of 2 ([a, b]) and of 32 (16 copies of a, then 16 of b: a looped row of RBLOCK 16 carries
+# a's prefix into b's step); the long rows leave out the dtype's extremes (16 x max overflows in
+# fp32, where eager's CPU cumsum accumulates in float64 and comes back from it)
+SCAN_EMITTERS = {
+    "triton-persistent": ("triton.reduction", "cpu", {"XBLOCK": 4, "PERSISTENT": True}),
+    "triton-looped": ("triton.reduction", "cpu", {"XBLOCK": 4, "PERSISTENT": False, "RBLOCK": 16}),
+    "torch": ("aten.reduction", "cpu", {}),
+}
+SCAN_DTYPES = ("fp32", "bf16", "fp16", "i64", "i32", "bool")
+SCAN_ULPS = {"sum": 4, "prod": 4, "logsumexp": sv.APPROXIMATE_ULPS}
+
+
+def _scan_kinds(dtype: str) -> list[str]:
+    from tilewright.ir import dtypes
+
+    return list(sv.SCAN_KINDS) if dtypes.is_float(dtype) else [k for k in sv.SCAN_KINDS if k != "logsumexp"]
+
+
+@functools.lru_cache(maxsize=None)
+def _scan_results(emitter: str, dtype: str, half: int) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
+    template_id, target, params = SCAN_EMITTERS[emitter]
+    problem, xs = sv.scan_problem(dtype, _scan_kinds(dtype), half)
+    return xs, _launch(template_id, target, params)(problem, xs)
+
+
+def _scan_params():
+    for emitter in sorted(SCAN_EMITTERS):
+        for dtype in SCAN_DTYPES:
+            for half in (1, 16):
+                marks = [] if dtype in ("fp32", "i64") else [pytest.mark.slow]  # ~5 s a build
+                yield pytest.param(emitter, dtype, half, marks=marks, id=f"{emitter}-{dtype}-{2 * half}")
+
+
+@pytest.mark.parametrize("emitter,dtype,half", list(_scan_params()))
+def test_scans_match_torch_on_special_values(emitter, dtype, half):
+    xs, got = _scan_results(emitter, dtype, half)
+    bad = []
+    for kind, g in zip(_scan_kinds(dtype), got):
+        bad += sv.scan_mismatches(kind, g, xs[0], SCAN_ULPS.get(kind, sv.ULPS))
+    assert not bad, f"{emitter}, {dtype}, rows of {2 * half}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("template_id,target", [("sycl.reduction", "xpu"), ("metal.reduction", "mps"),
+                                                ("cpp.reduction", "cpu")])
+def test_strided_languages_refuse_scans(template_id, target):
+    problem, _ = sv.scan_problem("fp32", ["sum"], 1)
+    why = get_template(template_id).supports(problem, get_target(target))
+    assert not why and "scan" in why.reason

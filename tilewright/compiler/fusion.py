@@ -66,13 +66,18 @@ class _Builder:
         self.stored = [m for m in members if m.name in stored]
         if not self.stored:
             raise FusionError("a group that stores nothing")
+        for m in members:
+            if m.scatter is not None and m.scatter.target in self.members:
+                raise FusionError(f"{m.name} scatters into {m.scatter.target}, which must be complete "
+                                  "before its kernel starts (no grid-wide barrier)")
         self.metas = metas
-        reductions = [m for m in members if m.is_reduction]
+        reductions = [m for m in members if m.is_reduction]  # and scans: row ops
         if reductions:
-            self.x = _refine_all([r.ranges for r in reductions]) if any(_nonunit(r.ranges) for r in reductions) else ()
-            if any(_nonunit(r.ranges) for r in reductions):
+            outer = [r.outer_ranges for r in reductions]
+            self.x = _refine_all(outer) if any(_nonunit(o) for o in outer) else ()
+            if any(_nonunit(o) for o in outer):
                 for r in reductions:
-                    if not same(product(r.ranges), product(self.x)):
+                    if not same(product(r.outer_ranges), product(self.x)):
                         raise FusionError("reductions over different outer spaces")
             self.r = _refine_all([r.reduction_ranges for r in reductions]) or (sympy.Integer(1),)
             for r in reductions:
@@ -105,9 +110,13 @@ class _Builder:
             return  # placed by :meth:`_place_by_flow`
         try:
             if m.is_reduction:
-                self.own[m.name] = group_index(m.ranges, self.x, self.xv)
+                own = group_index(m.outer_ranges, self.x, self.xv)
                 self.red_vars[m.name] = dict(zip(variables("j", len(m.reduction_ranges)),
                                                  group_index(m.reduction_ranges, self.r, self.rv)))
+                if m.is_scan:  # its own element: the row's position at the scanned dim
+                    d = m.scan_dim
+                    own = own[:d] + (self.red_vars[m.name][variables("j", 1)[0]],) + own[d:]
+                self.own[m.name] = own
             elif same(product(m.ranges), product(self.x)):
                 self.own[m.name] = group_index(m.ranges, self.x, self.xv)
             elif self.r and same(product(m.ranges), product(self.x) * product(self.r)):
@@ -207,7 +216,8 @@ class _Builder:
         if m.is_reduction:
             own = self.own[name]
             if any(not same(a, b) for a, b, s in zip(index, own, m.ranges) if s != 1):
-                raise FusionError(f"a member reads reduction {name} outside its own row")
+                where = "element" if m.is_scan else "row"
+                raise FusionError(f"a member reads {'scan' if m.is_scan else 'reduction'} {name} outside its own {where}")
             subs = dict(zip(ivars, own)) | self.red_vars[name]
         else:
             subs = dict(zip(ivars, index))
@@ -223,6 +233,9 @@ class _Builder:
                 return None
             if E.load_indirect(n):
                 raise FusionError(f"a gather reads {n.arg[0]} through data: it must be in memory")
+            m = self.members.get(n.arg[0])
+            if m is not None and m.scatter is not None:
+                raise FusionError(f"{n.arg[0]} is a scatter's result, complete only when its kernel ends")
             v = self.value(n.arg[0], n.arg[1])
             mask = src[0] if n.arg[2] else None
             # the consumer's mask guards its own element, not the rows a reduction inside v
@@ -233,13 +246,57 @@ class _Builder:
 
     # -- the kernel -----------------------------------------------------------------------------
     def build(self) -> BuiltKernel:
-        stores: list[tuple[str, tuple, E.Node]] = []
+        stores: list[tuple] = []
         for m in self.stored:
             own = self.own.get(m.name)
             if own is None:
                 raise FusionError(f"{m.name} cannot be stored from this kernel")
-            stores.append((m.name, own, E.cast(self.value(m.name, own), m.dtype)))
+            if m.scatter is None:
+                stores.append((m.name, own, E.cast(self.value(m.name, own), m.dtype)))
+                continue
+            # a scatter: its values and indices at its own element, written where they point
+            subs = dict(zip(variables("i", len(m.ranges)), own))
+            body = E.substitute_vars([m.body, *m.scatter.indirect], subs, self._simplify)
+            value, *indirect = (self.resolve(b) for b in body)
+            index = tuple(self._simplify(sympy.sympify(e).xreplace(subs)) for e in m.scatter.index)
+            stores.append((m.name, index, E.cast(value, m.dtype),
+                           (tuple(indirect), m.scatter.accumulate, m.scatter.target)))
         return _canonical(self.x, self.r, stores, self.members, self.metas)
+
+
+# what a lane outside a reduction's row contributes: nothing (argmax/argmin: a value that
+# wins no comparison, ties going to the lower index, which is inside the row)
+_REDUCE_IDENTITY = {"sum": 0, "prod": 1, "any": False, "all": True}
+
+
+def _identity_outside(v: E.Node, mask: E.Node) -> E.Node:
+    """``v`` with the operand of each reduction inside it replaced by the reduction's identity
+    where ``mask`` is false."""
+    def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+        if n.op != "reduce":
+            return None
+        x = src[0]
+        kind = n.arg
+        if kind in _REDUCE_IDENTITY:
+            ident = _REDUCE_IDENTITY[kind]
+        elif dtypes.is_float(x.dtype):
+            ident = float("-inf") if kind in ("max", "argmax") else float("inf")
+        elif x.dtype == "bool":
+            ident = kind in ("min", "argmin")
+        else:
+            info = __import__("torch").iinfo(dtypes.TORCH[x.dtype])
+            ident = info.min if kind in ("max", "argmax") else info.max
+        return E.Node("reduce", n.dtype, (E.where(mask, x, E.const(ident, x.dtype)),), kind)
+    return E.rewrite([v], fn)[0]
+
+
+def _varies_along(v: E.Node, var: sympy.Symbol) -> bool:
+    """Whether ``v`` varies with ``var`` outside its reductions (a scan varies)."""
+    for n in E.toposort([v], stop=lambda n: n.op == "reduce"):
+        if n.op == "scan" or n.op == "load" and any(var in sympy.sympify(e).free_symbols for e in n.arg[1]) \
+                or n.op == "index" and var in n.arg.free_symbols:
+            return True
+    return False
 
 
 def _masked(v: E.Node, mask: E.Node, reductions: bool = True) -> E.Node:
@@ -258,12 +315,20 @@ def _masked(v: E.Node, mask: E.Node, reductions: bool = True) -> E.Node:
 
 
 def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKernel:
-    """Rename buffers to in{k}/out{k} and size symbols to z{k}, in order of appearance."""
+    """Rename buffers to in{k}/out{k} and size symbols to z{k}, in order of appearance.
+    ``stores`` are (name, index, value) or, for a scatter, (name, index, value, (indirect,
+    accumulate, target)): its target is an input the output starts as."""
+    scatter = {st[0]: st[3] for st in stores if len(st) > 3}
+    stores = [st[:3] for st in stores]
     values = [v for _, _, v in stores]
+    indirect = [v for extra in scatter.values() for v in extra[0]]
     ext: list[str] = []
-    for ld in E.toposort(values):
+    for ld in E.toposort(values + indirect):
         if ld.op == "load" and ld.arg[0] not in ext:
             ext.append(ld.arg[0])
+    for _, _, target in scatter.values():
+        if target not in ext:
+            ext.append(target)
     sym_order: list[sympy.Symbol] = []
 
     def note(e: Any) -> None:
@@ -281,7 +346,7 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKern
     for name, idx, _ in stores:
         for e in metas[name].shape + metas[name].stride:
             note(e)
-    for e in E.free_index_symbols(values):
+    for e in E.free_index_symbols(values + indirect):
         note(e)
     for _, idx, _ in stores:
         for e in idx:
@@ -301,32 +366,40 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKern
         return None
 
     new_values = E.rewrite(values, fn)
-    bounds = _index_bounds(values, metas)
+    bounds = _index_bounds(values + indirect, metas, scatter, {n: idx for n, idx, _ in stores})
 
     def buffer(name: str) -> Buffer:
         meta = metas[name]
         b = bounds.get(name)
+        init = rename[scatter[name][2]] if name in scatter else None
         return Buffer(rename[name], dtypes.name_of(meta.dtype), tuple(z(s) for s in meta.shape),
-                      tuple(z(s) for s in meta.stride), (0, b) if b is not None else None)
+                      tuple(z(s) for s in meta.stride), (0, b) if b is not None else None, init)
+
+    def store(n: str, idx: tuple, v: E.Node) -> Store:
+        if n not in scatter:
+            return Store(rename[n], tuple(z(i) for i in idx), v)
+        ind, accumulate, _ = scatter[n]
+        return Store(rename[n], tuple(z(i) for i in idx), v, None, tuple(E.rewrite(list(ind), fn)), accumulate)
 
     kernel = LoopKernel(tuple(z(s) for s in x), tuple(z(s) for s in r),
                         tuple(buffer(n) for n in ext), tuple(buffer(n) for n, _, _ in stores),
-                        tuple(Store(rename[n], tuple(z(i) for i in idx), v)
-                              for (n, idx, _), v in zip(stores, new_values)))
+                        tuple(store(n, idx, v) for (n, idx, _), v in zip(stores, new_values)))
     return BuiltKernel(kernel, ext, [n for n, _, _ in stores], sym_order)
 
 
-def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta]) -> dict[str, int]:
-    """Integer buffers whose values index a gather: the size of the dim they index (tuning draws
-    their random values below it)."""
+def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: dict | None = None,
+                  store_index: dict | None = None) -> dict[str, int]:
+    """Integer buffers whose values index a gather or a scatter: the size of the dim they index
+    (tuning draws their random values below it)."""
     out: dict[str, sympy.Expr] = {}
-    for n in E.toposort(values):
-        if n.op != "load" or not E.load_indirect(n):
-            continue
-        target = metas[n.arg[0]]
-        for k, v in enumerate(E.load_indirect(n)):
+    uses = [(n.arg[0], n.arg[1], E.load_indirect(n)) for n in E.toposort(values)
+            if n.op == "load" and E.load_indirect(n)]
+    uses += [(name, store_index[name], extra[0]) for name, extra in (scatter or {}).items()]
+    for name, index, indirect in uses:
+        target = metas[name]
+        for k, v in enumerate(indirect):
             sym = E.indirect_symbol(k)
-            dims = [d for d, e in enumerate(n.arg[1]) if sym in e.free_symbols]
+            dims = [d for d, e in enumerate(index) if sym in sympy.sympify(e).free_symbols]
             for ld in E.toposort([v]):
                 if ld.op == "load" and dims:
                     hint = target.hint_shape[dims[0]]
@@ -391,20 +464,23 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
     instead of several.
 
     The parts' iteration spaces are laid end to end along one flat dim ``x0``. Without a
-    reduction, part ``p`` owns ``x0`` in ``[offset_p, offset_p + numel_p)``. With one (the
-    *host*, at most one), the host's rows come first and every pointwise part fills whole rows
-    of the host's reduction length after them, its element ``(x0 - offset_p) * R + r0``. Each
-    part's loads and stores are masked to its share, so nothing is read or written outside it;
-    lanes of other parts compute values nobody stores.
+    reduction, part ``p`` owns ``x0`` in ``[offset_p, offset_p + numel_p)``. With reductions
+    (the *hosts*), the rows are as long as the longest host's, ``R``; each host's rows come
+    first, one after another, a host of a shorter row ``R_p`` using the lanes ``r0 < R_p`` (its
+    reductions see the others as their identity: Inductor's CPU kernels put the row sums of a
+    layer norm's backward and the column sums of its weight's gradient in one function, this is
+    that for one launch), and every pointwise part fills whole rows of ``R`` after them, its
+    element ``(x0 - offset_p) * R + r0``. Each part's loads and stores are masked to its share,
+    so nothing is read or written outside it; lanes of other parts compute values nobody
+    stores.
 
     Raises:
-        FusionError: two reductions, or two parts that store the same value.
+        FusionError: hosts of row lengths that are symbolic and differ, a shorter host with
+            Welford's statistics (they count the row's lanes), or two parts that store the
+            same value.
     """
     hosts = [p for p in parts if p.kernel.kind == "reduction"]
-    if len(hosts) > 1:
-        raise FusionError("a combo kernel holds at most one reduction")
-    host = hosts[0] if hosts else None
-    order = ([host] if host is not None else []) + [p for p in parts if p is not host]
+    order = hosts + [p for p in parts if p not in hosts]
     args: list[str] = []
     outputs: list[str] = []
     symbols: list[sympy.Symbol] = []
@@ -417,10 +493,19 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         symbols += [s for s in p.symbols if s not in symbols]
     znew = {s: size_symbol(i) for i, s in enumerate(symbols)}
     x0, r0 = variables("x", 1)[0], variables("r", 1)[0]
+
+    def row_of(p: BuiltKernel) -> sympy.Expr:
+        zsub = {size_symbol(i): znew[s] for i, s in enumerate(p.symbols)}
+        return product(tuple(e.xreplace(zsub) for e in p.kernel.reduction_ranges))
     R = sympy.Integer(1)
-    if host is not None:
-        zsub = {size_symbol(i): znew[s] for i, s in enumerate(host.symbols)}
-        R = product(tuple(e.xreplace(zsub) for e in host.kernel.reduction_ranges))
+    if hosts:
+        rows_r = [row_of(h) for h in hosts]
+        if all(same(r, rows_r[0]) for r in rows_r):
+            R = rows_r[0]
+        elif all(r.is_Integer for r in rows_r):
+            R = max(rows_r)
+        else:
+            raise FusionError("reductions over rows of different symbolic lengths")
     inputs: dict[str, Buffer] = {}
     out_buffers: list[Buffer] = []
     stores: list[Store] = []
@@ -431,20 +516,30 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         zsub = {size_symbol(i): znew[s] for i, s in enumerate(p.symbols)}
         ranges = tuple(e.xreplace(zsub) for e in k.ranges)
         numel = product(ranges)
+        short = False  # a host whose rows are shorter than R
+        row_mask = None  # its mask without the lanes' part: what its per-row stores need
         if numel == 0:  # no share of the space (its outputs are allocated, nothing more)
             sub, mask, rows = {}, None, sympy.Integer(0)
-        elif p is host:
+        elif p in hosts:
             red = tuple(e.xreplace(zsub) for e in k.reduction_ranges)
-            sub = dict(zip(k.x_vars, unravel(x0, ranges))) | dict(zip(k.r_vars, unravel(r0, red)))
-            mask = _lt(x0, numel)
+            sub = dict(zip(k.x_vars, unravel(x0 - offset, ranges))) | dict(zip(k.r_vars, unravel(r0, red)))
+            mask = _lt(x0, offset + numel)
+            if offset != 0:
+                mask = E.op("logical_and", E.op("ge", E.index(x0), E.index(offset)), mask)
+            if not same(product(red), R):
+                short = True
+                if any(n.arg.startswith("welford") for n in k.reductions()):
+                    raise FusionError("Welford's statistics count every lane of the row: not in a shorter host")
+                row_mask = mask
+                mask = E.op("logical_and", mask, _lt(r0, product(red)))
             rows = numel
         else:
-            flat = (x0 - offset) * R + r0 if host is not None else x0 - offset
+            flat = (x0 - offset) * R + r0 if hosts else x0 - offset
             sub = dict(zip(k.x_vars, unravel(flat, ranges)))
             mask = E.op("logical_and", E.op("ge", E.index(x0), E.index(offset)), _lt(flat, numel))
-            if host is not None:
+            if hosts:
                 mask = E.op("logical_and", mask, _lt(x0, offset + _rows(numel, R)))
-            rows = _rows(numel, R) if host is not None else numel
+            rows = _rows(numel, R) if hosts else numel
         rename = {f"in{i}": f"in{args.index(a)}" for i, a in enumerate(p.args)}
         rename |= {f"out{i}": f"out{outputs.index(o)}" for i, o in enumerate(p.outputs)}
         subs = zsub | sub
@@ -454,7 +549,8 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
 
         def buf(b: Buffer, rename=rename, zsub=zsub) -> Buffer:
             return Buffer(rename[b.name], b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
-                          tuple(e.xreplace(zsub) for e in b.stride), b.bounds)
+                          tuple(e.xreplace(zsub) for e in b.stride), b.bounds,
+                          rename[b.init] if b.init else None)
 
         for b in k.inputs:
             inputs.setdefault(rename[b.name], buf(b))
@@ -462,17 +558,25 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
         for sp in k.parts or (k,):  # the part in its own space, under the combo's names
             part_stores = tuple(
                 Store(rename[st.buffer], tuple(i.xreplace(zsub) for i in st.index), E.rewrite([st.value], renamed)[0],
-                      None if st.mask is None else E.rewrite([st.mask], renamed)[0]) for st in sp.stores)
+                      None if st.mask is None else E.rewrite([st.mask], renamed)[0],
+                      tuple(E.rewrite(list(st.indirect), renamed)), st.accumulate) for st in sp.stores)
             parts_out.append(LoopKernel(tuple(e.xreplace(zsub) for e in sp.ranges),
                                         tuple(e.xreplace(zsub) for e in sp.reduction_ranges),
                                         tuple(buf(b) for b in sp.inputs), tuple(buf(b) for b in sp.outputs),
                                         part_stores))
         for s in k.stores if numel != 0 else ():  # an empty part has nothing to write
             value = _masked(E.rewrite([s.value], fn)[0], mask)
-            smask = mask if s.mask is None else E.op("logical_and", mask, E.rewrite([s.mask], fn)[0])
-            stores.append(Store(rename[s.buffer], tuple(i.xreplace(subs) for i in s.index), value, smask))
+            own_mask = mask
+            if short:  # the lanes past its row add the identity to its reductions
+                value = _identity_outside(value, mask)
+                if not (_varies_along(value, r0) or s.indirect or s.mask is not None):
+                    own_mask = row_mask  # a value per row is stored once per row
+            smask = own_mask if s.mask is None else E.op("logical_and", mask, E.rewrite([s.mask], fn)[0])
+            ind = tuple(_masked(v, mask) for v in E.rewrite(list(s.indirect), fn))
+            stores.append(Store(rename[s.buffer], tuple(i.xreplace(subs) for i in s.index), value, smask,
+                                ind, s.accumulate))
         offset = offset + rows
-    kernel = LoopKernel((offset,), (R,) if host is not None else (),
+    kernel = LoopKernel((offset,), (R,) if hosts else (),
                         tuple(inputs[f"in{i}"] for i in range(len(args))), tuple(out_buffers), tuple(stores),
                         tuple(parts_out))
     return BuiltKernel(kernel, args, outputs, symbols)

@@ -126,27 +126,51 @@ class ExternNode(Node):
         return [n.name for n in self.fx_node.all_input_nodes]
 
 
+@dataclass(frozen=True)
+class Scatter:
+    """What a scatter loop node writes (index_put, scatter, scatter_add/reduce, index_add, the
+    embedding's backward): for each point of its ``ranges`` its body's value goes to element
+    ``index`` (expressions of the node's variables and of ``ind0, ind1, ...``, whose values are
+    ``indirect``) of the value ``target`` (which it starts as; a loop node the scheduler keeps
+    in memory and never puts in the scatter's kernel), written, or combined by ``accumulate``
+    ("add", "max", "min"). The node's own value is the target after the writes: complete only
+    when its kernel has ended, so nothing in that kernel reads it."""
+
+    target: str
+    index: tuple[sympy.Expr, ...]
+    indirect: tuple[Any, ...]  # tilewright.ir.expr.Node
+    accumulate: str | None = None
+
+
 @dataclass
 class LoopNode(Node):
     """One op lowered to the expression IR: value ``name`` at output index ``(i0, i1, ...)``
     (:func:`tilewright.ir.index.variables` ``("i", n)``), reducing over ``(j0, ...)`` when
     ``reduction_ranges`` is not empty (the body is then independent of the ``j``: it holds a
-    ``reduce``). ``meta`` gives the layout eager would give the value, which is the layout it
-    gets when stored."""
+    ``reduce``). A *scan* (cumsum, cummax, ...) is a row op too: its ``reduction_ranges`` are the
+    one scanned dim, ``scan_dim`` says which output dim that is, and its body reads the row at
+    ``j0`` there (the output index ``i{scan_dim}`` is that same position). ``meta`` gives the
+    layout eager would give the value, which is the layout it gets when stored."""
 
     ranges: tuple[sympy.Expr, ...] = ()
     reduction_ranges: tuple[sympy.Expr, ...] = ()
     body: Any = None  # tilewright.ir.expr.Node
     dtype: str = "fp32"
     meta: TensorMeta | None = None
+    scan_dim: int | None = None
+    scatter: Scatter | None = None
+    # a value that must be in memory (a scatter's target): never recomputed where it is read
+    materialize: bool = False
 
     @property
     def inputs(self) -> list[str]:
         from tilewright.ir.expr import loads
 
         seen: dict[str, None] = {}
-        for ld in loads([self.body]):
+        for ld in loads([self.body] + list(self.scatter.indirect if self.scatter else ())):
             seen.setdefault(ld.arg[0], None)
+        if self.scatter is not None:
+            seen.setdefault(self.scatter.target, None)
         return list(seen)
 
     @property
@@ -155,7 +179,20 @@ class LoopNode(Node):
 
     @property
     def is_reduction(self) -> bool:
+        """A row op: a reduction or a scan (the scheduler places both by their rows)."""
         return bool(self.reduction_ranges)
+
+    @property
+    def is_scan(self) -> bool:
+        return self.scan_dim is not None
+
+    @property
+    def outer_ranges(self) -> tuple[sympy.Expr, ...]:
+        """The dims the row op keeps apart (its rows): a reduction's output dims, a scan's
+        output dims but the scanned one."""
+        if self.scan_dim is None:
+            return self.ranges
+        return self.ranges[:self.scan_dim] + self.ranges[self.scan_dim + 1:]
 
 
 @dataclass

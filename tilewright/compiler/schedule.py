@@ -112,8 +112,12 @@ class Scheduler:
         self.producer = kg.producers()
         # pointwise values that read no memory (constants, iotas and what is computed from them)
         # are recomputed by every loop kernel that reads them: no edge, no load
-        self.inline = {n.name: n for n in self.loops if not n.is_reduction and not any(
-            x.op == "load" for x in E.toposort([n.body]))}
+        # (transitively: position ids, an iota plus a constant, read nothing either)
+        self.inline: dict[str, LoopNode] = {}
+        for n in self.loops:  # in graph order: what a node reads is decided before it
+            if not n.is_reduction and not n.materialize and n.scatter is None and all(
+                    x.arg[0] in self.inline for x in E.toposort([n.body]) if x.op == "load"):
+                self.inline[n.name] = n
         self.users: dict[str, set[str]] = {}
         for n in kg.nodes:
             for v in n.inputs:
@@ -271,7 +275,7 @@ class Scheduler:
             best = None
             for a, b in itertools.combinations(sorted(self.groups.values(), key=lambda x: order[x.key]), 2):
                 dist = abs(order[a.key] - order[b.key])
-                if dist > COMBO_WINDOW or a.parts + b.parts > MAX_COMBO or a.reductions + b.reductions > 1:
+                if dist > COMBO_WINDOW or a.parts + b.parts > MAX_COMBO:
                     continue
                 if len(a.members) + len(b.members) > MAX_MEMBERS:
                     continue

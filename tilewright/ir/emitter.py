@@ -22,16 +22,17 @@ class ExprEmitter:
     """Statements for IR values, shared by the language emitters.
 
     Args:
-        load, index, acc, reduce: hooks returning the code of those nodes; ``load(node)`` and
-            ``reduce(node, operand_code)`` may emit statements through :meth:`line` first.
+        load, index, acc, reduce, scan: hooks returning the code of those nodes; ``load(node)``,
+            ``reduce(node, operand_code)`` and ``scan(node, operand_code)`` may emit statements
+            through :meth:`line` first.
         prefix: of the names it makes (``t0``, ``t1``, ...).
         indent: of the first statement.
     """
 
     def __init__(self, *, load: Callable[[Node], str], index: Callable[[Node], str] | None = None,
                  acc: Callable[[Node], str] | None = None, reduce: Callable[[Node, str], str] | None = None,
-                 prefix: str = "t", indent: str = ""):
-        self.hooks = {"load": load, "index": index, "acc": acc, "reduce": reduce}
+                 prefix: str = "t", indent: str = "", scan: Callable[[Node, str], str] | None = None):
+        self.hooks = {"load": load, "index": index, "acc": acc, "reduce": reduce, "scan": scan}
         self.prefix = prefix
         self.lines: list[str] = []
         self.indent = indent
@@ -108,6 +109,11 @@ class ExprEmitter:
             hook = self.hooks["reduce"]
             if hook is None:
                 raise ValueError("reductions need a reduction kernel")
+            return hook(n, args[0])
+        if n.op == "scan":
+            hook = self.hooks["scan"]
+            if hook is None:
+                raise ValueError("this kernel's language has no scans")
             return hook(n, args[0])
         if n.op == "cast":
             return self.convert(args[0], n.src[0].dtype, n.dtype)

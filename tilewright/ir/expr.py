@@ -23,6 +23,10 @@ The ops:
               Inductor's do not round between ops of one kernel either.
 * ``reduce``  arg = kind (:data:`tilewright.ir.ops.REDUCTIONS`): ``src[0]`` reduced over the
               kernel's reduction variables; the result no longer depends on them.
+* ``scan``    arg = kind (:data:`tilewright.ir.ops.SCANS`): the inclusive prefix of ``src[0]``
+              along the kernel's row (its reduction variables, row-major) up to this element
+              (cumsum, cumprod, logcumsumexp, cummax/cummin and their indices). Unlike a
+              reduction its value still varies along the row: one per element.
 * any name in :data:`tilewright.ir.ops.OPS`: a pointwise op on ``src``.
 """
 
@@ -36,7 +40,7 @@ from typing import Any, Callable, Iterable, Iterator
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.ops import OPS, REDUCTIONS, result_dtype
+from tilewright.ir.ops import OPS, REDUCTIONS, SCANS, result_dtype
 
 _table: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
 _lock = threading.Lock()
@@ -116,6 +120,10 @@ class Node:
     @property
     def is_reduce(self) -> bool:
         return self.op == "reduce"
+
+    @property
+    def is_scan(self) -> bool:
+        return self.op == "scan"
 
 
 # -- constructors -----------------------------------------------------------------------------
@@ -223,6 +231,14 @@ def reduce(kind: str, x: Node, dtype: str | None = None) -> Node:
     return Node("reduce", dtype, (x,), kind)
 
 
+def scan(kind: str, x: Node) -> Node:
+    """The inclusive prefix ``kind`` (:data:`~tilewright.ir.ops.SCANS`) of ``x`` along the row
+    (argmax/argmin give int64 positions in the row, as cummax/cummin's indices)."""
+    if kind not in SCANS:
+        raise ValueError(f"unknown scan {kind!r}; known: {SCANS}")
+    return Node("scan", "i64" if kind in ("argmax", "argmin") else x.dtype, (x,), kind)
+
+
 # -- traversal --------------------------------------------------------------------------------
 def toposort(roots: Iterable[Node], stop: Callable[[Node], bool] | None = None) -> list[Node]:
     """Every node reachable from ``roots``, operands before users, each once; the operands of a
@@ -315,6 +331,8 @@ def render(node: Node, depth: int = 6) -> str:
         return f"{node.dtype}({inner})"
     if node.op == "reduce":
         return f"{node.arg}({inner})"
+    if node.op == "scan":
+        return f"cum{node.arg}({inner})"
     return f"{node.op}({inner})"
 
 

@@ -31,7 +31,10 @@ class Buffer:
     ``shape`` and ``stride`` are sympy expressions of size symbols; for inputs ``stride`` is the
     layout traced (a hint: the kernel takes real strides at run time); for outputs it is the
     layout the kernel allocates. ``bounds`` = (lo, hi) for integer inputs used as indices:
-    their values lie in [lo, hi) (what tuning draws random inputs from).
+    their values lie in [lo, hi) (what tuning draws random inputs from). ``init`` names the
+    input an output starts as (a scatter's target: the kernel updates its elements in place;
+    the launcher hands it that input's values, or the input itself where the caller passes it
+    as the output).
     """
 
     name: str
@@ -39,29 +42,41 @@ class Buffer:
     shape: tuple[sympy.Expr, ...]
     stride: tuple[sympy.Expr, ...]
     bounds: tuple[int, int] | None = None
+    init: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": [str(s) for s in self.shape],
                 "stride": [str(s) for s in self.stride],
-                "bounds": list(self.bounds) if self.bounds else None}
+                "bounds": list(self.bounds) if self.bounds else None} | ({"init": self.init} if self.init else {})
 
     @staticmethod
     def from_json(d: dict[str, Any], symbols: dict[str, sympy.Symbol]) -> "Buffer":
         return Buffer(d["name"], d["dtype"], tuple(sympy.sympify(s, locals=symbols) for s in d["shape"]),
                       tuple(sympy.sympify(s, locals=symbols) for s in d["stride"]),
-                      tuple(d["bounds"]) if d.get("bounds") else None)
+                      tuple(d["bounds"]) if d.get("bounds") else None, d.get("init"))
 
 
 @dataclass(frozen=True)
 class Store:
     """``buffer[index] = value``; ``index`` is a logical index (one expression per dim) in the
     kernel's variables. With a ``mask`` (a boolean node), only where it is true: the part of a
-    combo kernel's space that belongs to this store's sub-kernel."""
+    combo kernel's space that belongs to this store's sub-kernel.
+
+    A *scatter* store's index also reads data: ``indirect`` are the values of the symbols
+    ``ind0, ind1, ...`` in it (as a gather's load), and elements whose index is out of the
+    buffer's range are not written. With ``accumulate`` ("add", "max", "min") it is an atomic
+    update of the element (duplicates combine), not a write (duplicates: one of them wins)."""
 
     buffer: str
     index: tuple[sympy.Expr, ...]
     value: Node
     mask: Node | None = None
+    indirect: tuple[Node, ...] = ()
+    accumulate: str | None = None
+
+    @property
+    def is_scatter(self) -> bool:
+        return bool(self.indirect) or self.accumulate is not None
 
 
 def size_symbol(i: int) -> sympy.Symbol:
@@ -112,8 +127,12 @@ class LoopKernel:
         return [s.value for s in self.stores]
 
     def roots(self) -> list[Node]:
-        """Every value and store mask the kernel computes."""
-        return self.values() + [s.mask for s in self.stores if s.mask is not None]
+        """Every value, store mask and scatter index the kernel computes."""
+        return self.values() + [s.mask for s in self.stores if s.mask is not None] + [
+            v for s in self.stores for v in s.indirect]
+
+    def scatters(self) -> list[Store]:
+        return [s for s in self.stores if s.is_scatter]
 
     def nodes(self) -> list[Node]:
         return toposort(self.roots())
@@ -151,6 +170,9 @@ class LoopKernel:
     def reductions(self) -> list[Node]:
         return [n for n in self.nodes() if n.is_reduce]
 
+    def scans(self) -> list[Node]:
+        return [n for n in self.nodes() if n.is_scan]
+
     def depends_on_r(self, node: Node) -> bool:
         """Whether ``node`` varies along the reduction variables (below its reductions)."""
         rv = set(self.r_vars)
@@ -158,6 +180,8 @@ class LoopKernel:
         for n in toposort([node]):
             if n.op == "reduce":
                 memo[id(n)] = False
+            elif n.op == "scan":
+                memo[id(n)] = True  # a prefix differs from element to element of the row
             elif n.op == "load":
                 memo[id(n)] = any(i.free_symbols & rv for i in n.arg[1]) or any(memo[id(s)] for s in n.src)
             elif n.op == "index":
@@ -172,8 +196,7 @@ class LoopKernel:
                 "reduction_ranges": [str(s) for s in self.reduction_ranges],
                 "inputs": [b.to_json() for b in self.inputs],
                 "outputs": [b.to_json() for b in self.outputs],
-                "stores": [[s.buffer, [str(i) for i in s.index]] + ([True] if s.mask is not None else [])
-                           for s in self.stores],
+                "stores": [_store_json(s) for s in self.stores],
                 "values": to_json(self.roots())} | (
                     {"parts": [p.to_json() for p in self.parts]} if self.parts else {})
 
@@ -182,9 +205,15 @@ class LoopKernel:
         symbols = _symbol_table(d)
         parse = lambda t: sympy.sympify(t, locals=symbols)  # noqa: E731
         roots = from_json(d["values"], symbols)
-        masks = iter(roots[len(d["stores"]):])
-        stores = tuple(Store(st[0], tuple(parse(i) for i in st[1]), v, next(masks) if len(st) > 2 else None)
-                       for st, v in zip(d["stores"], roots))
+        rest = iter(roots[len(d["stores"]):])
+        masks = [next(rest) if len(st) > 2 and st[2] is True else None for st in d["stores"]]
+        stores = []
+        for st, v, m in zip(d["stores"], roots, masks):
+            extra = st[3] if len(st) > 3 else {}
+            stores.append((st, v, m, extra))
+        stores = tuple(Store(st[0], tuple(parse(i) for i in st[1]), v, m,
+                             tuple(next(rest) for _ in range(extra.get("indirect", 0))), extra.get("accumulate"))
+                       for st, v, m, extra in stores)
         return LoopKernel(tuple(parse(s) for s in d["ranges"]),
                           tuple(parse(s) for s in d["reduction_ranges"]),
                           tuple(Buffer.from_json(b, symbols) for b in d["inputs"]),
@@ -202,6 +231,16 @@ class LoopKernel:
         lines += [f"  {s.buffer}[{', '.join(map(str, s.index))}] = {render(s.value, 8)}"
                   + (f"  where {render(s.mask, 4)}" if s.mask is not None else "") for s in self.stores]
         return "\n".join(lines)
+
+
+def _store_json(s: Store) -> list[Any]:
+    """[buffer, index] (+ True when masked; a scatter: + masked, {indirect count, accumulate})."""
+    out: list[Any] = [s.buffer, [str(i) for i in s.index]]
+    if s.mask is not None or s.is_scatter:
+        out.append(s.mask is not None)
+    if s.is_scatter:
+        out.append({"indirect": len(s.indirect), "accumulate": s.accumulate})
+    return out
 
 
 def _symbol_table(d: dict[str, Any]) -> dict[str, sympy.Symbol]:

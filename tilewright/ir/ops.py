@@ -121,6 +121,15 @@ OPS: dict[str, OpInfo] = {op.name: op for op in _TABLE}
 REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "welford_mean", "welford_m2",
               "any", "all")
 
+# scans: kind -> the inclusive prefix of the row (in the row-major order of the kernel's
+# reduction variables) up to and including each element, as torch's cumulative ops compute it
+# along one dim: sum (cumsum), prod (cumprod), logsumexp (logcumsumexp: max-shifted, -inf and
+# +inf handled as torch's ``_log_add_exp_helper``), max/min (cummax/cummin values) and
+# argmax/argmin (their indices: an element equal to the running extreme takes over, so ties go
+# to the later index, and every NaN takes over, so the index is the latest NaN's, as torch's
+# CPU ``cummax_cummin_helper``). Each is an associative combine of (earlier, later) partials.
+SCANS = ("sum", "prod", "logsumexp", "max", "min", "argmax", "argmin")
+
 
 def result_dtype(name: str, operand_dtypes: list[str]) -> str:
     """The dtype ``name`` returns for operands of ``operand_dtypes``.

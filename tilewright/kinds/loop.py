@@ -256,15 +256,23 @@ class LoopKind(ProblemKind):
 
     def invoker(self, call: Any) -> Callable[..., Any]:
         """``call(*inputs, *sizes)`` -> the output, or a tuple of outputs."""
-        n_inputs = len(call.problem.kernel.inputs)
-        single = len(call.problem.kernel.outputs) == 1
+        k = call.problem.kernel
+        n_inputs = len(k.inputs)
+        single = len(k.outputs) == 1
         dims = call.dims
+        # a scatter's output is its target (an input nothing else reads after this kernel: the
+        # scheduler makes it for the scatter alone): updated in place, no copy
+        names = [b.name for b in k.inputs]
+        inplace = [names.index(b.init) if b.init else None for b in k.outputs]
 
         def invoke(*args: Any) -> Any:
             launch = call._fast
             if launch is None:
                 launch = call._launcher({d: int(v) for d, v in zip(dims, args[n_inputs:])})
-            outs = launch(*args)
+            if any(i is not None for i in inplace):
+                outs = launch(*args, outs=tuple(None if i is None else args[i] for i in inplace))
+            else:
+                outs = launch(*args)
             return outs[0] if single else outs
         return invoke
 

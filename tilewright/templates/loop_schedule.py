@@ -15,6 +15,12 @@ its ``rnumel`` elements). The schedule is the same in every language:
   row for the stores of per-element values. Welford's mean and M2 of one value share one set
   of accumulators.
 
+A *scan* (cumsum, cummax, ...: the IR's ``scan`` node) is a row operation whose value is per
+element. Persistent rows compute it at once (the emitter's ``scan`` hook, :meth:`scan_inline`);
+looped rows compute it in every walk over the row that needs it, carrying the running prefix
+from one step to the next: its carry is declared before that loop (:meth:`init_scan`) and each
+step combines its chunk's prefix with the carry and then advances it (:meth:`scan_step`).
+
 A language subclasses :class:`LoopSchedule` and supplies the hooks (grouped below): how an
 index variable is declared, how a loop over the row opens and closes, how a store is written,
 how a reduction's accumulators start, take an element and finish, and its emitter
@@ -41,6 +47,20 @@ from tilewright.ir.index import code, unflatten
 from tilewright.ir.kernel import LoopKernel, Store
 
 
+def strided_scan_refusal(kernel: LoopKernel) -> str | None:
+    """Why a language whose lanes walk a row with a stride (SYCL, Metal, FlyDSL: each lane sums
+    every WG-th element, then the work-group combines; C++: 16 lanes a step) cannot render
+    ``kernel``: a scan needs the row in order (a lane-parallel scan, not written for them yet),
+    a scatter atomics; None when it has neither."""
+    if any(n.is_scan for n in kernel.nodes()):
+        return ("scans (cumsum, cummax, ...) need the row in order and this language's lanes walk a row "
+                "with a stride: the kernel runs on Triton or its torch form")
+    if kernel.scatters() or any(b.init for b in kernel.outputs):
+        return ("scatters (index_put, scatter_add, ...) write through data-dependent indices with atomics, "
+                "not written for this language yet: the kernel runs on Triton or its torch form")
+    return None
+
+
 class LoopSchedule:
     """The body of one loop kernel, built by :meth:`build` into ``self.e.lines``.
 
@@ -58,6 +78,7 @@ class LoopSchedule:
         self.persistent = persistent
         self.xvars, self.rvars = kernel.x_vars, kernel.r_vars
         self.names: dict[sympy.Symbol, str] = {s: s.name for s in kernel.size_symbols()}
+        self.carries: dict[Node, list[str]] = {}  # a looped row's scans -> their carries
         self.e = self.make_emitter()
 
     # -- the schedule -----------------------------------------------------------------------------
@@ -100,7 +121,8 @@ class LoopSchedule:
         if row_stores:
             self.write_row_stores(row_stores)
         if element_stores:
-            self.open_row()
+            self.open_row([s.value for s in element_stores] + [s.mask for s in element_stores if s.mask is not None]
+                          + [v for s in element_stores for v in s.indirect])
             for s in element_stores:
                 self.store(s, None)
             self.close_row()
@@ -117,7 +139,7 @@ class LoopSchedule:
                 continue
             accs = shared[key] = self.init_accumulators(r)
             plan.append((r, accs, True))
-        self.open_row()
+        self.open_row([r.src[0] for r in reduces])
         for r, accs, owner in plan:
             v = self.e.emit(r.src[0])
             if owner:
@@ -126,8 +148,13 @@ class LoopSchedule:
         for r, accs, owner in plan:
             self.e.bind(r, self.finish_accumulators(r, accs, owner))
 
-    def open_row(self) -> None:
-        """Open a loop over the row and define its variables inside."""
+    def open_row(self, roots: Sequence[Node] = ()) -> None:
+        """Open a loop over the row and define its variables inside; the scans the loop will
+        compute for ``roots`` (those not computed already) get their carries first."""
+        self.carries = {}
+        for n in toposort(roots, stop=lambda n: n in self.e.names):
+            if n.is_scan and n not in self.e.names:
+                self.carries[n] = self.init_scan(n)
         rindex, suffix = self.open_row_loop()
         self.decompose(rindex, self.rvars, self.k.reduction_ranges, suffix)
 
@@ -156,7 +183,8 @@ class LoopSchedule:
     def on_r(self, s: Store) -> bool:
         """Whether a store's value (or its mask) varies along the row: stored per element."""
         return self.reduction and (self.k.depends_on_r(s.value)
-                                   or s.mask is not None and self.k.depends_on_r(s.mask))
+                                   or s.mask is not None and self.k.depends_on_r(s.mask)
+                                   or any(self.k.depends_on_r(v) for v in s.indirect))
 
     def deps(self, exprs) -> tuple[bool, bool]:
         """Whether index expressions read the outer and the reduction variables."""
@@ -252,6 +280,29 @@ class LoopSchedule:
         where lanes share a row); returns its code. ``owner``: the first reduction of its
         accumulator group (the others take their value from the same combine)."""
         raise NotImplementedError
+
+    # -- hooks: scans --------------------------------------------------------------------------
+    def scan_value(self, n: Node, v: str) -> str:
+        """The emitter's ``scan`` hook: the whole row's prefix at once in a persistent row, one
+        step of it (with its carry) in a looped one."""
+        if self.persistent:
+            return self.scan_inline(n, v)
+        if n not in self.carries:
+            raise UnsupportedProblemError("a scan outside a row loop (the schedule declares its carry first)")
+        return self.scan_step(n, v, self.carries[n])
+
+    def scan_inline(self, n: Node, v: str) -> str:
+        """The prefix of a row held whole (persistent languages)."""
+        raise UnsupportedProblemError(f"{type(self).__name__} has no scans")
+
+    def init_scan(self, n: Node) -> list[str]:
+        """Declare scan ``n``'s carry before a row loop (the identity of its combine); its names."""
+        raise UnsupportedProblemError(f"{type(self).__name__} has no scans")
+
+    def scan_step(self, n: Node, v: str, carries: list[str]) -> str:
+        """Inside the row loop: the prefix at this step's elements (``v`` their values) from the
+        carry, then the carry advanced past the step; returns the code of the prefix."""
+        raise UnsupportedProblemError(f"{type(self).__name__} has no scans")
 
     def reduce_inline(self, n: Node, v: str) -> str:
         """The emitter's ``reduce`` hook: a reduction of a persistent row, computed where a

@@ -41,7 +41,9 @@ class Value:
     shape: tuple[sympy.Expr, ...]
     dtype: str
 
-    def load(self, index: Sequence[Any], mask: E.Node | None = None) -> E.Node:
+    def load(self, index: Sequence[Any], mask: E.Node | None = None, indirect: tuple[E.Node, ...] = ()) -> E.Node:
+        """The element at ``index``; ``indirect`` are the values of the symbols ``ind0, ...``
+        the index uses (a gather: an index that is data)."""
         raise NotImplementedError
 
     @property
@@ -57,10 +59,10 @@ class Buffer(Value):
     shape: tuple[sympy.Expr, ...]
     dtype: str
 
-    def load(self, index: Sequence[Any], mask: E.Node | None = None) -> E.Node:
+    def load(self, index: Sequence[Any], mask: E.Node | None = None, indirect: tuple[E.Node, ...] = ()) -> E.Node:
         if len(index) != len(self.shape):
             raise ValueError(f"{self.name}: index {tuple(index)} for shape {self.shape}")
-        return E.load(self.name, index, self.dtype, mask)
+        return E.load(self.name, index, self.dtype, mask, indirect)
 
 
 @dataclass
@@ -75,8 +77,8 @@ class View(Value):
     def __post_init__(self) -> None:
         self.dtype = self.dtype or self.source.dtype
 
-    def load(self, index: Sequence[Any], mask: E.Node | None = None) -> E.Node:
-        return self.source.load(self.fn(tuple(sympy.sympify(i) for i in index)), mask)
+    def load(self, index: Sequence[Any], mask: E.Node | None = None, indirect: tuple[E.Node, ...] = ()) -> E.Node:
+        return self.source.load(self.fn(tuple(sympy.sympify(i) for i in index)), mask, indirect)
 
 
 @dataclass
@@ -207,6 +209,26 @@ class LoopLowering:
         name = name or node.name
         self.nodes.append(LoopNode(name, [node], ranges=meta.shape, body=body, dtype=dtype, meta=meta,
                                    reduction_ranges=tuple(src_shape[d] for d in dims)))
+        return Buffer(name, meta.shape, dtype)
+
+    def scan(self, node: fx.Node, src_shape: Sequence[sympy.Expr], dim: int,
+             body_fn: Callable[[Index], E.Node], name: str | None = None,
+             meta: TensorMeta | None = None) -> Buffer:
+        """A scan loop node along ``dim`` of ``src_shape`` (the output's shape too):
+        ``body_fn(source index)`` is the ``scan`` node, the source index holding ``j0`` at
+        ``dim`` and the output's own variables elsewhere."""
+        meta = meta or TensorMeta.of(node)
+        if meta is None:
+            raise Unsupported("no tensor metadata")
+        if tuple(meta.shape) != tuple(src_shape):
+            raise Unsupported("a scan whose output is not shaped like its input")
+        out_idx = variables("i", meta.ndim)
+        src_index = out_idx[:dim] + (variables("j", 1)[0],) + out_idx[dim + 1:]
+        dtype = dtypes.name_of(meta.dtype)
+        body = E.cast(body_fn(src_index), dtype)
+        name = name or node.name
+        self.nodes.append(LoopNode(name, [node], ranges=meta.shape, body=body, dtype=dtype, meta=meta,
+                                   reduction_ranges=(src_shape[dim],), scan_dim=dim))
         return Buffer(name, meta.shape, dtype)
 
     def output_names(self, node: fx.Node, count: int) -> list[str]:

@@ -1,7 +1,7 @@
 """Lowering rules for ops that move data by index: concatenation, padding, the backward of
-slicing and selecting, gathers (embedding, advanced indexing, ``gather``, ``index_select``) and
-the one-hot scatter of ``nll_loss``'s backward. Out-of-range parts are masked loads: nothing is
-read where the mask is false."""
+slicing and selecting, and gathers (embedding, advanced indexing, ``gather``, ``index_select``).
+Out-of-range parts are masked loads: nothing is read where the mask is false. Indexing that
+writes (scatter, index_put, ...) is in :mod:`~tilewright.compiler.loops.scatters`."""
 
 from __future__ import annotations
 
@@ -150,11 +150,9 @@ def _wrapped(ind: E.Node, size: sympy.Expr) -> E.Node:
 
 
 def _gathered(ctx, x):
-    """Gathers read through an index that is data: only a buffer in memory can be read that way."""
-    from tilewright.compiler.loops import Buffer
-
-    if not isinstance(x, Buffer):
-        raise Unsupported("gather from a view (materialise it first)")
+    """Gathers read through an index that is data: a buffer in memory, or a view of one (its
+    index map applies to the gathered index; a view of a computed value makes the scheduler
+    keep that value in memory, as a gather reads only memory)."""
     return x
 
 
@@ -167,7 +165,7 @@ def _embedding(ctx, node, a):
 
     def body(idx):
         ind = _wrapped(ids.load(idx[:-1]), w.shape[0])
-        return E.load(w.name, (E.indirect_symbol(0), idx[-1]), w.dtype, indirect=(ind,))
+        return w.load((E.indirect_symbol(0), idx[-1]), indirect=(ind,))
     return ctx.loop(node, body)
 
 
@@ -180,7 +178,7 @@ def _gather_along(ctx, node, a, index_at):
     def body(idx):
         ind = _wrapped(index.load(index_at(idx, dim, index)), x.shape[dim])
         src = idx[:dim] + (E.indirect_symbol(0),) + idx[dim + 1:]
-        return E.load(x.name, src, x.dtype, indirect=(ind,))
+        return x.load(src, indirect=(ind,))
     return ctx.loop(node, body)
 
 
@@ -199,8 +197,10 @@ def _index(ctx, node, a):
     x = _gathered(ctx, _tensor(ctx, a["self"]))
     indices = list(a["indices"])
     used = [k for k, t in enumerate(indices) if t is not None]
-    if not used or used != list(range(used[0], used[-1] + 1)):
-        raise Unsupported("index tensors that are not adjacent")
+    if not used:
+        raise Unsupported("index without index tensors")
+    # adjacent index tensors put their broadcast dims where they are; apart, first (numpy's rule)
+    adjacent = used == list(range(used[0], used[-1] + 1))
     idx_vals = []
     for k in used:
         v = _tensor(ctx, indices[k])
@@ -209,7 +209,7 @@ def _index(ctx, node, a):
         idx_vals.append(v)
     out_meta = TensorMeta.of(node)
     nb = out_meta.ndim - (x.ndim - len(used))  # dims of the broadcast index shape
-    first = used[0]
+    first = used[0] if adjacent else 0
 
     def body(idx):
         bidx = idx[first:first + nb]
@@ -218,30 +218,7 @@ def _index(ctx, node, a):
             lead = nb - v.ndim
             vi = tuple(sympy.Integer(0) if s == 1 else bidx[lead + d] for d, s in enumerate(v.shape))
             ind.append(_wrapped(v.load(vi), x.shape[k]))
-        src = list(idx[:first]) + [E.indirect_symbol(j) for j in range(len(used))] + list(idx[first + nb:])
-        return E.load(x.name, tuple(src), x.dtype, indirect=tuple(ind))
+        others = iter(idx[:first] + idx[first + nb:])
+        src = [E.indirect_symbol(used.index(d)) if d in used else next(others) for d in range(x.ndim)]
+        return x.load(tuple(src), indirect=tuple(ind))
     return ctx.loop(node, body)
-
-
-@lowering(aten.scatter.value, aten.scatter.src)
-def _scatter(ctx, node, a):
-    """Only the collision-free case: an index of size 1 along ``dim`` and the self's size
-    elsewhere (one-hot writes, as nll_loss's backward makes)."""
-    x = _tensor(ctx, a["self"])
-    index = _tensor(ctx, a["index"])
-    dim = a["dim"] % max(x.ndim, 1)
-    if a.get("reduce") is not None or index.ndim != x.ndim or index.shape[dim] != 1 or any(
-            index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
-        raise Unsupported("general scatter (collisions)")
-    src = a.get("src")
-    value = a.get("value")
-    cdt = dtypes.compute_type(x.dtype)
-    srcv = _tensor(ctx, src) if src is not None else None
-
-    def body(idx):
-        at = idx[:dim] + (sympy.Integer(0),) + idx[dim + 1:]
-        hit = E.op("eq", E.cast(index.load(at), "i64"), E.cast(E.index(idx[dim]), "i64"))
-        new = E.cast(srcv.load(at), cdt) if srcv is not None else E.const(value, cdt)
-        return E.where(hit, new, E.cast(x.load(idx), cdt))
-    return ctx.loop(node, body)
-

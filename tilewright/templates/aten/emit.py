@@ -125,6 +125,8 @@ class TorchExpr:
             return self._cast(a[0], n.src[0].dtype, n.dtype)
         if n.op == "reduce":
             return self._reduce(n.arg, a[0])
+        if n.op == "scan":
+            return self._scan(n.arg, a[0])
         if n.op == "acc":
             raise ValueError("a loop kernel has no accumulator")
         if n.op in _INT_DIVISIONS and dtypes.is_int(n.dtype):
@@ -183,6 +185,54 @@ class TorchExpr:
         r = f"{full}.flatten({self.nx}).{kind}(-1, keepdim=True)"
         return r if self.nr == 1 else f"{r}.unflatten(-1, {_tuple(['1'] * self.nr)})"
 
+    def _scan(self, kind: str, x: str) -> str:
+        """A prefix along the row: the reduction dims flattened into one (row-major), scanned,
+        and given their sizes back."""
+        full = f"torch.broadcast_to({x}, ({', '.join(self.full)},))"
+        flat = f"{full}.flatten({self.nx})" if self.nr > 1 else full
+        fn = {"sum": "torch.cumsum({}, -1)", "prod": "torch.cumprod({}, -1)",
+              "logsumexp": "torch.logcumsumexp({}, -1)", "max": "torch.cummax({}, -1).values",
+              "min": "torch.cummin({}, -1).values", "argmax": "torch.cummax({}, -1).indices",
+              "argmin": "torch.cummin({}, -1).indices"}[kind].format(flat)
+        return fn if self.nr == 1 else f"{fn}.unflatten(-1, ({', '.join(self.full[self.nx:])},))"
+
+    def scatter(self, s: Store, value: str) -> None:
+        """A store through data-dependent indices: every index checked against its dim first
+        (IndexError, as eager's), then a write (``index_put_``: with duplicates one wins), an
+        accumulation (``index_put_(accumulate=True)``) or an extreme (``scatter_reduce_``)."""
+        buf = self.k.buffer(s.buffer)
+        extra = {indirect_symbol(k): self.emit(v) for k, v in enumerate(s.indirect)}
+        syms = set(extra)
+        sel = self.emit(s.mask) if s.mask is not None else None
+        for d, e in enumerate(s.index):
+            if sympy.sympify(e).free_symbols & syms:
+                at, size = self.fresh(), code(buf.shape[d], self.sizes)
+                self.line(f"{at} = torch.as_tensor({self.index_tensor(e, extra)}, device=device)")
+                live = f"[torch.broadcast_to({sel}, {at}.shape)]" if sel is not None else ""
+                self.line(f"if (({at}{live} < 0) | ({at}{live} >= {size})).any():")
+                self.line(f"    raise IndexError(f'index {{int({at}{live}[({at}{live} < 0) | ({at}{live} >= {size})][0])}} "
+                          f"is out of bounds for dimension {d} with size {{{size}}}')")
+        offs = self.fresh()
+        self.line(f"{offs} = torch.as_tensor({self.flat_offsets(s.buffer, s.index, extra)}, device=device)")
+        full = f"torch.broadcast_shapes({offs}.shape, torch.as_tensor({value}).shape"
+        full += f", {sel}.shape)" if sel is not None else ")"
+        vals, where = self.fresh(), self.fresh()
+        self.line(f"{where} = {full}")
+        self.line(f"{vals} = torch.broadcast_to({value}, {where}).to({s.buffer}.dtype)")
+        self.line(f"{offs} = torch.broadcast_to({offs}, {where})")
+        if sel is not None:
+            keep = self.fresh()
+            self.line(f"{keep} = torch.broadcast_to({sel}, {where})")
+            self.line(f"{offs}, {vals} = {offs}[{keep}], {vals}[{keep}]")
+        else:
+            self.line(f"{offs}, {vals} = {offs}.flatten(), {vals}.flatten()")
+        if s.accumulate is None:
+            self.line(f"_flat({s.buffer}).index_put_(({offs},), {vals})")
+        elif s.accumulate == "add":
+            self.line(f"_flat({s.buffer}).index_put_(({offs},), {vals}, accumulate=True)")
+        else:
+            self.line(f"_flat({s.buffer}).scatter_reduce_(0, {offs}, {vals}, 'a{s.accumulate}')")
+
     def store(self, s: Store) -> None:
         value = self.emit(s.value)
         dtype = self.k.buffer(s.buffer).dtype
@@ -192,6 +242,9 @@ class TorchExpr:
             rounded = self.fresh()
             self.line(f"{rounded} = {value}.to({dtypes.TORCH[dtype]}) if reference else {value}")
             value = rounded
+        if s.is_scatter:
+            self.scatter(s, value)
+            return
         if s.mask is not None:  # a combo kernel's part: write only its share of the space
             mask = self.emit(s.mask)
             offs, sel = self.fresh(), self.fresh()

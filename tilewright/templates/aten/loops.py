@@ -31,7 +31,7 @@ def render_torch(problem: LoopProblem) -> str:
     return jinja_env(TEMPLATES_ROOT / "aten").get_template("loops.py.jinja").render(
         problem_text=problem.describe(), inputs=[b.name for b in k.inputs],
         sizes=[s.name for s in k.size_symbols()],
-        outputs=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]), "float": dtypes.is_float(b.dtype),
+        outputs=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]), "float": dtypes.is_float(b.dtype), "init": b.init,
                   "shape": [code(s, names) for s in b.shape], "stride": [code(s, names) for s in b.stride]}
                  for b in k.outputs],
         numel=code(k.xnumel, names), body=body)

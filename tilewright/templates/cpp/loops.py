@@ -48,7 +48,7 @@ from tilewright.templates.base import (
 )
 from tilewright.templates.cpp.emit import CTYPE, STORAGE, CppExpr, ccode, literal
 from tilewright.templates.cpp.source import LANES, source_context
-from tilewright.templates.loop_schedule import LoopSchedule
+from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
 
 PERSISTENT_MAX_ROW = 1 << 16  # elements of a row a thread may buffer (per buffered value)
 LOOPED_MIN_ROW = 8192  # rows at least this long also get the looped candidate
@@ -466,6 +466,8 @@ class _CppLoops(TemplateSpec):
                 return Support(False, f"{b.dtype} buffers ({b.name}) have no C++ conversion here")
         if any(n.op == "acc" for n in problem.kernel.nodes()):
             return Support(False, "GEMM accumulators belong to a GEMM template")
+        if (why := strided_scan_refusal(problem.kernel)) is not None:
+            return Support(False, why)
         return SUPPORTED
 
     def render_kernel(self, problem: LoopProblem, params: dict[str, Any], target: Target) -> RenderedKernel:

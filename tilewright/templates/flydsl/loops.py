@@ -51,7 +51,7 @@ from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
 from tilewright.templates.base import SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec
-from tilewright.templates.loop_schedule import LoopSchedule
+from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
 from tilewright.templates.flydsl.emit import FLY, FlyExpr, check_nodes, literal
 from tilewright.templates.flydsl.gemm import LaunchedWhereInstalled
 
@@ -269,7 +269,7 @@ class _FlyLoops(LaunchedWhereInstalled, TemplateSpec):
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.arch != ARCH:
             return Support(False, f"{self.id} is written for {ARCH} (wave64), not {target.name}")
-        why = problem_refusal(problem)
+        why = problem_refusal(problem) or strided_scan_refusal(problem.kernel)
         return Support(False, why) if why else SUPPORTED
 
     def check(self, params: Params, problem: Any, target: Target) -> str | None:

@@ -34,7 +34,7 @@ from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
-from tilewright.templates.loop_schedule import LoopSchedule
+from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
 from tilewright.templates.metal.emit import (
     HELPERS, MSL_TYPE, MetalExpr, ctype, index_code, unsupported_dtype, zero,
 )
@@ -309,6 +309,8 @@ class _MetalLoops(TemplateSpec):
             return Support(False, f"{self.id} runs {self.op} loop kernels")
         if target.backend != "mps":
             return Support(False, "Metal kernels run on the mps target only")
+        if (why := strided_scan_refusal(problem.kernel)) is not None:
+            return Support(False, why)
         k = problem.kernel
         for b in k.inputs + k.outputs:
             if (why := unsupported_dtype(b.dtype)) is not None:

@@ -46,7 +46,7 @@ from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
-from tilewright.templates.loop_schedule import LoopSchedule
+from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
 from tilewright.templates.sycl.emit import CTYPE, STORAGE, SyclExpr, literal
 
 
@@ -291,6 +291,8 @@ class _SyclLoops(TemplateSpec):
                 return Support(False, f"{b.dtype} buffers ({b.name}) have no SYCL conversion here")
         if any(n.op == "acc" for n in problem.kernel.nodes()):
             return Support(False, "GEMM accumulators belong to a GEMM template")
+        if (why := strided_scan_refusal(problem.kernel)) is not None:
+            return Support(False, why)
         return SUPPORTED
 
     def check(self, params: Params, problem: Any, target: Target) -> str | None:

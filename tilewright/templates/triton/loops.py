@@ -27,6 +27,7 @@ from tilewright.templates.base import (
     SUPPORTED, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
 from tilewright.templates.loop_schedule import LoopSchedule
+from tilewright.templates.triton.rowops import SCAN_HELPERS, RowOpsHooks, atomic_refusal
 from tilewright.templates.triton.pdl import GDC_IMPORT, PDL_KNOB, pdl_checks, pdl_refusal, signal_before_stores
 from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr
 from tilewright.templates.triton.descriptors import MIN_DESC_RBLOCK, DescriptorPlan, plan_descriptors
@@ -88,7 +89,6 @@ def _welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
     return mean_a + delta * ratio, m2_a + m2_b + delta * delta * w_a * ratio, w
 '''
 
-
 def needs_int64(problem: LoopProblem) -> bool:
     """64-bit index math when a buffer may span 2**31 elements (always for dynamic sizes)."""
     if problem.dynamic:
@@ -102,7 +102,7 @@ def needs_int64(problem: LoopProblem) -> bool:
     return problem.xnumel * max(problem.rnumel, 1) > INT32_MAX
 
 
-class _Body(LoopSchedule):
+class _Body(RowOpsHooks, LoopSchedule):
     """The loop schedule in Triton: blocks of ``XBLOCK`` rows by ``RBLOCK`` row elements,
     masked by ``xmask``/``rmask``; reductions over the block's axis 1."""
 
@@ -111,12 +111,14 @@ class _Body(LoopSchedule):
         self.interpreted = interpreted
         self.descriptors = descriptors  # loads/stores that move blocks through tensor descriptors
         self.combine_helpers = False
+        self.scan_helpers = False
         self.welford: dict[int, tuple[str, str]] = {}
+        self.extremes: dict[tuple[str, int], tuple[str, str]] = {}  # a row's (cummax, its index)
         super().__init__(kernel, persistent)
 
     def make_emitter(self) -> TritonExpr:
         return TritonExpr(interpreted=self.interpreted, load=self._load, index=self._index,
-                          reduce=self.reduce_inline)
+                          reduce=self.reduce_inline, scan=self.scan_value)
 
     # -- values -----------------------------------------------------------------------------------
     def _mask(self, has_x: bool, has_r: bool) -> str | None:
@@ -190,10 +192,12 @@ class _Body(LoopSchedule):
             self.welford[id(src)] = (mean, m2)
         return self.welford[id(src)]
 
-    # -- statements -------------------------------------------------------------------------------
     def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
         if node.op == "const":  # a literal has no .to(): a 0-d tensor (the store broadcasts it)
             value = f"tl.full([], {value}, {TL_DTYPE[dtypes.compute_type(node.dtype)]})"
+        if s.is_scatter:
+            self.write_scatter(s, buf, node, value)
+            return
         if self.descriptors is not None and id(s) in self.descriptors.stores:
             self.e.line(self.descriptors.store_line(self.descriptors.stores[id(s)],
                                                     self.e.store_value(value, node.dtype, buf.dtype),
@@ -304,6 +308,9 @@ class _TritonLoops(TemplateSpec):
         for b in problem.kernel.inputs + problem.kernel.outputs:
             if b.dtype in ("fp8e4m3", "fp8e5m2") and target.backend == "cpu":
                 return Support(False, "fp8 buffers in the interpreter")
+        for st in problem.kernel.scatters():
+            if (why := atomic_refusal(st.accumulate, problem.kernel.buffer(st.buffer).dtype, target)) is not None:
+                return Support(False, why)
         return SUPPORTED
 
     def check(self, params: Params, problem: Any, target: Target) -> str | None:
@@ -369,14 +376,18 @@ class _TritonLoops(TemplateSpec):
         if desc_body is not None:  # both bodies call the same helpers
             body.e.helpers_used |= desc_body.e.helpers_used
             combine = combine or desc_body.combine_helpers
-        helpers = body.e.helpers() + (_COMBINE_HELPERS if combine else "")
+        scans = body.scan_helpers or (desc_body is not None and desc_body.scan_helpers)
+        if scans and target.interpreted:
+            body.e.helpers_used.add("_log1p")  # the logaddexp combine's log1p
+        helpers = body.e.helpers() + (_COMBINE_HELPERS if combine else "") + (
+            SCAN_HELPERS.replace("LOG1P", "_log1p" if target.interpreted else "libdevice.log1p") if scans else "")
         source = self.render_jinja(
             problem_text=problem.describe(), params_text=self.space.encode(params), target=target.name,
             kernel_name=kernel_name, reduction=problem.kind == "reduction", persistent=persistent,
             interpreted=target.interpreted, index_64=needs_int64(problem),
             helpers=helpers,
             inputs=[b.name for b in k.inputs], outputs=[{
-                "name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),
+                "name": b.name, "dtype": str(dtypes.TORCH[b.dtype]), "init": b.init,
                 "shape": [code(s, names) for s in b.shape], "stride": [code(s, names) for s in b.stride],
             } for b in k.outputs],
             buffers=[b.name for b in buffers], strides=strides, sizes=sizes,
