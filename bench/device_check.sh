@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in one run of under 8 minutes on an H200 that has only its own torch/triton:
 #   1. the correctness suite's GPU part (pytest -m gpu),
+#   1b. the Helion templates against the jinja Triton ones and ATen (bench/helion_check.py:
+#      residual RMSNorm, softmax, Linear + GELU; skipped when helion is not installed),
 #   2. the bench suite on the shapes of bench/cases/llm_gemm_shapes.json (bf16 decode and
 #      prefill, Llama-3-8B and Qwen3-30B-A3B): tilewright's choice vs ATen per problem,
 #   3. the gate against bench/baselines/<arch>/<suite>.json when that baseline exists,
@@ -27,10 +29,10 @@ export TILEWRIGHT_CACHE_DIR="${TILEWRIGHT_CACHE_DIR:-$(mktemp -d /tmp/tilewright
 START=$(date +%s)
 
 if [ "$MODE" = "--dry-run" ]; then
-    SUITE=tiny; TARGET=cpu; TEST_TIMEOUT=300; BENCH_BUDGET=60; BENCH_TIMEOUT=120
+    SUITE=tiny; TARGET=cpu; TEST_TIMEOUT=300; HELION_TIMEOUT=300; BENCH_BUDGET=60; BENCH_TIMEOUT=120
 else
-    # 200 s + 230 s + a few seconds for the rest stays under 8 minutes
-    SUITE=h200-check; TARGET=""; TEST_TIMEOUT=200; BENCH_BUDGET=170; BENCH_TIMEOUT=230
+    # 200 s + 50 s + 190 s + a few seconds for the rest stays under 8 minutes
+    SUITE=h200-check; TARGET=""; TEST_TIMEOUT=200; HELION_TIMEOUT=50; BENCH_BUDGET=130; BENCH_TIMEOUT=190
     if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
         echo "device_check: no CUDA device visible to $PY (use --dry-run on a CPU)" >&2
         exit 2
@@ -61,6 +63,13 @@ timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -m gpu -p no:cacheprovider -p no:rand
 RC_TESTS=$?
 tail -n 3 "$OUT/gpu_tests.log"
 
+# 1b. Helion templates competing with the jinja Triton ones (JSON rows: winner, best ms per language)
+echo "== 1b Helion templates (bench/helion_check.py, timeout ${HELION_TIMEOUT}s)"
+timeout "$HELION_TIMEOUT" "$PY" bench/helion_check.py "$OUT/helion.json" ${TARGET:+--dry-run} \
+    > "$OUT/helion.log" 2>&1
+RC_HELION=$?
+grep '^helion_check' "$OUT/helion.log"
+
 # 2. the bench suite (starts no new problem after BENCH_BUDGET s; the JSON is kept up to date)
 echo "== 2/3 bench run --suite $SUITE (budget ${BENCH_BUDGET}s)"
 timeout "$BENCH_TIMEOUT" "$PY" -m tilewright bench run --suite "$SUITE" ${TARGET:+--target "$TARGET"} \
@@ -81,10 +90,10 @@ else
          "(to record one: cp $OUT/bench.json bench/baselines/$ARCH/$SUITE.json)"
 fi
 
-"$PY" - "$OUT" "$RC_TESTS" "$RC_BENCH" "$RC_GATE" "$(( $(date +%s) - START ))" <<'PYEOF'
+"$PY" - "$OUT" "$RC_TESTS" "$RC_BENCH" "$RC_GATE" "$(( $(date +%s) - START ))" "$RC_HELION" <<'PYEOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, rc_tests, rc_bench, rc_gate, seconds = sys.argv[1], *map(int, sys.argv[2:])
+out, rc_tests, rc_bench, rc_gate, seconds, rc_helion = sys.argv[1], *map(int, sys.argv[2:])
 tests = {}
 try:
     suite = ET.parse(Path(out) / "gpu_tests.xml").getroot()
@@ -92,7 +101,8 @@ try:
     tests = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 except (OSError, ET.ParseError, IndexError):
     pass
-summary = {"seconds": seconds, "gpu_tests": tests, "rc": {"tests": rc_tests, "bench": rc_bench, "gate": rc_gate}}
+summary = {"seconds": seconds, "gpu_tests": tests,
+           "rc": {"tests": rc_tests, "helion": rc_helion, "bench": rc_bench, "gate": rc_gate}}
 (Path(out) / "summary.json").write_text(json.dumps(summary, indent=1))
 print("device_check summary:", json.dumps(summary))
 PYEOF
@@ -101,4 +111,4 @@ PYEOF
 if [ -f "$OUT/bench.json" ]; then
     "$PY" -m tilewright bench show "$OUT/bench.json"
 fi
-[ "$RC_TESTS" -eq 0 ] && [ "$RC_BENCH" -eq 0 ] && [ "$RC_GATE" -eq 0 ]
+[ "$RC_TESTS" -eq 0 ] && [ "$RC_HELION" -eq 0 ] && [ "$RC_BENCH" -eq 0 ] && [ "$RC_GATE" -eq 0 ]

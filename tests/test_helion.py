@@ -282,3 +282,21 @@ def test_aot_builds_for_every_triton_target_with_instruction_checks(problems, tm
         promised |= {p for p, n in v.counts.items() if n}
     for instr in ("wgmma", "tcgen05", "v_mfma", "v_wmma", "cp\\.async\\.bulk\\.tensor", "tensor_load_to_lds"):
         assert any(instr in p for p in promised), instr
+
+
+def test_helions_flydsl_softmax_builds_for_gfx950(problems, tmp_path):
+    from tilewright.runtime import flydsl as fly_runtime
+
+    if fly_runtime.toolchain_problem():
+        pytest.skip(fly_runtime.toolchain_problem())
+    t = get_template("helion.softmax_flydsl")
+    problem = problems["softmax_wide"]
+    target = get_target("gfx950")
+    assert t.supports(problem, target) and not t.supports(problem, get_target("sm_90a"))
+    assert not t.supports(problems["llama_fp16"], target)  # softmax rows only
+    r = t.render(problem, {}, target)
+    (res,) = compile_jobs([CompileJob("helion_softmax_flydsl", r.source, r.aot.to_json(), target.triton)],
+                          tmp_path, workers=1, timeout_s=300)
+    assert res.ok, res.error
+    v = verify({s: tmp_path / rel for s, rel in res.artifacts.items()}, t.expected_instructions(problem, {}, target))
+    assert v.ok, v.failures

@@ -15,12 +15,13 @@ from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.helion.base import HelionTemplate, helion_version
 from tilewright.templates.helion.calls import HelionCall
+from tilewright.templates.helion.flydsl import HelionSoftmaxFlyDsl
 from tilewright.templates.helion.gemm import HelionGemm
 from tilewright.templates.helion.public import helion_template
 from tilewright.templates.helion.rms_norm import HelionRmsNorm
 from tilewright.templates.helion.softmax import HelionSoftmax
 
-TEMPLATES: tuple = (HelionRmsNorm(), HelionSoftmax(), HelionGemm())
+TEMPLATES: tuple = (HelionRmsNorm(), HelionSoftmax(), HelionGemm(), HelionSoftmaxFlyDsl())
 
 
 def _unavailable() -> str | None:
