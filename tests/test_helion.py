@@ -300,3 +300,20 @@ def test_helions_flydsl_softmax_builds_for_gfx950(problems, tmp_path):
     assert res.ok, res.error
     v = verify({s: tmp_path / rel for s, rel in res.artifacts.items()}, t.expected_instructions(problem, {}, target))
     assert v.ok, v.failures
+
+
+def test_a_dynamic_problem_runs_any_size_of_its_bucket(tmp_path):
+    # dynamic dims render with Helion's static_shapes=False: sizes and strides are arguments
+    torch.manual_seed(0)
+    model = TorchRMSNorm(40).half()
+    ref = TorchRMSNorm(40).double()
+    ref.load_state_dict(model.state_dict())
+    f = torch.compile(model, backend="tilewright", dynamic=True)
+    with torch.no_grad(), collect_reports() as reports, tilewright.config.patch(
+            force_backend="helion", cache_dir=str(tmp_path), strict=True):
+        for rows in (24, 13, 31):
+            x, r = torch.randn(rows, 40, dtype=torch.float16), torch.randn(rows, 40, dtype=torch.float16)
+            out, _ = f(x, r)
+            want, _ = ref(x.double(), r.double())
+            assert ((out.double() - want).norm() / want.norm()).item() < 2e-3, rows
+    assert any(k.winner.startswith("helion.rms_norm") for rep in reports for k in rep.kernels)
