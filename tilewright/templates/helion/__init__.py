@@ -45,7 +45,7 @@ LANGUAGE = Language(
     unavailable=_unavailable,
     versions=_versions,
     aot_compile=compile_triton,  # the generated module is Triton: triton.compile builds it
-    priority=20,
+    priority=80,  # after the languages written for tilewright: ties go to those
 )
 MANIFEST = BackendManifest.of(LANGUAGE, TEMPLATES)
 
