@@ -20,6 +20,8 @@ from torch import nn
 
 pytest.importorskip("helion")
 
+import helion.language as hl  # noqa: E402
+
 import tilewright  # noqa: E402
 from tilewright.autotune.cache import TuningCache  # noqa: E402
 from tilewright.autotune.candidates import Candidate  # noqa: E402
@@ -179,14 +181,18 @@ def test_the_gemm_with_its_epilogue_in_the_interpreter_matches_float64(dtype):
         assert err <= tol, (params, err, tol)
 
 
-def test_a_static_kernel_refuses_another_layout_by_name(problems):
+def test_a_static_kernel_runs_another_layout_through_a_copy(problems):
     # bug guarded: Helion bakes sizes and strides into a static-shape kernel; a tensor of
-    # another layout must be refused, not read with the wrong strides
+    # another layout (input or output) must be read and written right, not with baked strides
     problem = problems["softmax_fp32"]
     t = get_template("helion.softmax")
     launch = FACTORY.build(problem, Candidate.of(t.id, t.source_hash, t.space.complete(t.seed_params(problem, CPU)[0])), CPU)
+    x = torch.randn(100, 5).t()  # (5, 100), column-major
+    out = torch.full((100, 5), float("nan")).t()
+    (got,) = launch(x, outs=(out,))
+    assert got is out and torch.allclose(out, torch.softmax(x, -1), atol=1e-6)
     with pytest.raises(ValueError, match="static-shape Helion kernel"):
-        launch(torch.randn(100, 5).t())
+        launch(torch.randn(6, 100))  # another problem entirely
 
 
 class Block(nn.Module):
@@ -317,3 +323,35 @@ def test_a_dynamic_problem_runs_any_size_of_its_bucket(tmp_path):
             want, _ = ref(x.double(), r.double())
             assert ((out.double() - want).norm() / want.norm()).item() < 2e-3, rows
     assert any(k.winner.startswith("helion.rms_norm") for rep in reports for k in rep.kernels)
+
+
+def _three_args(x, y, out):  # takes three tensors; a softmax problem hands it two
+    for tile in hl.tile(x.size(0)):
+        out[tile, :] = x[tile, :] + y[tile, :]
+
+
+def _softmax_rows_only(problem, target):
+    from tilewright.templates import SUPPORTED
+    from tilewright.templates.helion.softmax import match_softmax
+
+    found = match_softmax(problem)
+    return found if isinstance(found, tilewright.templates.Support) else SUPPORTED
+
+
+
+def test_a_kernel_helion_cannot_bind_costs_only_itself(problems, tmp_path):
+    from tilewright.templates import unregister_template
+    from tilewright.templates.helion import helion_template
+
+    broken = helion_template(_three_args, op="reduction", supports=_softmax_rows_only, name="broken_rows")
+    try:
+        problem = problems["softmax_fp16"]
+        assert broken.problem_support(problem, CPU)
+        assert broken.seed_params(problem, CPU) == []  # Helion refuses to bind it: no settings
+        assert "Helion" in broken.check({}, problem, CPU)
+        with tilewright.config.patch(force_backend="helion"):
+            sel = select(problem, CPU, FACTORY, cache=TuningCache(tmp_path / "tuning.json"))
+        assert sel.winner.template_id == "helion.softmax"
+        assert not any(r.candidate.template_id == broken.id for r in sel.results)
+    finally:
+        unregister_template(broken.id)

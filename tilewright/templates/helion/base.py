@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import importlib.metadata
 import inspect
 import threading
@@ -75,6 +76,7 @@ def helion_version() -> str:
         return ""
 
 
+log = logging.getLogger("tilewright.templates.helion")
 _lock = threading.RLock()
 # (template id, problem hash, settings) -> (bound kernel, its arguments);
 # (..., config, target) -> generated source
@@ -119,7 +121,10 @@ class HelionTemplate(TemplateSpec):
                    if "strided" in (p.layout_a, p.layout_b) else "")
             if why:
                 return Support(False, why)
-        call = self.helion_call(problem, target)
+        try:
+            call = self.helion_call(problem, target)
+        except Exception as e:  # noqa: BLE001 - a broken matcher or supports() costs this template
+            return Support(False, f"{self.id} could not decide: {type(e).__name__}: {e}"[:400])
         return call if isinstance(call, Support) else SUPPORTED
 
     # -- identity -----------------------------------------------------------------------------
@@ -220,14 +225,25 @@ class HelionTemplate(TemplateSpec):
             return "block pointers are not lowered for AMD targets"
         try:
             self.helion_config(params, self.bound(problem, target))
+            if params.get("indexing") == "tensor_descriptor" and "make_tensor_descriptor" not in \
+                    self.generated(problem, params, target):
+                # Helion decides per access (2-5 dims, one of stride 1, 16-byte blocks and bases):
+                # where it takes none, the setting is the pointer kernel again
+                return "Helion makes no tensor descriptor for this config (blocks under 16 bytes, 1-D tensors)"
         except ValueError as e:
             return str(e)
-        if params.get("indexing") == "tensor_descriptor" and "make_tensor_descriptor" not in \
-                self.generated(problem, params, target):
-            # Helion decides per access (2-5 dims, one of stride 1, 16-byte blocks and bases):
-            # where it takes none, the setting is the pointer kernel again
-            return "Helion makes no tensor descriptor for this config (blocks under 16 bytes, 1-D tensors)"
+        except Exception as e:  # noqa: BLE001 - Helion refusing to bind or generate costs this setting
+            return f"Helion: {type(e).__name__}: {e}"[:400]
         return None
+
+    def spec_or_none(self, problem: Any, target: Target) -> Any:
+        """The bound kernel's config spec, or None when Helion cannot bind it (the template then
+        proposes nothing for the problem, and the others are measured)."""
+        try:
+            return self.bound(problem, target).config_spec
+        except Exception as e:  # noqa: BLE001 - any binding failure means the same here
+            log.warning("%s: Helion cannot bind %s: %s: %s", self.id, problem.describe(), type(e).__name__, e)
+            return None
 
     def seed_params(self, problem: Any, target: Target) -> list[dict[str, Any]] | None:
         """Helion's default config first (every knob at its default), then the template's
@@ -298,7 +314,7 @@ def launcher_section(template_id: str, problem: Any, host: str, call: HelionCall
     """The rendered module's tail: tilewright's launcher for Helion's host function and the
     kind's ``launch``."""
     lines = ["", "", "# -- tilewright's launcher (tilewright/templates/helion/) --",
-             "from tilewright.templates.helion.calls import check_layouts, compact  # noqa: F401", *call.imports,
+             "from tilewright.templates.helion.calls import compact, conform  # noqa: F401", *call.imports,
              f"TEMPLATE = {template_id!r}", "",
              "def _tw_launcher(kernel, grid, *args, num_warps, num_stages, **options):",
              "    if options:",

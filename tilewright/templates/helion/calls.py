@@ -9,7 +9,9 @@ tensors. One description, so what Helion compiled for is what runs.
 
 An :class:`Interface` is a problem kind's launcher: its signature (the names the expressions
 may use), the meta tensors behind them, how outputs are allocated, and the guards a
-static-shape kernel needs (Helion bakes sizes and strides into it).
+static-shape kernel needs (Helion bakes sizes and strides into it: a tensor of another layout
+is copied to the kernel's and an output copied back, so a layout the trace did not see costs a
+copy, never a wrong read).
 """
 
 from __future__ import annotations
@@ -62,22 +64,29 @@ def _meta(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -
     return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
 
 
-def check_layouts(template: str, expected: tuple[tuple[str, torch.Tensor, tuple, tuple], ...]) -> None:
-    """Raise where a tensor's shape or strides differ from what a static-shape kernel baked in.
+def conform(template: str, name: str, t: torch.Tensor, shape: tuple, stride: tuple) -> torch.Tensor:
+    """``t`` laid out as a static-shape kernel was built for: itself when its strides are those,
+    else a copy with those strides (a padded row, a transposed view: correct, one copy slower).
 
     Raises:
-        ValueError: naming the tensor, what it is and what the kernel was built for.
+        ValueError: another shape (the kernel computes a different problem), naming it.
     """
-    for name, t, shape, stride in expected:
-        if tuple(t.shape) != shape or t.stride() != stride:
-            raise ValueError(f"{template}: {name} is {tuple(t.shape)} with strides {t.stride()}; this "
-                             f"static-shape Helion kernel was built for {shape} with strides {stride} "
-                             "(tilewright renders one per layout: re-render it for this problem)")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{template}: {name} is {tuple(t.shape)}; this static-shape Helion kernel was "
+                         f"built for {shape} (tilewright renders one per problem)")
+    if t.stride() == stride:
+        return t
+    return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _guards(env: Mapping[str, Any], names: list[str]) -> str:
-    items = "".join(f"({n!r}, {n}, {tuple(env[n].shape)}, {tuple(env[n].stride())}), " for n in names)
-    return f"    check_layouts(TEMPLATE, ({items}))\n"
+def _conform(env: Mapping[str, Any], inputs: list[str], outputs: list[str]) -> tuple[str, str]:
+    """Launcher lines that conform the tensors before the call, and copy outputs back after."""
+    before = "".join(f"    {n} = conform(TEMPLATE, {n!r}, {n}, {tuple(env[n].shape)}, {tuple(env[n].stride())})\n"
+                     for n in inputs)
+    before += "".join(f"    {n}_given, {n} = {n}, conform(TEMPLATE, {n!r}, {n}, {tuple(env[n].shape)}, "
+                      f"{tuple(env[n].stride())})\n" for n in outputs)
+    after = "".join(f"    if {n} is not {n}_given:\n        {n}_given.copy_({n})\n" for n in outputs)
+    return before, after
 
 
 class Interface:
@@ -125,10 +134,9 @@ class GemmInterface(Interface):
                          f"(compact(e, pattern) for e, pattern in zip(epilogue_inputs, {patterns!r}))")
         lines.append(f"    if out is None:\n        out = torch.empty((M, N), dtype={DTYPES[p.out_dtype]}, device=a.device)")
         code_ = "\n".join(lines) + "\n"
-        if static:
-            code_ += _guards(self.names(p), ["a", "b", "out"])
-        code_ += f"    {host}({', '.join(call.args)}, _launcher=_tw_launcher)\n    return out\n"
-        return code_
+        before, after = _conform(self.names(p), ["a", "b"], ["out"]) if static else ("", "")
+        code_ += before + f"    {host}({', '.join(call.args)}, _launcher=_tw_launcher)\n" + after
+        return code_ + ("    return out_given\n" if static else "    return out\n")
 
 
 def compact_stride(broadcast: str, M: int, N: int) -> tuple[int, int]:
@@ -175,10 +183,9 @@ class LoopInterface(Interface):
         code_.append(f"    if outs is None:\n        outs = (\n{allocs}        )")
         code_.append(f"    {', '.join(outs)}, = outs")
         text = "\n".join(code_) + "\n"
-        if static:
-            text += _guards(self.names(problem), ins + outs)
-        text += f"    {host}({', '.join(call.args)}, _launcher=_tw_launcher)\n    return outs\n"
-        return text
+        before, after = _conform(self.names(problem), ins, outs) if static else ("", "")
+        text += before + f"    {host}({', '.join(call.args)}, _launcher=_tw_launcher)\n" + after
+        return text + "    return outs\n"
 
 
 def interface_for(problem: Any) -> Interface:

@@ -141,7 +141,9 @@ class HelionGemm(HelionTemplate):
         """Helion's default config, then tiles clamped to the kernel's config spec (the
         interpreter: the largest, fewest programs), each with tensor descriptors too where the
         target has TMA or TDM."""
-        spec = self.bound(problem, target).config_spec
+        spec = self.spec_or_none(problem, target)
+        if spec is None:
+            return []
         lo = [b.min_size for b in spec.block_sizes]
         hi = [b.max_size for b in spec.block_sizes]
         clamp = lambda i, v: max(lo[i], min(hi[i], v))  # noqa: E731

@@ -9,8 +9,9 @@ it for one: ``Support(False, reason)``, ``SUPPORTED`` (the kind's own argument o
 the kind's, mapped to Helion's config fields and checked against the bound kernel's config
 spec: a GEMM's ``BLOCK_M``/``BLOCK_N``/``BLOCK_K``/``GROUP_M`` (its hl.tile dims in that order),
 a row reduction's ``XBLOCK``/``PERSISTENT``/``RBLOCK``, a pointwise kernel's Helion fields by
-position (``block_0`` .. ``block_3``, ...); ``num_warps``, ``num_stages``, ``indexing`` for all. The kernel and ``supports`` must be module-level names of an importable
-module: tuning workers and ``tilewright aot``'s compile workers import them by name.
+position (``block_0`` .. ``block_3``, ...); ``num_warps``, ``num_stages``, ``indexing`` for all.
+The kernel and ``supports`` must be module-level names of an importable module: tuning workers
+and ``tilewright aot``'s compile workers import them by name.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from tilewright.templates.helion.base import HelionTemplate
 from tilewright.templates.helion.calls import HelionCall, default_call
 from tilewright.templates.helion.gemm import HelionGemm
 from tilewright.templates.helion.rows import RowTemplate
-
 
 
 class HelionKernelTemplate(HelionTemplate):
@@ -91,7 +91,9 @@ class HelionPointwiseKernel(HelionKernelTemplate):
     def shape_seeds(self, problem: Any, target: Target) -> list[dict[str, Any]]:
         """Under the interpreter the largest blocks up to 64 (the fewest programs); on GPUs
         Helion's default with 8 warps, and with every block doubled."""
-        spec = self.bound(problem, target).config_spec
+        spec = self.spec_or_none(problem, target)
+        if spec is None:
+            return []
         blocks = list(spec.default_config().config.get("block_sizes", []))[:4]
         if target.interpreted:
             return [{f"block_{i}": min(b.max_size, 64) for i, b in enumerate(list(spec.block_sizes)[:4])}]

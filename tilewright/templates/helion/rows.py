@@ -91,8 +91,10 @@ class RowTemplate(HelionTemplate):
         return out
 
     def seed_params(self, problem: LoopProblem, target: Target) -> list[dict[str, Any]] | None:
-        bound = self.bound(problem, target)
-        seeds = [self.params_of(bound.config_spec.default_config())] + self.shape_seeds(problem, target)
+        spec = self.spec_or_none(problem, target)
+        if spec is None:
+            return []
+        seeds = [self.params_of(spec.default_config())] + self.shape_seeds(problem, target)
         if target.has("tma") or target.has("tdm"):
             seeds += [s | {"indexing": "tensor_descriptor"} for s in seeds]
         return seeds
