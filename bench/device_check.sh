@@ -3,6 +3,8 @@
 #   1. the correctness suite's GPU part (pytest -m gpu),
 #   1b. the attention rows (bench/attention_check.py: each generated attention kernel checked
 #      against float64 and timed beside ATen: prefill, backward, decode, a flex sliding window),
+#   1c. the Helion templates against the jinja Triton ones and ATen (bench/helion_check.py:
+#      residual RMSNorm, softmax, Linear + GELU; skipped when helion is not installed),
 #   2. the bench suite on the shapes of bench/cases/llm_gemm_shapes.json (bf16 decode and
 #      prefill, Llama-3-8B and Qwen3-30B-A3B): tilewright's choice vs ATen per problem,
 #      then the NVFP4 decode rows (nvfp4-check: the same dense layers as W4A4 GEMMs at M = 1,
@@ -31,13 +33,13 @@ export TILEWRIGHT_CACHE_DIR="${TILEWRIGHT_CACHE_DIR:-$(mktemp -d /tmp/tilewright
 START=$(date +%s)
 
 if [ "$MODE" = "--dry-run" ]; then
-    SUITE=tiny; TARGET=cpu; TEST_TIMEOUT=300; BENCH_BUDGET=60; BENCH_TIMEOUT=120
+    SUITE=tiny; TARGET=cpu; TEST_TIMEOUT=300; HELION_TIMEOUT=300; BENCH_BUDGET=60; BENCH_TIMEOUT=120
     NVFP4_SUITE=""; NVFP4_BUDGET=0; NVFP4_TIMEOUT=0
     ATTN_BUDGET=60; ATTN_TIMEOUT=120; ATTN_FLAGS=--dry-run
 else
-    # 200 s + 45 s + 140 s + 80 s + a few seconds for the rest stays under 8 minutes
-    SUITE=h200-check; TARGET=""; TEST_TIMEOUT=200; BENCH_BUDGET=100; BENCH_TIMEOUT=140
-    NVFP4_SUITE=nvfp4-check; NVFP4_BUDGET=50; NVFP4_TIMEOUT=80
+    # 180 s + 45 s + 40 s + 120 s + 75 s + a few seconds for the rest stays under 8 minutes
+    SUITE=h200-check; TARGET=""; TEST_TIMEOUT=180; HELION_TIMEOUT=40; BENCH_BUDGET=85; BENCH_TIMEOUT=120
+    NVFP4_SUITE=nvfp4-check; NVFP4_BUDGET=45; NVFP4_TIMEOUT=75
     ATTN_BUDGET=30; ATTN_TIMEOUT=45; ATTN_FLAGS=""
     if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
         echo "device_check: no CUDA device visible to $PY (use --dry-run on a CPU)" >&2
@@ -76,6 +78,13 @@ timeout "$ATTN_TIMEOUT" "$PY" bench/attention_check.py "$OUT/attention.json" $AT
 RC_ATTN=$?
 tail -n 9 "$OUT/attention.log"
 
+# 1c. Helion templates competing with the jinja Triton ones (JSON rows: winner, best ms per language)
+echo "== 1c Helion templates (bench/helion_check.py, timeout ${HELION_TIMEOUT}s)"
+timeout "$HELION_TIMEOUT" "$PY" bench/helion_check.py "$OUT/helion.json" ${TARGET:+--dry-run} \
+    > "$OUT/helion.log" 2>&1
+RC_HELION=$?
+grep '^helion_check' "$OUT/helion.log"
+
 # 2. the bench suite (starts no new problem after BENCH_BUDGET s; the JSON is kept up to date)
 echo "== 2/3 bench run --suite $SUITE (budget ${BENCH_BUDGET}s)"
 timeout "$BENCH_TIMEOUT" "$PY" -m tilewright bench run --suite "$SUITE" ${TARGET:+--target "$TARGET"} \
@@ -104,10 +113,10 @@ else
          "(to record one: cp $OUT/bench.json bench/baselines/$ARCH/$SUITE.json)"
 fi
 
-"$PY" - "$OUT" "$RC_TESTS" "$RC_BENCH" "$RC_GATE" "$RC_ATTN" "$(( $(date +%s) - START ))" <<'PYEOF'
+"$PY" - "$OUT" "$RC_TESTS" "$RC_BENCH" "$RC_GATE" "$RC_ATTN" "$(( $(date +%s) - START ))" "$RC_HELION" <<'PYEOF'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, rc_tests, rc_bench, rc_gate, rc_attn, seconds = sys.argv[1], *map(int, sys.argv[2:])
+out, rc_tests, rc_bench, rc_gate, rc_attn, seconds, rc_helion = sys.argv[1], *map(int, sys.argv[2:])
 tests = {}
 try:
     suite = ET.parse(Path(out) / "gpu_tests.xml").getroot()
@@ -116,7 +125,8 @@ try:
 except (OSError, ET.ParseError, IndexError):
     pass
 summary = {"seconds": seconds, "gpu_tests": tests,
-           "rc": {"tests": rc_tests, "bench": rc_bench, "gate": rc_gate, "attention": rc_attn}}
+           "rc": {"tests": rc_tests, "helion": rc_helion, "bench": rc_bench, "gate": rc_gate,
+                  "attention": rc_attn}}
 (Path(out) / "summary.json").write_text(json.dumps(summary, indent=1))
 print("device_check summary:", json.dumps(summary))
 PYEOF
@@ -128,4 +138,4 @@ fi
 if [ -f "$OUT/bench_nvfp4.json" ]; then
     "$PY" -m tilewright bench show "$OUT/bench_nvfp4.json"
 fi
-[ "$RC_TESTS" -eq 0 ] && [ "$RC_BENCH" -eq 0 ] && [ "$RC_GATE" -eq 0 ] && [ "$RC_ATTN" -eq 0 ]
+[ "$RC_TESTS" -eq 0 ] && [ "$RC_HELION" -eq 0 ] && [ "$RC_BENCH" -eq 0 ] && [ "$RC_GATE" -eq 0 ] && [ "$RC_ATTN" -eq 0 ]

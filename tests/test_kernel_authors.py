@@ -132,7 +132,7 @@ def test_the_whole_aot_build_lists_it_verified(tutorial, tmp_path):
 
 def test_the_guide_quotes_the_example_files_verbatim():
     guide = GUIDE.read_text()
-    for name in ("tutorial_language.py", "tutorial_gemm.py", "tutorial_gemm.py.jinja"):
+    for name in ("tutorial_language.py", "tutorial_gemm.py", "tutorial_gemm.py.jinja", "helion_linear_gelu.py"):
         block = re.search(rf"<!-- file: docs/examples/{re.escape(name)} -->\n```\w*\n(.*?)```", guide, re.S)
         assert block, f"docs/kernel-authors.md does not show docs/examples/{name}"
         assert block.group(1) == (EXAMPLES / name).read_text(), f"the guide's copy of {name} is stale"
@@ -183,3 +183,84 @@ def test_a_registration_a_worker_cannot_import_costs_only_itself(caplog):
     with caplog.at_level("WARNING", logger="tilewright"):
         replay([blob])
     assert "cannot be loaded in this worker" in caplog.text
+# -- Adding a Helion template (docs/examples/helion_linear_gelu.py) ------------------------------
+@pytest.fixture(scope="module")
+def helion_example():
+    """The example Helion kernel, registered through helion_template as a user's code would."""
+    pytest.importorskip("helion")
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import helion_linear_gelu
+
+        yield helion_linear_gelu.register()
+    finally:
+        unregister_template("helion.linear_gelu")
+        sys.path.remove(str(EXAMPLES))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_a_helion_kernel_from_outside_is_a_measured_cached_candidate(helion_example, tmp_path, monkeypatch,
+                                                                      dtype, tol):
+    torch.manual_seed(0)
+    model = Head().to(dtype)
+    x = torch.randn(24, 48, dtype=dtype)  # ragged for every block size
+
+    def compile_and_run():
+        torch._dynamo.reset()
+        with torch.no_grad(), collect_reports() as reports, tilewright.config.patch(
+                force_backend="helion", cache_dir=str(tmp_path), strict=True):
+            out = torch.compile(model, backend="tilewright")(x)
+        (gemm,) = [g for r in reports for g in r.gemms]
+        return out, gemm
+
+    out, gemm = compile_and_run()
+    with torch.no_grad():
+        ref = Head().double()
+        ref.load_state_dict(model.state_dict())
+        expected = ref(x.double())
+    assert out.dtype == dtype and rel_err(out, expected) < tol
+    mine = [c for c in gemm.candidates if c.name.startswith("helion.linear_gelu")]
+    assert mine and all(c.status == "ok" and c.rel_err is not None for c in mine), gemm.candidates
+    assert gemm.winner.startswith("helion."), gemm  # it and tilewright's own helion.gemm compete
+    cache = (tmp_path / "autotune" / "tuning.json").read_text()
+    assert f"helion.linear_gelu@{helion_example.source_hash}" in cache
+
+    # a second compilation measures nothing: every candidate's record is in the cache
+    import tilewright.autotune.select as select_module
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("a cached problem was measured again")
+    monkeypatch.setattr(select_module, "evaluate", no_measuring)
+    again, gemm2 = compile_and_run()
+    assert gemm2.winner == gemm.winner and torch.equal(again, out)
+
+
+class WideHead(nn.Module):
+    """Linear + GELU at a size where the cost model ranks tensor-core tiles first."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(1024, 1024)
+
+    def forward(self, x):
+        return nn.functional.gelu(self.proj(x))
+
+
+def test_tilewright_aot_builds_the_helion_kernel_for_every_triton_target(helion_example, tmp_path):
+    spec = ModelSpec(WideHead().to(torch.float16), (torch.randn(1024, 1024, dtype=torch.float16),), {}, "wide")
+    captured = aot.capture_kernels(spec)
+    targets = [aot.get_target(a) for a in ("sm_90a", "sm_100a", "gfx950", "gfx1250")]
+    kernels, refused = aot.plan(captured, targets)
+    mine = [k for k in kernels if k.template is helion_example]
+    assert {k.target.name for k in mine} == {t.name for t in targets}, refused
+    root = tmp_path / "kernels"
+    results = compile_jobs([k.job for k in mine], root, workers=2, timeout_s=300)
+    found = {}
+    for k, r in zip(mine, results):
+        assert r.ok, (k.target.name, r.error)
+        checks = helion_example.expected_instructions(k.captured.problem, k.params, k.target)
+        v = verify({stage: root / rel for stage, rel in r.artifacts.items()}, checks)
+        assert v.ok, (k.target.name, v.failures)
+        found[k.target.arch] = " ".join(p for p, n in v.counts.items() if n)
+    assert "wgmma" in found["sm_90a"] and "tcgen05" in found["sm_100a"], found
+    assert "v_mfma" in found["gfx950"] and "v_wmma" in found["gfx1250"], found

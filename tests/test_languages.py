@@ -26,7 +26,7 @@ from tilewright.templates import (
 )
 import tilewright.templates as registry
 
-BUILTIN = ("aten", "triton", "gluon", "cutedsl", "metal", "sycl", "flydsl", "cpp")
+BUILTIN = ("aten", "triton", "gluon", "cutedsl", "metal", "sycl", "flydsl", "cpp", "helion")
 
 
 @pytest.fixture

@@ -351,9 +351,10 @@ def test_device_check_script_dry_run(tmp_path):
                            "--dry-run"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
-    assert {"env.json", "gpu_tests.log", "bench.json", "summary.json"} <= {p.name for p in out.iterdir()}
+    assert {"env.json", "gpu_tests.log", "helion.json", "bench.json", "summary.json"} <= {p.name for p in out.iterdir()}
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rc"] == {"tests": 0, "bench": 0, "gate": 0, "attention": 0} and summary["gpu_tests"]["tests"] > 0
+    assert summary["rc"] == {"tests": 0, "helion": 0, "bench": 0, "gate": 0, "attention": 0}
+    assert summary["gpu_tests"]["tests"] > 0
     assert (out / "attention.json").is_file()
     assert load_results(out / "bench.json")["complete"]
     assert proc.stdout.rstrip().splitlines()[-1].startswith("└"), "the table must come last"

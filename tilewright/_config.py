@@ -21,6 +21,11 @@ from tilewright.errors import ConfigError
 
 
 
+def forced_languages(value: str) -> tuple[str, ...]:
+    """The languages a ``force_backend`` value names ("triton,helion" -> both); () for "auto"."""
+    return () if value == "auto" else tuple(v for v in value.split(",") if v)
+
+
 def force_backends() -> tuple[str, ...]:
     """What ``force_backend`` accepts: "auto" and every registered language (looked up when a
     value is checked, so a language registered from outside the package is accepted too)."""
@@ -35,8 +40,9 @@ ISOLATE_MODES = ("auto", "on", "off")
 
 
 def _setting(default: Any, env: str, doc: str,
-             choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None) -> Any:
-    meta = {"env": env, "doc": doc, "choices": choices}
+             choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None, several: bool = False) -> Any:
+    # several: the value may name several choices, comma-separated
+    meta = {"env": env, "doc": doc, "choices": choices, "several": several}
     if callable(default):
         return field(default_factory=default, metadata=meta)
     return field(default=default, metadata=meta)
@@ -64,9 +70,10 @@ class Config:
         "them serves runs on ATen): 'aten' (ATen only; loop kernels as PyTorch operators), "
         "'triton' (generated Triton GEMMs and loop kernels, interpreted on the cpu target), "
         "'sycl' (on the xpu target: see cpu_target), 'cpp' (C++ loop kernels and GEMM epilogues on "
-        "the cpu target), 'gluon', 'cutedsl', 'metal', 'flydsl', "
-        "and any registered from outside the package (`tilewright templates` lists them).",
-        force_backends)
+        "the cpu target), 'gluon', 'cutedsl', 'metal', 'flydsl', 'helion', "
+        "and any registered from outside the package (`tilewright templates` lists them). "
+        "Several, comma-separated ('triton,helion'), make those languages' templates compete.",
+        force_backends, several=True)
     cpu_target: str = _setting(
         "cpu", "TILEWRIGHT_CPU_TARGET",
         "The target kernels on CPU tensors are generated for: 'cpu' (ATen, Triton interpreted "
@@ -277,7 +284,8 @@ def _check_value(f: dataclasses.Field, value: Any, choices: bool = True) -> None
     allowed = f.metadata.get("choices") if choices and value != f.default else None
     if callable(allowed):
         allowed = allowed()
-    if allowed and value not in allowed:
+    values = value.split(",") if f.metadata.get("several") and isinstance(value, str) else [value]
+    if allowed and any(v not in allowed for v in values):
         raise ConfigError(
             f"{f.name}={value!r} is not one of {', '.join(allowed)} "
             f"(set {f.metadata['env']} or config.{f.name} to one of those)")

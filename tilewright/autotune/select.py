@@ -35,7 +35,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from tilewright._config import config
+from tilewright._config import config, forced_languages
 from tilewright.autotune.cache import ProblemKey, Record, TuningCache, default_cache
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.evaluate import EvalOutcome, EvalTask, evaluate, forget_inputs
@@ -95,14 +95,16 @@ class Selection:
 
 
 def filter_forced(candidates: list[Candidate]) -> tuple[list[Candidate], str]:
-    """Apply ``config.force_backend``; a forced backend that cannot serve the problem falls
-    back to ATen, with the reason returned."""
+    """Apply ``config.force_backend`` (one language, or several comma-separated: their templates
+    compete); forced languages that cannot serve the problem fall back to ATen, with the reason
+    returned."""
     force = config.force_backend
     if force == "auto":
         return candidates, ""
     if force == "aten":
         return [c for c in candidates if c.backend == "aten"], "forced aten"
-    kept = [c for c in candidates if c.backend == force]
+    forced = forced_languages(force)
+    kept = [c for c in candidates if c.backend in forced]
     if not kept:
         return [c for c in candidates if c.backend == "aten"], (
             f"force_backend={force!r} but no {force} template supports this problem: ATen")

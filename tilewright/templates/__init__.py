@@ -349,16 +349,16 @@ def get_template(template_id: str) -> TemplateSpec:
 def templates_for(op: str, target_backend: str | None = None, *, jit: bool = False) -> list[TemplateSpec]:
     """Templates implementing ``op`` whose language can run on ``target_backend``; with ``jit``
     only those a running model may launch: not the ``aot_only`` ones, and under
-    ``config.force_backend=<language>`` only that language's and ATen's (so the forced
-    language's templates alone share the policy's candidate budget)."""
-    from tilewright._config import config
+    ``config.force_backend=<language>[,<language>...]`` only those languages' and ATen's (so the
+    forced languages' templates alone share the policy's candidate budget)."""
+    from tilewright._config import config, forced_languages
 
-    force = config.force_backend if jit else "auto"
+    forced = forced_languages(config.force_backend) if jit else ()
     out = []
     for m in manifests().values():
         if target_backend is not None and target_backend not in m.target_backends:
             continue
-        if force != "auto" and m.name not in (force, "aten"):
+        if forced and m.name not in forced + ("aten",):
             continue
         out.extend(t for t in m.templates if t.op == op and not (jit and t.aot_only))
     return out
