@@ -183,6 +183,8 @@ def test_a_registration_a_worker_cannot_import_costs_only_itself(caplog):
     with caplog.at_level("WARNING", logger="tilewright"):
         replay([blob])
     assert "cannot be loaded in this worker" in caplog.text
+
+
 # -- Adding a Helion template (docs/examples/helion_linear_gelu.py) ------------------------------
 @pytest.fixture(scope="module")
 def helion_example():
