@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
-	$(PY) -m pip install --quiet -e '.[demo,test,cutedsl,sycl,flydsl]'
+	$(PY) -m pip install --quiet -e '.[demo,test,cutedsl,sycl,flydsl,helion]'
 	touch $@
 
 # FlyDSL links its gfx950 code objects with ld.lld, looked up under $$ROCM_PATH/llvm/bin, and
