@@ -282,12 +282,16 @@ class LoopProblem:
         dynamic: names of the size symbols that vary at run time (kernels are rendered
             size-generic anyway; these are bucketed).
         op: a short description of what the kernel computes ("rms_norm", "add+mul"), for display.
+        unfused: the ATen ops the kernel replaced, as a program's JSON text
+            (:mod:`tilewright.compiler.programs`; "" when it has none): a candidate of its own on
+            a CPU. Not part of the problem's identity: its candidate key carries its digest.
     """
 
     kernel: "LoopKernel"
     sizes: tuple[tuple[str, int], ...] = ()
     dynamic: frozenset[str] = field(default_factory=frozenset)
     op: str = ""
+    unfused: str = field(default="", compare=False)
 
     @property
     def kind(self) -> str:

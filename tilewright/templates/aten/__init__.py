@@ -5,6 +5,7 @@ from tilewright.templates import BackendManifest
 from tilewright.templates.aten.gemm import AtenGemm
 from tilewright.templates.aten.grouped_gemm import AtenGroupedGemm
 from tilewright.templates.aten.loops import AtenPointwise, AtenReduction
+from tilewright.templates.aten.unfused import UnfusedPointwise, UnfusedReduction
 
 LANGUAGE = Language(
     name="aten",
@@ -13,4 +14,5 @@ LANGUAGE = Language(
     forcing="ATen only: GEMMs through PyTorch's matmul, loop kernels as PyTorch operators",
     priority=0,
 )
-MANIFEST = BackendManifest.of(LANGUAGE, (AtenGemm(), AtenPointwise(), AtenReduction(), AtenGroupedGemm()))
+MANIFEST = BackendManifest.of(LANGUAGE, (AtenGemm(), AtenPointwise(), AtenReduction(), AtenGroupedGemm(),
+                                         UnfusedPointwise(), UnfusedReduction()))
