@@ -47,8 +47,8 @@ class NoProgram(Exception):
 
 
 def attach_programs(kg: KernelGraph, gm: fx.GraphModule) -> int:
-    """Give every fused kernel of ``kg`` its program (in place, on ``FusedNode.problem``);
-    returns how many got one."""
+    """Give every fused kernel of ``kg`` on the CPU its program (in place, on
+    ``FusedNode.problem``); returns how many got one."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():  # the compiler's fake-tensor mode: constants are real here
@@ -60,6 +60,8 @@ def _attach(kg: KernelGraph, gm: fx.GraphModule) -> int:
     by_name = {n.name: n for n in gm.graph.nodes}
     done = 0
     for f in kg.fused:
+        if getattr(f.device, "type", "cpu") != "cpu":
+            continue  # a candidate on the CPU only (autotune/loop_policy.py)
         try:
             prog = unfused_program(f, by_name, order, gm)
         except NoProgram as e:

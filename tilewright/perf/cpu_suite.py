@@ -12,7 +12,8 @@ Per case, in one process:
 * **steady state**: eager (recorded as ``aten``, the gate's reference: PyTorch running op by op),
   tilewright and Inductor timed interleaved, round by round
   (:func:`tilewright.perf.run.time_side_by_side`), with ``cpu_threads`` torch threads (1 by
-  default, as the GEMM suites: a thread pool on a busy host times the scheduler). Whatever kernel
+  default, as the GEMM suites: a thread pool on a busy host times the scheduler), by the CPU
+  time of the thread with one thread (:func:`thread_ms`), else wall time. Whatever kernel
   the tuner picked is what runs: new CPU templates show up here with no change to the suite.
 * **ATen calls per call**, eager's and tilewright's, profiler-counted
   (:mod:`tilewright.compiler.dispatches`), and the relative error of tilewright's result against
@@ -263,7 +264,8 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path) -> 
                 _, ind_step, ind_first = _first_call(setup, "inductor", _inductor_cold)
                 runs["inductor"] = [ind_step]
                 row["impls"]["inductor"] = {"first_call_s": ind_first, "rel_err": _rel_err(ind_step(), ref)}
-            times, errors = time_side_by_side(runs, torch.device("cpu"), pair=("tilewright", "aten"))
+            times, errors = time_side_by_side(runs, torch.device("cpu"), pair=("tilewright", "aten"),
+                                              clock=thread_ms if cpu_threads == 1 else None)
             with counting(reports) as ours:
                 tw_step()
             with counting() as theirs:
@@ -284,6 +286,16 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path) -> 
         row["paired_vs_inductor"] = paired_ratio(times["tilewright"], times["inductor"])
         row["first_call_vs_inductor"] = tw_first / row["impls"]["inductor"]["first_call_s"]
     return row
+
+
+def thread_ms(fn: Callable[[], object]) -> float:
+    """CPU time of the calling thread over one call, ms. With one torch thread every op runs on
+    it, and on a busy host (this project's 2 cores carry ~10 jobs) wall time would mostly
+    measure waiting for a core: measured, medians of wall time spread 3-5x between runs where
+    thread time stays within ~10%."""
+    t0 = time.thread_time()
+    fn()
+    return (time.thread_time() - t0) * 1e3
 
 
 def timing_summary_plain(times: list[float]) -> dict[str, Any]:
@@ -315,7 +327,8 @@ def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: in
     doc: dict[str, Any] = {"format": FORMAT, "suite": suite, "created": time.time(), "complete": False,
                            "env": environment(get_target("cpu"), torch.device("cpu")),
                            "settings": {k: v for k, v in config.as_dict().items() if k.startswith("bench_")}
-                           | {"cpu_threads": cpu_threads, "inductor": inductor, "reference": "eager"},
+                           | {"cpu_threads": cpu_threads, "inductor": inductor, "reference": "eager",
+                              "clock": "thread CPU time" if cpu_threads == 1 else "wall"},
                            "results": [], "skipped": []}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tw-bench-cpu-") as tune_dir:
