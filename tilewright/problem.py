@@ -282,12 +282,16 @@ class LoopProblem:
         dynamic: names of the size symbols that vary at run time (kernels are rendered
             size-generic anyway; these are bucketed).
         op: a short description of what the kernel computes ("rms_norm", "add+mul"), for display.
+        unfused: the ATen ops the kernel replaced, as a program's JSON text
+            (:mod:`tilewright.compiler.programs`; "" when it has none): a candidate of its own on
+            a CPU. Not part of the problem's identity: its candidate key carries its digest.
     """
 
     kernel: "LoopKernel"
     sizes: tuple[tuple[str, int], ...] = ()
     dynamic: frozenset[str] = field(default_factory=frozenset)
     op: str = ""
+    unfused: str = field(default="", compare=False)
 
     @property
     def kind(self) -> str:
@@ -331,19 +335,23 @@ class LoopProblem:
         return dataclasses.replace(self, sizes=tuple(sorted(merged.items())))
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "kernel": self.kernel.to_json(), "sizes": dict(self.sizes),
-                "dynamic": sorted(self.dynamic), "op": self.op}
+        d = {"kind": self.kind, "kernel": self.kernel.to_json(), "sizes": dict(self.sizes),
+             "dynamic": sorted(self.dynamic), "op": self.op}
+        if self.unfused:  # carried, never identity: see ``unfused``
+            d["unfused"] = self.unfused
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "LoopProblem":
         from tilewright.ir.kernel import LoopKernel
 
         return cls(LoopKernel.from_json(d["kernel"]), tuple(sorted(d["sizes"].items())),
-                   frozenset(d.get("dynamic", ())), d.get("op", ""))
+                   frozenset(d.get("dynamic", ())), d.get("op", ""), d.get("unfused", ""))
 
     def stable_hash(self) -> str:
         d = self.to_json()
         d.pop("op")  # display only
+        d.pop("unfused", None)  # its candidate's key carries its digest
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

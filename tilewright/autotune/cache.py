@@ -128,7 +128,10 @@ class ProblemKey:
     @property
     def digest(self) -> str:
         d = self.to_json()
-        d["problem"] = {k: v for k, v in d["problem"].items() if k != "op"}
+        from tilewright.kinds import kind_of  # the registry imports the cache
+
+        labels = {"op", *kind_of(self.problem).display_fields}  # fields that only label it
+        d["problem"] = {k: v for k, v in d["problem"].items() if k not in labels}
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

@@ -12,12 +12,17 @@ chosen from its sizes, never a grid.
 * on targets with a Tensor Data Mover (gfx1250), every proposal also with ``DESC`` (dense
   loads and stores through tensor descriptors), where the template accepts it.
 
-ATen (the torch emitter) is always rank 0. The cost model
+ATen (the torch emitter) is rank 0, except on a CPU for a kernel that carries the ATen ops it
+replaced (or is one native op: :mod:`tilewright.templates.aten.unfused`): those come first and
+the torch form second, both timed, so a tie keeps what eager ran (with autotune off, which
+runs rank 0 unchecked, the torch form stays first). On the CPU in ``auto`` mode, other templates are offered only when
+they run compiled there (:func:`offered_on`: C++ kernels, not interpreted Triton). The cost model
 (:func:`~tilewright.autotune.cost_model.estimate_loop`) ranks the rest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable
 
 from tilewright._config import config
@@ -102,16 +107,43 @@ class LoopPolicy:
         aten = get_template(f"aten.{self.kind}")
         launch_ms = 0.0 if target.interpreted else LAUNCH_US * 1e-3
         bw = max(target.hbm_gbps, 1.0) * 1e9
-        out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0,
-                            predicted_ms=problem.min_bytes / (bw * 0.7) * 1e3 + launch_ms)]
-        if target.interpreted and config.force_backend == "auto":
-            return out  # interpreted kernels only lose to ATen on a CPU (see policy.py)
+        torch_form = Candidate.of(aten.id, aten.source_hash, {}, rank=0,
+                                  predicted_ms=problem.min_bytes / (bw * 0.7) * 1e3 + launch_ms)
+        program = program_candidates(problem, target, rank=0)
+        if program and config.autotune:
+            # the ops as eager ran them come first: a tie keeps them (never slower than eager)
+            out = program + [dataclasses.replace(torch_form, rank=1)]
+        else:  # autotune off runs rank 0 unchecked: only the torch form is trusted so
+            out = [torch_form] + [dataclasses.replace(c, rank=1) for c in program]
         scored = []
         for t in templates if templates is not None else templates_for(self.kind, target.backend, jit=True):
-            if t.backend == "aten" or not t.supports(problem, target):
+            if t.backend == "aten" or not offered_on(t, target) or not t.supports(problem, target):
                 continue
             scored += [(ms, t, params) for ms, params in self.ranked(problem, target, t)]
         scored.sort(key=lambda item: (item[0], item[1].id))
         for i, (ms, t, params) in enumerate(scored[:config.max_candidates]):
-            out.append(Candidate.of(t.id, t.source_hash, params, rank=i + 1, predicted_ms=ms))
+            out.append(Candidate.of(t.id, t.source_hash, params, rank=i + len(out), predicted_ms=ms))
         return out
+
+
+def offered_on(template: TemplateSpec, target: Target) -> bool:
+    """Whether the policy offers ``template``'s kernels on ``target``. On an interpreted target
+    (the CPU) in ``auto`` mode, only templates whose kernels run compiled there: those that
+    declare ``compiled_on_cpu = True`` (C++ loop kernels). Interpreted Triton only loses to
+    ATen on a CPU (see policy.py); forcing a backend offers it anyway."""
+    if not target.interpreted or config.force_backend != "auto":
+        return True
+    return bool(getattr(template, "compiled_on_cpu", False))
+
+
+def program_candidates(problem: LoopProblem, target: Target, rank: int) -> list[Candidate]:
+    """On a CPU, the ATen ops the kernel replaced (or the one native op it is), when the
+    kernel carries them (``LoopProblem.unfused``): timed against the fused kernels, so a
+    compiled graph never makes more calls than eager where that is faster."""
+    if target.backend != "cpu" or not problem.unfused:
+        return []
+    from tilewright.templates.aten.unfused import program_digest
+
+    t = get_template(f"aten.unfused_{problem.kind}")
+    return [Candidate.of(t.id, t.source_hash, {"program": program_digest(problem.unfused)}, rank=rank,
+                         predicted_ms=None)]

@@ -37,7 +37,48 @@ def results_table(doc: dict) -> Table:
     return table
 
 
+def model_results_table(doc: dict) -> Table:
+    """One row per case of a model suite (``cpu``): steady state and first call of each."""
+    env = doc["env"]
+    table = Table(title=f"suite {doc['suite']} on {env['device']} ({env['target']}), torch "
+                        f"{env['versions']['torch']}; eager = PyTorch op by op, "
+                        f"{doc['settings'].get('cpu_threads')} thread(s)")
+    for col in ("case", "eager ms", "tilewright ms", "vs eager", "Inductor ms", "vs Inductor",
+                "ATen calls (eager)", "1st call s", "Inductor 1st s", "1st vs Inductor", "choice"):
+        table.add_column(col, overflow="fold")
+    for r in doc["results"]:
+        tw, at, ind = (r.get("impls", {}).get(k, {}) for k in ("tilewright", "aten", "inductor"))
+        ratio = (r.get("paired_vs_aten") or {}).get("ratio")
+        vs_ind = (r.get("paired_vs_inductor") or {}).get("ratio")
+        calls = f"{tw.get('dispatches', '-')} ({at.get('dispatches', '-')})"
+        table.add_row(r["id"], _f(at.get("ms")), _f(tw.get("ms")), _f(ratio, ".3f"), _f(ind.get("ms")),
+                      _f(vs_ind, ".3f"), calls, _f(tw.get("first_call_s"), ".1f"),
+                      _f(ind.get("first_call_s"), ".1f"), _f(r.get("first_call_vs_inductor"), ".2f"),
+                      r.get("choice", r.get("error", "-"))[:60])
+    return table
+
+
+def cmd_run_models(args: argparse.Namespace) -> int:
+    from tilewright.perf.cpu_suite import run_model_suite
+
+    with console.status(f"bench {args.suite} on cpu") as status:
+        doc = run_model_suite(args.suite, inductor=True if args.inductor else None,
+                              cpu_threads=args.cpu_threads, out=Path(args.out),
+                              time_budget_s=args.time_budget_s,
+                              cases=tuple(args.cases.split(",")) if args.cases else None,
+                              on_progress=lambda name, row: status.update(f"done {name}"))
+    console.print(model_results_table(doc))
+    if doc["skipped"]:
+        console.print(f"{len(doc['skipped'])} cases skipped: time budget spent", style="yellow")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from tilewright.perf.cpu_suite import MODEL_SUITES
+
+    if args.suite in MODEL_SUITES:
+        return cmd_run_models(args)
     from tilewright.cli.warm import load_factory
     from tilewright.perf.compare import parse_percent
     from tilewright.perf.run import run_suite
@@ -72,7 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from tilewright.perf.compare import load_results
 
-    console.print(results_table(load_results(args.results)))
+    doc = load_results(args.results)
+    is_model_suite = any("first_call_vs_inductor" in r or "dispatches" in r.get("impls", {}).get("aten", {})
+                         for r in doc["results"])
+    console.print(model_results_table(doc) if is_model_suite else results_table(doc))
     return 0
 
 
@@ -145,11 +189,15 @@ def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmark suites and the perf-regression gate")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     r = bsub.add_parser("run", help="time tilewright's choice vs ATen per problem of a suite")
-    r.add_argument("--suite", required=True, help="tiny, sycl-cpu, llm-decode, llm-prefill, llm, h200-check, nvfp4-decode, nvfp4-check")
+    r.add_argument("--suite", required=True, help="tiny, sycl-cpu, llm-decode, llm-prefill, llm, h200-check, "
+                                                  "nvfp4-decode, nvfp4-check; cpu, cpu-ci (models and kernels: "
+                                                  "eager vs Inductor vs tilewright)")
+    r.add_argument("--cases", help="cpu suites: only these comma-separated cases (cpu.softmax, demo.minilm, ...)")
     r.add_argument("--out", required=True, help="results JSON (rewritten after every problem)")
     r.add_argument("--target", help="default: this machine's GPU, else cpu")
     r.add_argument("--shapes", help="shapes file for the llm suites (default bench/cases/...)")
-    r.add_argument("--inductor", action="store_true", help="also time Inductor max-autotune")
+    r.add_argument("--inductor", action="store_true",
+                   help="also time Inductor max-autotune (cpu suites: Inductor, on by default for cpu)")
     r.add_argument("--time-budget-s", type=float, help="start no new problem after this long")
     r.add_argument("--factory", help=argparse.SUPPRESS)
     # tests only: make tilewright's measured calls this much slower (CPU), to show the gate

@@ -59,7 +59,12 @@ def decomposition_table() -> dict[Any, Callable]:
     only while ``config.loop_kernels`` is on)."""
     from tilewright._config import config
 
+    from tilewright.compiler.native import tagged
+
     ops = GEMM_EXPOSING + (LOOP_EXPOSING if config.loop_kernels else [])
     table = get_decompositions(ops)
     kept = {getattr(p, name) for p in KEEP_WHOLE for name in p.overloads()}
-    return {op: fn for op, fn in table.items() if op not in kept}
+    # the loop-exposing ones remember the call they replaced (compiler/native.py): a kernel the
+    # scheduler fuses back into exactly that op can then run it natively
+    loop = set(get_decompositions(LOOP_EXPOSING)) if config.loop_kernels else set()
+    return {op: tagged(op, fn) if op in loop else fn for op, fn in table.items() if op not in kept}

@@ -31,9 +31,11 @@ from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.pool import pool_scope
 from tilewright.autotune.select import Selection
 from tilewright.compiler.dispatch import KernelCall
+from tilewright.compiler.dispatches import traced
 from tilewright.compiler.fuse import fuse_epilogues
 from tilewright.compiler.graph import KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
+from tilewright.compiler.programs import attach_programs
 from tilewright.compiler.report import GemmReport, GraphReport, publish
 from tilewright.compiler.pdl import apply_pdl, pdl_kernels, with_pdl
 from tilewright.compiler.schedule import schedule
@@ -136,6 +138,7 @@ def fuse(kg: KernelGraph, gm: fx.GraphModule, report: GraphReport | None = None)
     if config.loop_kernels:
         loop_ops = lower_loop_nodes(kg, gm)
         loop_kernels = schedule(kg, gm)
+        attach_programs(kg, gm)  # the ATen ops each kernel replaced: a CPU candidate of its own
     if report is not None:
         report.fused_nodes, report.loop_ops, report.loop_kernels = fused, loop_ops, loop_kernels
 
@@ -192,7 +195,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
         codegen = WrapperCodegen(kg, gm, describe)
         source = codegen.generate()
         debug = _dump_or_warn(report, gm, kg, calls, rendered, source) if config.debug_dir else None
-        fn = load_wrapper(source, calls, codegen.consts, filename=debug)
+        fn = traced(load_wrapper(source, calls, codegen.consts, filename=debug), report.graph_id)
     report.gemm_nodes = len(kg.gemms)
     report.extern_nodes = len(kg.nodes) - len(kernels)
     for n, kind in kernels:  # each kind reports its own kernels

@@ -86,7 +86,9 @@ class GraphReport:
     Launch counts are per call of the graph: ``kernel_counts`` the kernels of each problem kind
     ("gemm", "pointwise", "reduction", "grouped_gemm", ...), of which ``gemm_nodes`` GEMM
     kernels and ``loop_kernels`` generated pointwise/reduction kernels; ``extern_ops`` ATen calls
-    that launch work (views and tuple accesses are free and not counted). ``gemms`` reports each
+    that launch work (views and tuple accesses are free and not counted); ``aten_dispatches``
+    is what one call really makes of ATen calls, once counted (a loop kernel run as PyTorch
+    operators is one launch here and several ATen calls there). ``gemms`` reports each
     GEMM, ``kernels`` each kernel of every other kind. ``bytes_moved`` models the memory
     traffic of the compiled graph, ``eager_bytes`` that of running the same graph op by op in
     eager mode.
@@ -112,6 +114,9 @@ class GraphReport:
     debug_dir: str | None = None
     # consecutive kernels and whether they overlap with PDL (compiler/pdl.py EdgeDecision)
     pdl_edges: list[dict[str, Any]] = field(default_factory=list)
+    # top-level ATen calls one call of the graph makes at run time, counted by the profiler
+    # (compiler/dispatches.py: ``counting``); None until counted
+    aten_dispatches: int | None = None
 
     @property
     def launches(self) -> int:

@@ -73,6 +73,11 @@ class CaseResult:
     # grouped GEMMs: one entry per distinct (problem, winner) with how many calls ran it (a
     # compiled graph's grouped kernel, from its report, counts once per graph)
     grouped: list[GroupedCall] = field(default_factory=list)
+    # top-level ATen calls of one steady-state call, compiled and eager (profiler-counted,
+    # compiler/dispatches.py; auto mode only), and per compiled graph id
+    dispatches: int | None = None
+    eager_dispatches: int | None = None
+    graph_dispatches: dict[int, int] = field(default_factory=dict)
 
     @property
     def launches(self) -> int:
@@ -112,7 +117,8 @@ class CaseResult:
                 "inductor": [asdict(g) | {"launches": g.launches} for g in self.inductor],
                 "inductor_launches": self.inductor_launches, "inductor_error": self.inductor_error,
                 "grouped": [asdict(g) for g in self.grouped],
-                "grouped_calls": sum(g.calls for g in self.grouped)}
+                "grouped_calls": sum(g.calls for g in self.grouped),
+                "dispatches": self.dispatches, "eager_dispatches": self.eager_dispatches}
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,21 @@ def counting_grouped() -> Iterator[Counter]:
                     counts[(problem_from_json(k.problem_json), k.winner.split("[")[0])] += 1
 
 
+def count_dispatches(result: CaseResult, compiled: Callable[[], Any], eager: Callable[[], Any]) -> None:
+    """One more call of each, under the profiler: the ATen calls they really make (auto mode
+    only; in triton mode a call is a minute of interpreter)."""
+    if result.mode != "auto":
+        return
+    from tilewright.compiler.dispatches import counting
+
+    with counting() as ours:
+        compiled()
+    with counting() as theirs:
+        eager()
+    result.dispatches, result.eager_dispatches = ours.total, theirs.total
+    result.graph_dispatches = dict(ours.per_graph)
+
+
 def _minilm(result: CaseResult) -> None:
     model = models.load_minilm()
     feats = models.minilm_inputs(model)
@@ -177,6 +198,7 @@ def _minilm(result: CaseResult) -> None:
         t0 = time.perf_counter()
         out = compiled(dict(feats))
         result.run_ms = (time.perf_counter() - t0) * 1e3
+        count_dispatches(result, lambda: compiled(dict(feats)), lambda: model(dict(feats)))
     result.errors["sentence_embedding"] = rel_err(out["sentence_embedding"], ref["sentence_embedding"])
     result.errors["token_embeddings"] = rel_err(out["token_embeddings"], ref["token_embeddings"])
 
@@ -199,6 +221,8 @@ def _llama_train(result: CaseResult) -> None:
     t0 = time.perf_counter()
     compiled(input_ids=ids, labels=ids).loss.backward()
     result.run_ms = (time.perf_counter() - t0) * 1e3
+    count_dispatches(result, lambda: compiled(input_ids=ids, labels=ids).loss.backward(),
+                     lambda: eager(input_ids=ids, labels=ids).loss.backward())
 
 
 def _llama_bf16_decode(result: CaseResult) -> None:
@@ -213,6 +237,7 @@ def _llama_bf16_decode(result: CaseResult) -> None:
         t0 = time.perf_counter()
         compiled(input_ids=ids)
         result.run_ms = (time.perf_counter() - t0) * 1e3
+        count_dispatches(result, lambda: compiled(input_ids=ids), lambda: model(input_ids=ids))
     result.errors["logits"] = rel_err(out, ref)
 
 
@@ -263,6 +288,8 @@ def _qwen3_moe_train(result: CaseResult) -> None:
         t0 = time.perf_counter()
         compiled(input_ids=ids, labels=ids).loss.backward()
         result.run_ms = (time.perf_counter() - t0) * 1e3
+        count_dispatches(result, lambda: compiled(input_ids=ids, labels=ids).loss.backward(),
+                         lambda: eager(input_ids=ids, labels=ids).loss.backward())
 
 
 def _minilm_nvfp4(result: CaseResult) -> None:
@@ -287,6 +314,7 @@ def _minilm_nvfp4(result: CaseResult) -> None:
             t0 = time.perf_counter()
             compiled(dict(feats))
             result.run_ms = (time.perf_counter() - t0) * 1e3
+            count_dispatches(result, lambda: compiled(dict(feats)), lambda: model(dict(feats)))
     result.tolerance = expected * 1.15
     result.errors["embedding vs dequantised-weights eager"] = rel_err(out, ref)
     result.notes.append(f"distance to eager NVFP4 (not judged, see the case's docstring): "
@@ -365,6 +393,9 @@ def run_case(case: str, mode: str, inductor: bool = False) -> CaseResult:
         result.problems.append(f"{type(e).__name__}: {e}")
         result.problems.append(traceback.format_exc(limit=-3))
     result.graphs = list(graphs)
+    for g in result.graphs:
+        if result.graph_dispatches:
+            g.aten_dispatches = result.graph_dispatches.get(g.graph_id, 0)
     result.grouped = [GroupedCall(p.case, p.G, p.M, p.N, p.K, p.dtype, p.describe_epilogue(), winner, n)
                       for (p, winner), n in grouped.items()]
     if case in GROUPED_CASES and not result.grouped and not result.problems:

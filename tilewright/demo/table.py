@@ -56,21 +56,27 @@ def _mb(n: int) -> str:
 
 
 def launch_table(result: CaseResult) -> Table:
-    """Per graph: tilewright's launches per call (GEMMs + generated kernels + ATen ops) beside
-    Inductor's (generated + extern), and the modelled bytes moved beside eager's."""
+    """Per graph: tilewright's launches per call (GEMMs + generated kernels + ATen ops), the ATen
+    calls one call really makes (profiler-counted: a loop kernel run as PyTorch operators is
+    one launch and several calls; the "all" row is the whole model call, eager's beside it),
+    Inductor's launches (generated + extern), and the modelled bytes moved beside eager's."""
     table = Table(title=f"{CASES[result.case][0]}: launches per call and modelled traffic",
                   title_justify="left")
-    for col in ("graph", "GEMMs", "generated", "ATen", "tilewright", "Inductor", "eager",
-                "MB moved", "eager MB"):
+    for col in ("graph", "GEMMs", "generated", "ATen", "tilewright", "ATen calls", "Inductor",
+                "eager", "MB moved", "eager MB"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     ind = {g.kind: g for g in result.inductor}
     for g in result.graphs:
         i = ind.get(g.kind)
         table.add_row(g.kind, str(g.gemm_nodes), str(g.generated_kernels), str(g.extern_ops), str(g.launches),
+                      "-" if g.aten_dispatches is None else str(g.aten_dispatches),
                       f"{i.launches} ({i.kernels}+{i.externs})" if i else "-", str(g.eager_launches),
                       _mb(g.bytes_moved), _mb(g.eager_bytes))
-    if len(result.graphs) > 1:
+    if len(result.graphs) > 1 or result.dispatches is not None:
+        # the whole call: the model's own Python code's ATen calls (outside the graphs) too
         table.add_row("all", "", "", "", str(result.launches),
+                      "-" if result.dispatches is None else
+                      f"{result.dispatches} (eager {result.eager_dispatches})",
                       str(result.inductor_launches) if result.inductor else "-",
                       str(sum(g.eager_launches for g in result.graphs)),
                       _mb(sum(g.bytes_moved for g in result.graphs)),

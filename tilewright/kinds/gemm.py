@@ -163,6 +163,9 @@ class GemmKind(ProblemKind):
 
         def invoke(a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
                    view: Sequence[int] | None = None, **scales: torch.Tensor) -> Any:
+            launch = call._fast
+            if launch is not None and not epilogue_inputs and view is None and not problem.store_acc:
+                return launch(a, b, **scales)  # the common static case: nothing to prepare
             if problem.block_scaled:  # stored (M, K/v) and (N, K/v), v values per byte
                 M, K, N = a.shape[0], a.shape[1] * VALUES_PER_BYTE[problem.dtype], b.shape[0]
             else:
@@ -172,13 +175,16 @@ class GemmKind(ProblemKind):
                 gemm_shape: tuple[int, ...] = (batch, M, N)
             else:
                 batch, gemm_shape = 1, (M, N)
-            launch = call._fast or call._launcher({"M": M, "N": N, "K": K, "batch": batch})
-            view_shape = _resolve_view(view, math.prod(gemm_shape)) if view is not None else None
-            prepared = [
-                e.expand(view_shape).reshape(gemm_shape) if space == "view" else e.expand(gemm_shape)
-                for e, space in zip(epilogue_inputs, spaces)
-            ]
-            out = launch(a, b, *prepared, **scales)
+            launch = launch or call._launcher({"M": M, "N": N, "K": K, "batch": batch})
+            view_shape = (view if -1 not in view else _resolve_view(view, math.prod(gemm_shape))) \
+                if view is not None else None
+            if epilogue_inputs:
+                broadcasts = getattr(launch, "broadcasts", False)  # ATen's: an expand is a call
+                epilogue_inputs = tuple(
+                    e.expand(view_shape).reshape(gemm_shape) if space == "view"
+                    else e if broadcasts else e.expand(gemm_shape)
+                    for e, space in zip(epilogue_inputs, spaces))
+            out = launch(a, b, *epilogue_inputs, **scales)
             if problem.store_acc:  # (epilogue result, the product itself)
                 out, acc = out
                 return (out.view(view_shape) if view_shape is not None else out), acc

@@ -180,6 +180,9 @@ def _example_kernel(reduce: bool, dtype: str = "fp32", stride: int = 1, op: str 
 class LoopKind(ProblemKind):
     names = ("pointwise", "reduction")
     problem_type = LoopProblem
+    # the ATen ops a kernel replaced (compiler/programs.py): carried, not its identity (the
+    # program's candidate key holds its digest)
+    display_fields = ("op", "unfused")
 
     def examples(self) -> list[LoopProblem]:
         base = LoopProblem(_example_kernel(False), (("z0", 40),), frozenset(), "exp")
@@ -190,6 +193,8 @@ class LoopKind(ProblemKind):
                 LoopProblem(_example_kernel(False), (("z0", 48),), frozenset(), "exp"),
                 LoopProblem(_example_kernel(False), (("z0", 40),), frozenset({"z0"}), "exp"),
                 LoopProblem(_example_kernel(False), (("z0", 40),), frozenset(), "exp_again"),
+                LoopProblem(_example_kernel(False), (("z0", 40),), frozenset(), "exp",
+                            '{"native": [], "outputs": [0], "static": [], "steps": []}'),
                 LoopProblem(_example_kernel(True), (("z0", 6), ("z1", 30)), frozenset(), "sum")]
 
     # -- choosing ---------------------------------------------------------------------------------

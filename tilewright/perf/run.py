@@ -106,7 +106,8 @@ def _stable(times: list[float]) -> bool:
 
 
 def time_side_by_side(runs: dict[str, list[Callable[[], object]]], device: torch.device,
-                      pair: tuple[str, str] = ("tilewright", "aten")
+                      pair: tuple[str, str] = ("tilewright", "aten"),
+                      clock: Callable[[Callable[[], object]], float] | None = None
                       ) -> tuple[dict[str, list[float]], dict[str, str]]:
     """Time implementations interleaved: each round times one run of each, the order reversed
     every other round (ABBA), so a machine that slows down or speeds up mid-run (another job,
@@ -119,10 +120,13 @@ def time_side_by_side(runs: dict[str, list[Callable[[], object]]], device: torch
     ``EXTRA_ROUNDS`` times that while the ``pair``'s ratio (:func:`paired_ratio`) has a
     standard error above ``RATIO_STDERR`` of it.
 
+    ``clock(fn) -> ms`` times one run (default: the benchmarker's, :func:`_timed_once`).
+
     Returns:
         per implementation its times (ms), index ``i`` of each from round ``i``; and per
         implementation dropped mid-way, the error it raised (its times are then discarded).
     """
+    timed = clock or (lambda fn: _timed_once(fn, device))
     live = list(runs)
     for name in live:  # warm-up: each input set at least once, as the benchmarker does
         for i in range(max(config.bench_warmup, len(runs[name]) if config.bench_warmup else 0)):
@@ -136,7 +140,7 @@ def time_side_by_side(runs: dict[str, list[Callable[[], object]]], device: torch
     for r in range(most * EXTRA_ROUNDS):
         for name in (live if r % 2 == 0 else live[::-1]):
             try:
-                ms = _timed_once(runs[name][r % len(runs[name])], device)
+                ms = timed(runs[name][r % len(runs[name])])
             except Exception as e:  # noqa: BLE001 - one implementation failing is a result
                 errors[name] = f"{type(e).__name__}: {e}"[:300]
                 continue

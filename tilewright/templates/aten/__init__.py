@@ -6,6 +6,7 @@ from tilewright.templates.aten.attention import AtenAttention
 from tilewright.templates.aten.gemm import AtenGemm
 from tilewright.templates.aten.grouped_gemm import AtenGroupedGemm
 from tilewright.templates.aten.loops import AtenPointwise, AtenReduction
+from tilewright.templates.aten.unfused import UnfusedPointwise, UnfusedReduction
 
 LANGUAGE = Language(
     name="aten",
@@ -15,4 +16,4 @@ LANGUAGE = Language(
     priority=0,
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (AtenGemm(), AtenPointwise(), AtenReduction(), AtenGroupedGemm(),
-                                         AtenAttention()))
+                                         AtenAttention(), UnfusedPointwise(), UnfusedReduction()))

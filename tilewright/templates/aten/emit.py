@@ -6,6 +6,13 @@ checks other kernels against. Without it, floats narrower than fp32 are computed
 eager's own kernels do: the ATen fallback of a fused group, which is what runs on a CPU unless
 Triton is forced.
 
+Each body is rendered for one mode (``reference`` True or False), so the compute dtype of every
+value is known when rendering: casts that change nothing (an fp32 load held in fp32, a bf16 →
+fp32 cast of a value already held in fp32) are not emitted. Values that read no memory (iotas,
+constants, masks and positions built from them, and the offsets of gathers through them) go to
+a separate list, ``static``, which the module runs once per shape and keeps
+(:mod:`tilewright.templates.aten.loops`).
+
 The iteration space is a tensor shape, outer dims then reduction dims. A load whose index is
 affine in the variables is an ``as_strided`` view of its buffer (no copy); any other load
 (floor/remainder indices, masked loads of a ``cat``) gathers through computed offsets. The
@@ -15,11 +22,21 @@ meaning of each op is its entry in :data:`tilewright.ir.ops.OPS`.
 from __future__ import annotations
 
 import sympy
+import torch
 
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import affine, code
 from tilewright.ir.kernel import LoopKernel, Store
+
+# the torch dtype values of each IR dtype are held in: kernels (narrow floats in fp32, as eager's
+# own kernels compute them) and the float64 reference
+NATIVE = {"fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float32,
+          "bf16": torch.float32, "fp8e4m3": torch.float32, "fp8e5m2": torch.float32,
+          "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8,
+          "u8": torch.uint8, "bool": torch.bool}
+REFERENCE = {**NATIVE, "fp32": torch.float64, "fp16": torch.float64, "bf16": torch.float64,
+             "fp8e4m3": torch.float64, "fp8e5m2": torch.float64}
 
 
 _INT_DIVISIONS = frozenset({"floordiv", "truncdiv", "mod", "fmod"})
@@ -34,15 +51,21 @@ class TorchExpr:
     """Renders a loop kernel's stores as Python statements on torch tensors.
 
     The statements expect, in scope: each buffer by name, ``device``, ``C`` (dtype name -> the
-    torch dtype values of that dtype are computed in), ``T`` (op name -> torch function),
-    ``reference`` (floats held in float64, rounded once where stored), and the size symbols by
-    name.
+    torch dtype values of that dtype are computed in: ``REFERENCE`` with ``reference``, else
+    ``NATIVE``), ``T`` (op name -> torch function), and the size symbols by name. Statements
+    for values that read no memory go to ``static`` (a list shared by the parts of a combo
+    kernel; the names they bind are in scope of the others).
     """
 
-    def __init__(self, kernel: LoopKernel, prefix: str = ""):
+    def __init__(self, kernel: LoopKernel, prefix: str = "", reference: bool = False,
+                 static: list[str] | None = None):
         self.prefix = prefix  # for the temporaries of one part of a combo kernel
         self.k = kernel
+        self.reference = reference
+        self.compute = REFERENCE if reference else NATIVE  # dtype name -> torch dtype held in
         self.lines: list[str] = []
+        self.static: list[str] = static if static is not None else []
+        self._static_memo: dict[Node, bool] = {}
         self.names: dict[Node, str] = {}  # by node: holding it keeps it alive, so no id is reused
         self.count = 0
         self.nx, self.nr = len(kernel.ranges), len(kernel.reduction_ranges)
@@ -55,8 +78,16 @@ class TorchExpr:
         self.count += 1
         return f"{self.prefix}t{self.count}"
 
-    def line(self, text: str) -> None:
-        self.lines.append(text)
+    def line(self, text: str, static: bool = False) -> None:
+        (self.static if static else self.lines).append(text)
+
+    def is_static(self, n: Node) -> bool:
+        """Whether ``n`` reads no memory (its value depends on the sizes only)."""
+        memo = self._static_memo
+        for m in toposort([n], stop=lambda m: m in memo):
+            if m not in memo:
+                memo[m] = m.op != "load" and m.op != "acc" and all(memo[s] for s in m.src)
+        return memo[n]
 
     # -- index expressions ------------------------------------------------------------------------
     def iota(self, pos: int) -> str:
@@ -64,7 +95,8 @@ class TorchExpr:
         name = f"{self.prefix}v{pos}"
         if pos not in self.iota_used:
             shape = ", ".join("-1" if d == pos else "1" for d in range(len(self.full)))
-            self.line(f"{name} = torch.arange({self.full[pos]}, device=device).view({shape}{',' if len(self.full) == 1 else ''})")
+            self.line(f"{name} = torch.arange({self.full[pos]}, device=device).view({shape}{',' if len(self.full) == 1 else ''})",
+                      static=True)
             self.iota_used.add(pos)
         return name
 
@@ -106,8 +138,16 @@ class TorchExpr:
     def emit(self, root: Node) -> str:
         for n in toposort([root], stop=lambda n: n in self.names):
             if n not in self.names:
+                if n.op == "cast":
+                    x = self.names[n.src[0]]
+                    code = self._cast(x, n.src[0].dtype, n.dtype)
+                    if code == x:  # a cast that changes nothing: the value keeps its name
+                        self.names[n] = x
+                        continue
+                else:
+                    code = self._code(n)
                 name = self.fresh()
-                self.line(f"{name} = {self._code(n)}")
+                self.line(f"{name} = {code}", static=self.is_static(n))
                 self.names[n] = name
         return self.names[root]
 
@@ -138,7 +178,8 @@ class TorchExpr:
 
     def _load(self, n: Node) -> str:
         name, idx, _ = n.arg
-        conv = f".to(C[{n.dtype!r}])"
+        # a buffer holds its dtype's torch type; converting is needed only to another
+        conv = "" if self.compute[n.dtype] == dtypes.TORCH[n.dtype] else f".to(C[{n.dtype!r}])"
         mask_node, indirect = load_mask(n), load_indirect(n)
         mask = self.names[mask_node] if mask_node is not None else None
         view = None if mask is not None or indirect else self.view_of(name, idx)
@@ -146,24 +187,31 @@ class TorchExpr:
             size, stride, off = view
             return f"{name}.as_strided({size}, {stride}, {off}){conv}"
         extra = {indirect_symbol(k): self.names[v] for k, v in enumerate(indirect)}
+        # offsets through iotas only (and a mask of them) depend on the sizes and strides alone
+        static = not indirect and (mask_node is None or self.is_static(mask_node))
         offs = self.fresh()
-        self.line(f"{offs} = torch.as_tensor({self.flat_offsets(name, idx, extra)}, device=device)")
+        self.line(f"{offs} = torch.as_tensor({self.flat_offsets(name, idx, extra)}, device=device)", static)
         flat = f"_flat({name})"
         if mask is None:
             return f"{flat}[{offs}]{conv}"
-        self.line(f"{offs} = torch.where({mask}, {offs}, 0)")
+        self.line(f"{offs} = torch.where({mask}, {offs}, 0)", static)
         # the skipped lanes read 0 of the load's own type: a Python 0 would promote a boolean
         # load to int64 (then no longer a condition: a masked_fill whose mask comes from a cat)
         zero = "False" if n.dtype == "bool" else "0"
         return f"torch.where({mask}, {flat}[{offs}]{conv}, {zero})"
 
     def _cast(self, x: str, src: str, dst: str) -> str:
+        """Code for the cast, or ``x`` itself when it changes nothing (the value is held in the
+        target's compute type already and no rounding is due)."""
+        held, want = self.compute[src], self.compute[dst]
         if dst == "bool":
-            return f"({x} != 0)"
+            return x if src == "bool" else f"({x} != 0)"
         if dtypes.is_float(dst) and dtypes.is_float(src) and dst != "fp64":
             # round to the target's precision, then hold in its compute type
+            if dtypes.TORCH[dst] == want:  # fp32 (native): rounding to it is holding in it
+                return x if held == want else f"{x}.to(C[{dst!r}])"
             return f"{x}.to({dtypes.TORCH[dst]}).to(C[{dst!r}])"
-        return f"{x}.to(C[{dst!r}])"
+        return x if held == want else f"{x}.to(C[{dst!r}])"
 
     def _reduce(self, kind: str, x: str) -> str:
         rd = tuple(range(self.nx, self.nx + self.nr))
@@ -236,11 +284,11 @@ class TorchExpr:
     def store(self, s: Store) -> None:
         value = self.emit(s.value)
         dtype = self.k.buffer(s.buffer).dtype
-        if dtypes.is_float(dtype) and dtype != "fp64":
+        if dtypes.is_float(dtype) and dtype != "fp64" and self.reference:
             # the reference holds floats in float64 but rounds once to the stored type, as every
             # kernel does (an fp32 result that overflows is inf, not a finite float64)
             rounded = self.fresh()
-            self.line(f"{rounded} = {value}.to({dtypes.TORCH[dtype]}) if reference else {value}")
+            self.line(f"{rounded} = {value}.to({dtypes.TORCH[dtype]})")
             value = rounded
         if s.is_scatter:
             self.scatter(s, value)
@@ -256,8 +304,7 @@ class TorchExpr:
         view = self.view_of(s.buffer, s.index)
         if view is not None:
             size, stride, off = view
-            self.line(f"_dst = {s.buffer}.as_strided({size}, {stride}, {off})")
-            self.line(f"_dst.copy_(torch.broadcast_to({value}, _dst.shape))")
+            self.line(f"{s.buffer}.as_strided({size}, {stride}, {off}).copy_({value})")  # broadcasts
             return
         offs = self.fresh()
         self.line(f"{offs} = torch.as_tensor({self.flat_offsets(s.buffer, s.index)}, device=device)")

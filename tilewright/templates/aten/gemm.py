@@ -5,6 +5,8 @@ reference the autotuner checks other candidates against.
 
 from __future__ import annotations
 
+import math
+
 from tilewright.ir import expr as E
 from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.ir.ops import OPS
@@ -20,7 +22,8 @@ def torch_epilogue(value: E.Node) -> list[str]:
     PyTorch operators: each op by its meaning in :data:`tilewright.ir.ops.OPS` (the ``T``
     table), epilogue input ``k`` as ``epilogue_inputs[k]`` (broadcast by the caller). Narrow
     floats are computed in fp32, as the generated kernels do; a float64 ``acc`` (the
-    reference) stays float64."""
+    reference) stays float64. The module must define ``_const(value, like)`` (see
+    ``templates/common/torch_const.py.jinja``)."""
     lines = ["acc = acc.float() if acc.dtype in (torch.float16, torch.bfloat16) else acc"]
     names: dict[E.Node, str] = {}
     for n in E.toposort([value]):
@@ -28,11 +31,13 @@ def torch_epilogue(value: E.Node) -> list[str]:
         if n.op == "acc":
             names[n] = "acc"
             continue
-        if n.op == "const":  # a 0-d tensor: torch functions want a tensor operand first
+        if n.op == "const":  # a 0-d tensor (torch functions want a tensor operand first), made
+            # once per dtype and device by the module's ``_const``, not per call
             text = repr(float(n.arg)) if n.arg == n.arg and abs(n.arg) != float("inf") else f"float('{n.arg}')"
-            code = f"torch.tensor({text}, dtype=acc.dtype, device=acc.device)"
-        elif n.op == "load":
-            code = f"epilogue_inputs[{int(n.arg[0][1:])}].to(acc.dtype)"
+            code = f"_const({text}, acc)"
+        elif n.op == "load":  # converted only when its dtype is not acc's (a no-op .to is a call)
+            k = int(n.arg[0][1:])
+            code = f"(e if (e := epilogue_inputs[{k}]).dtype == acc.dtype else e.to(acc.dtype))"
         elif n.op == "cast":
             code = args[0]  # epilogue values are all held in acc's dtype
         elif n.op in OPS:
@@ -44,8 +49,43 @@ def torch_epilogue(value: E.Node) -> list[str]:
     return lines + [f"acc = {names[value]}"]
 
 
+# the unary epilogue kinds as the one torch op eager calls for them (one call, not the formula's
+# five to ten: on a CPU each is a dispatch)
+_NATIVE_UNARY = {"relu": "torch.relu(acc)", "gelu": "torch.nn.functional.gelu(acc)",
+                 "gelu_tanh": "torch.nn.functional.gelu(acc, approximate='tanh')",
+                 "silu": "torch.nn.functional.silu(acc)", "sigmoid": "torch.sigmoid(acc)",
+                 "tanh": "torch.tanh(acc)"}
+_NATIVE_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+def native_epilogue(ops: list) -> list[str] | None:
+    """Statements updating ``acc`` for an op list, each op as the torch call eager makes for it
+    (None when an op has no such form). Same values as :func:`torch_epilogue` of its IR, which
+    defines each kind by the formula eager computes."""
+    lines = ["acc = acc.float() if acc.dtype in (torch.float16, torch.bfloat16) else acc"]
+    for op in ops:
+        if op.kind in _NATIVE_UNARY:
+            lines.append(f"acc = {_NATIVE_UNARY[op.kind]}")
+            continue
+        if op.kind not in _NATIVE_BINARY:
+            return None
+        if op.input is not None:
+            other = f"(e if (e := epilogue_inputs[{op.input}]).dtype == acc.dtype else e.to(acc.dtype))"
+            if op.scale != 1.0:
+                other = f"({other} * {float(op.scale)!r})"
+        else:
+            other = repr(float(op.scalar)) if math.isfinite(op.scalar) else f"float('{op.scalar}')"
+        sym = _NATIVE_BINARY[op.kind]
+        lines.append(f"acc = {other} {sym} acc" if op.reverse and op.kind in ("sub", "div")
+                     else f"acc = acc {sym} {other}")
+    return lines
+
+
 def _epilogue_lines(ops: list, problem: GemmProblem) -> list[str]:
-    return torch_epilogue(epilogue_expr(ops, problem.epilogue_inputs)) if ops else []
+    if not ops:
+        return []
+    native = native_epilogue(ops)
+    return native if native is not None else torch_epilogue(epilogue_expr(ops, problem.epilogue_inputs))
 
 
 class AtenGemm(TemplateSpec):

@@ -1,0 +1,47 @@
+"""The ``cpu`` bench suite runs (its small ``cpu-ci`` variant) and the gate compares its ratios
+against the committed baseline, as CI does: eager and tilewright timed side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tilewright.cli.main import main
+from tilewright.perf.compare import compare, load_results
+from tilewright.perf.cpu_suite import MODEL_SUITES
+
+BASELINES = Path(__file__).resolve().parents[1] / "bench" / "baselines"
+
+
+@pytest.mark.slow
+def test_cpu_ci_suite_runs_and_passes_the_gate_on_ratios(tmp_path):
+    out = tmp_path / "cpu-ci.json"
+    assert main(["bench", "run", "--suite", "cpu-ci", "--out", str(out)]) == 0
+    doc = load_results(out)
+    assert doc["complete"] and doc["settings"]["reference"] == "eager"
+    names = [c.name for c in MODEL_SUITES["cpu-ci"][0]]
+    assert [r["id"] for r in doc["results"]] == names
+    for r in doc["results"]:
+        assert "error" not in r, r
+        tw, eager = r["impls"]["tilewright"], r["impls"]["aten"]
+        assert tw["rel_err"] < 1e-4, r["id"]  # the compiled result is eager's
+        assert tw["ms"] > 0 and eager["ms"] > 0 and r["paired_vs_aten"]["pairs"] >= 20
+        assert tw["dispatches"] > 0 and tw["first_call_s"] > 0
+    # the gate: ratios only (tilewright over eager, each run's own pairs); a shared 2-core CI
+    # host gets a wider floor than a quiet machine would need
+    base = load_results(BASELINES, suite="cpu-ci", arch="cpu")
+    cmp = compare(base, doc, max_regression=0.25)
+    assert cmp.metric == "ratio" and all(r.metric.startswith("ratio") for r in cmp.rows)
+    assert cmp.passed, [(r.id, r.verdict, r.change) for r in cmp.rows]
+    assert main(["bench", "compare", str(BASELINES), str(out), "--max-regression", "25%"]) == 0
+
+
+def test_cpu_baselines_are_model_suite_results():
+    for suite in MODEL_SUITES:
+        path = BASELINES / "cpu" / f"{suite}.json"
+        doc = json.loads(path.read_text())
+        assert doc["suite"] == suite and doc["env"]["arch"] == "cpu"
+        assert {c.name for c in MODEL_SUITES[suite][0]} == {r["id"] for r in doc["results"]}
+        assert all("paired_vs_aten" in r for r in doc["results"]), suite
