@@ -37,6 +37,7 @@ def force_backends() -> tuple[str, ...]:
 CPU_TARGETS = ("cpu", "xpu")
 PDL_MODES = ("off", "on", "auto")
 ISOLATE_MODES = ("auto", "on", "off")
+GRAPH_RACE_MODES = ("auto", "off")
 
 
 def _setting(default: Any, env: str, doc: str,
@@ -162,6 +163,16 @@ class Config:
         "Programmatic dependent launch for kernels that support it: 'off', 'on' (always), or "
         "'auto' (both variants are candidates and the autotuner measures which is faster: PDL "
         "can speed isolated decode GEMMs and slow a batch).", PDL_MODES)
+    graph_race: str = _setting(
+        "auto", "TILEWRIGHT_GRAPH_RACE",
+        "The graph race (compiler/race.py): 'auto' times each compiled CPU graph against the "
+        "same graph run on ATen over its first calls and keeps the faster for good (what the "
+        "tuner's per-kernel timing cannot see: the wrapper, caches warmed by neighbours); "
+        "'off' always runs the compiled graph. GPU graphs are not raced.", GRAPH_RACE_MODES)
+    graph_race_rounds: int = _setting(
+        5, "TILEWRIGHT_GRAPH_RACE_ROUNDS",
+        "Timed calls of each side of the graph race (after one untimed call of each); the "
+        "faster median wins.")
     strict: bool = _setting(
         False, "TILEWRIGHT_STRICT",
         "Raise compiler errors instead of falling back to running the graph in ATen "

@@ -36,6 +36,7 @@ from tilewright.compiler.fuse import fuse_epilogues
 from tilewright.compiler.graph import KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.programs import attach_programs
+from tilewright.compiler.race import raced
 from tilewright.compiler.report import GemmReport, GraphReport, publish
 from tilewright.compiler.pdl import apply_pdl, pdl_kernels, with_pdl
 from tilewright.compiler.schedule import schedule
@@ -195,7 +196,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
         codegen = WrapperCodegen(kg, gm, describe)
         source = codegen.generate()
         debug = _dump_or_warn(report, gm, kg, calls, rendered, source) if config.debug_dir else None
-        fn = traced(load_wrapper(source, calls, codegen.consts, filename=debug), report.graph_id)
+        fn = traced(raced(load_wrapper(source, calls, codegen.consts, filename=debug), gm, example_inputs, report),
+                    report.graph_id)
     report.gemm_nodes = len(kg.gemms)
     report.extern_nodes = len(kg.nodes) - len(kernels)
     for n, kind in kernels:  # each kind reports its own kernels

@@ -117,6 +117,8 @@ class GraphReport:
     # top-level ATen calls one call of the graph makes at run time, counted by the profiler
     # (compiler/dispatches.py: ``counting``); None until counted
     aten_dispatches: int | None = None
+    # the graph race's outcome once decided (compiler/race.py): each side's median ms, the winner
+    race: dict[str, Any] | None = None
 
     @property
     def launches(self) -> int:

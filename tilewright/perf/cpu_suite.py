@@ -15,6 +15,8 @@ Per case, in one process:
   default, as the GEMM suites: a thread pool on a busy host times the scheduler), by the CPU
   time of the thread with one thread (:func:`thread_ms`), else wall time. Whatever kernel
   the tuner picked is what runs: new CPU templates show up here with no change to the suite.
+* **the graph race** (:mod:`tilewright.compiler.race`): tilewright's model is called until each
+  graph's race is decided before timing, and the row lists each graph's outcome (``race``).
 * **ATen calls per call**, eager's and tilewright's, profiler-counted
   (:mod:`tilewright.compiler.dispatches`), and the relative error of tilewright's result against
   eager's.
@@ -259,6 +261,8 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path) -> 
             tw_model, tw_step, tw_first = _first_call(setup, "tilewright", contextlib.nullcontext)
             runs = {"aten": [lambda: setup.step(eager_model)], "tilewright": [tw_step]}
             row["impls"]["tilewright"] = {"first_call_s": tw_first, "rel_err": _rel_err(tw_step(), ref)}
+            for _ in range(3 + 2 * config.graph_race_rounds):  # steady state: the graph race decided
+                tw_step()
             row["impls"]["aten"] = {"rel_err": 0.0}
             if inductor:
                 _, ind_step, ind_first = _first_call(setup, "inductor", _inductor_cold)
@@ -278,6 +282,7 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path) -> 
     row["impls"]["tilewright"]["dispatches"] = ours.total
     row["impls"]["aten"]["dispatches"] = theirs.total
     row["choice"] = _choices(reports)
+    row["race"] = [{"graph": f"{r.kind} {r.graph_id}", **r.race} for r in reports if r.race]
     row["graphs"] = len(reports)
     if "tilewright" in times and "aten" in times:
         row["paired_vs_aten"] = paired_ratio(times["tilewright"], times["aten"])

@@ -1,0 +1,139 @@
+"""The graph race (compiler/race.py): a compiled CPU graph timed against its ATen graph on the
+first calls, the faster kept. Unit tests drive ``raced`` with stand-in sides of known speed;
+one test goes through ``torch.compile`` and checks every call's answer against float64."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import tilewright
+from tilewright.compiler import race
+from tilewright.compiler.report import collect_reports
+
+
+class Sides:
+    """A boxed 'compiled' function and an FX graph whose forward is the 'ATen' side; each
+    sleeps its own time and records which ran."""
+
+    def __init__(self, compiled_s: float, aten_s: float):
+        self.ran: list[str] = []
+        self.compiled_s, self.aten_s = compiled_s, aten_s
+        sides = self
+
+        class G(nn.Module):
+            def forward(self, *args):
+                sides.ran.append("aten")
+                time.sleep(sides.aten_s)
+                return ("aten",)
+
+        self.gm = G()
+
+    def compiled(self, args):
+        self.ran.append("compiled")
+        time.sleep(self.compiled_s)
+        return ("compiled",)
+
+
+def race_of(sides: Sides, rounds: int = 3, example=(torch.ones(2),)):
+    report = SimpleNamespace(graph_id=0, race=None)
+    with tilewright.config.patch(graph_race="auto", graph_race_rounds=rounds):
+        fn = race.raced(sides.compiled, sides.gm, list(example), report)
+    return fn, report
+
+
+@pytest.mark.parametrize("compiled_s, aten_s, winner", [(0.004, 0.0, "aten"), (0.0, 0.004, "compiled")])
+def test_the_faster_side_wins_and_runs_from_then_on(compiled_s, aten_s, winner):
+    sides = Sides(compiled_s, aten_s)
+    fn, report = race_of(sides)
+    for _ in range(3 + 2 * 3):  # the untimed calls and three timed rounds of each
+        fn([torch.ones(2)])
+    assert report.race is not None and report.race["winner"] == winner, report.race
+    assert report.race["rounds"] == 3
+    slow, fast = sorted((report.race["compiled_ms"], report.race["aten_ms"]), reverse=True)
+    assert slow > fast
+    sides.ran.clear()
+    outs = [fn([torch.ones(2)]) for _ in range(5)]
+    assert sides.ran == [winner] * 5 and outs == [(winner,)] * 5
+
+
+def test_each_call_runs_one_side_and_the_first_two_run_compiled():
+    sides = Sides(0.0, 0.0)
+    fn, _ = race_of(sides)
+    for _ in range(8):
+        fn([torch.ones(2)])
+    assert len(sides.ran) == 8
+    assert sides.ran[:4] == ["compiled", "compiled", "aten", "aten"]
+
+
+def test_ties_go_to_the_compiled_graph():
+    sides = Sides(0.002, 0.002)
+    fn, report = race_of(sides)
+    for _ in range(9):
+        fn([torch.ones(2)])
+    assert report.race["winner"] == "compiled", report.race
+
+
+def test_sizes_that_keep_changing_leave_the_compiled_graph():
+    sides = Sides(0.0, 0.0)
+    fn, report = race_of(sides)
+    for n in range(race._GIVE_UP_CALLS + 2):
+        fn([torch.ones(n + 1)])
+    assert report.race["winner"] == "compiled" and "kept changing" in report.race["why"]
+    # only the untimed ATen call and calls at the first timed call's size ran ATen
+    assert sides.ran.count("aten") <= 2
+
+
+def test_no_race_when_off_or_off_the_cpu():
+    sides = Sides(0.0, 0.0)
+    with tilewright.config.patch(graph_race="off"):
+        assert race.raced(sides.compiled, sides.gm, [torch.ones(2)], SimpleNamespace()) == sides.compiled
+    meta = torch.ones(2, device="meta")
+    assert race.raced(sides.compiled, sides.gm, [meta], SimpleNamespace()) == sides.compiled
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(24, 40)
+        self.norm = nn.LayerNorm(40)
+
+    def forward(self, x):
+        return torch.softmax(self.norm(nn.functional.gelu(self.proj(x))), -1)
+
+
+def test_a_compiled_model_answers_right_on_every_call_of_the_race(monkeypatch):
+    # the compiled side is made slow (its wrapper sleeps), so ATen wins and takes over; every
+    # call, whichever side ran it, matches float64
+    from tilewright.compiler import pipeline
+
+    load = pipeline.load_wrapper
+
+    def slow_load(*args, **kwargs):
+        fn = load(*args, **kwargs)
+
+        def slow(a):
+            time.sleep(0.01)
+            return fn(a)
+        slow._boxed_call = True
+        return slow
+    monkeypatch.setattr(pipeline, "load_wrapper", slow_load)
+    torch.manual_seed(0)
+    model = Block()
+    ref = Block().double()
+    ref.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tilewright")
+    with torch.no_grad(), collect_reports() as reports, tilewright.config.patch(
+            graph_race="auto", graph_race_rounds=2, force_backend="aten"):
+        for _ in range(9):
+            x = torch.randn(6, 24)
+            out = compiled(x)
+            err = ((out.double() - ref(x.double())).norm() / ref(x.double()).norm()).item()
+            assert err < 1e-5
+    (report,) = reports
+    assert report.race is not None and report.race["winner"] == "aten", report.race
