@@ -137,3 +137,19 @@ def test_a_compiled_model_answers_right_on_every_call_of_the_race(monkeypatch):
             assert err < 1e-5
     (report,) = reports
     assert report.race is not None and report.race["winner"] == "aten", report.race
+
+
+def test_a_call_counted_by_the_dispatch_counter_runs_compiled_and_is_no_round():
+    # the demo and the cpu bench count a steady-state call's ATen calls on the third call: that
+    # is a count of the compiled graph, so it must not run the race's ATen side
+    from tilewright.compiler.dispatches import counting
+
+    sides = Sides(0.0, 0.0)
+    fn, report = race_of(sides)
+    fn([torch.ones(2)])
+    fn([torch.ones(2)])
+    with counting():
+        fn([torch.ones(2)])
+    assert sides.ran == ["compiled"] * 3 and report.race is None
+    fn([torch.ones(2)])
+    assert sides.ran[-1] == "aten"  # the race goes on where it was

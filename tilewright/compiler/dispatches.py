@@ -25,6 +25,11 @@ _state = threading.local()
 _LABEL = "tilewright::graph_"
 
 
+def active() -> bool:
+    """Whether :func:`counting` is on in this thread."""
+    return _active()
+
+
 def _active() -> bool:
     return getattr(_state, "on", False)
 

@@ -12,7 +12,9 @@ result, so the race costs no extra work and changes no random stream; both sides
 graph, so a call's answer is the graph's answer whichever runs it. The first two calls both
 run the compiled graph.
 
-Only calls with the input shapes of the first timed call count (a dynamic graph's sizes differ
+A call made while :func:`tilewright.compiler.dispatches.counting` counts ATen calls runs the
+compiled graph and is no round of the race (the count is of the compiled graph's calls). Only
+calls with the input shapes of the first timed call count (a dynamic graph's sizes differ
 between calls); a graph whose sizes never repeat keeps running compiled. The outcome goes into
 the graph's report (``GraphReport.race``: each side's median ms and the winner), which
 ``tilewright explain`` and the demo print.
@@ -30,6 +32,7 @@ import torch
 from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright._config import config
+from tilewright.compiler.dispatches import active as counting_dispatches
 
 log = logging.getLogger("tilewright.compiler")
 
@@ -78,6 +81,8 @@ def raced(compiled: Callable[[list], Any], gm: torch.fx.GraphModule, example_inp
         winner = state["winner"]
         if winner is not None:
             return sides[winner](args)
+        if counting_dispatches():
+            return compiled(args)  # a count of the compiled graph's calls, not a round of the race
         with lock:
             n = state["calls"]
             state["calls"] = n + 1
