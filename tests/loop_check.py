@@ -198,3 +198,18 @@ def nonzero_ints(*shape: int, dtype: torch.dtype = torch.int64, seed: int = 0) -
 
 
 SHAPE = (7, 13)  # odd on both sides: every block has a ragged edge
+
+
+def strided_refusal(kernel_report) -> str | None:
+    """Why a language whose lanes walk a row with a stride (C++, SYCL, Metal, FlyDSL) runs a
+    reported kernel elsewhere by design: an attention kernel (no template of theirs), or a loop
+    kernel with a scan or a scatter (``templates/loop_schedule.strided_scan_refusal``); None for
+    a kernel those languages must run."""
+    from tilewright.kinds import problem_from_json
+    from tilewright.problem import LoopProblem
+    from tilewright.templates.loop_schedule import strided_scan_refusal
+
+    if kernel_report.kind == "attention":
+        return "attention has no template in this language (docs/attention.md)"
+    problem = problem_from_json(kernel_report.problem_json)
+    return strided_scan_refusal(problem.kernel) if isinstance(problem, LoopProblem) else None

@@ -18,6 +18,7 @@ from tilewright.compiler.capture import CapturedKernel, ModelSpec
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 from tilewright.runtime.aot import CompileJob, compile_jobs
+from tilewright.runtime.languages import get_language
 from tilewright.runtime.targets import TARGETS, get_target, triton_can_target
 from tilewright.runtime.verify import InstructionCheck, verify
 from tilewright.templates import all_templates, get_template
@@ -104,7 +105,9 @@ def test_refusals_come_before_compiling_with_a_reason():
     fly_why = reasons.pop("flydsl.gemm", None)  # planned where the FlyDSL toolchain is (test_flydsl_gemm.py)
     assert "mxfp4" in reasons.pop("flydsl.mx_gemm", "mxfp4")  # MX formats only, not bf16
     assert all("NVFP4" in why or "nvfp4" in why.lower() for why in reasons.values()), reasons
-    assert {k.template.id for k in kernels} == {"triton.gemm", "triton.gemm_tma"} | (set() if fly_why else {"flydsl.gemm"})
+    helion = {"helion.gemm"} if get_language("helion").check() is None else set()
+    assert {k.template.id for k in kernels} == {"triton.gemm", "triton.gemm_tma"} | helion | (
+        set() if fly_why else {"flydsl.gemm"})
     assert all(k.job is not None for k in kernels)
 
 

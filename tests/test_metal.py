@@ -20,6 +20,7 @@ import pytest
 import sympy
 import torch
 
+from tilewright.templates.loop_schedule import strided_scan_refusal
 from tilewright.compiler.capture import ModelSpec, capture_kernels, load_model
 from tilewright.errors import EnvironmentMismatchError, UnsupportedProblemError
 from tilewright.ir import expr as E
@@ -201,7 +202,8 @@ def demo_problems() -> dict[str, list[LoopProblem]]:
 
 @pytest.mark.parametrize("model", ["llama_bf16_inference", "llama_fp32_training", "minilm_inference"])
 def test_every_shader_of_the_demo_models_passes_the_metal_check(demo_problems, model):
-    problems = [p for p in demo_problems[model] if isinstance(p, LoopProblem)]
+    # scans and scatters (the embedding's backward) Metal refuses by design, naming why
+    problems = [p for p in demo_problems[model] if isinstance(p, LoopProblem) and not strided_scan_refusal(p.kernel)]
     assert problems and {p.kind for p in problems} == {"pointwise", "reduction"} or model == "minilm_inference"
     checked = 0
     for p in problems:

@@ -108,7 +108,8 @@ def test_targets_by_what_the_chip_runs_sm_103_does_not_get_sm_100a_cubins(fake_g
                 "generates for sm_90a" in t.problem_support(BF16, b300).reason
     # what `tilewright aot` plans for it is compiled for capability 103, under its own names
     kernels, _ = aot.plan([CapturedKernel(BF16, ["inference.gemm_0"])], [b300])
-    assert kernels and {k.template.backend for k in kernels} == {"triton"}
+    # Triton's own templates and Helion's (rendered to Triton), both built by Triton for 103
+    assert kernels and "triton" in {k.template.backend for k in kernels} <= {"triton", "helion"}
     assert {k.job.target for k in kernels} == {("cuda", 103, 32)}
     assert all(k.name.startswith("sm_103a/") for k in kernels)
     b200_jobs, _ = aot.plan([CapturedKernel(BF16, ["inference.gemm_0"])], [b200])
@@ -149,7 +150,8 @@ def test_targets_by_what_the_chip_runs_ampere_ada_thor_get_triton_candidates(fak
         cands = policy_for(kind, target).candidates(cap.problem, target)
         generated = [c for c in cands if not c.template_id.startswith("aten.")]
         assert generated, f"{kind} on {target.name}: ATen only"
-        assert all(c.template_id.startswith("triton.") for c in generated)
+        assert all(c.template_id.startswith(("triton.", "helion.")) for c in generated)  # Helion: Triton too
+        assert any(c.template_id.startswith("triton.") for c in generated)
     if cc[0] == 8:  # no TMA on Ampere/Ada: the descriptor GEMM refuses, the plain one runs
         assert "no TMA" in get_template("triton.gemm_tma").supports(BF16, target).reason
 

@@ -197,7 +197,12 @@ def unfused_program(f: FusedNode, by_name: dict[str, fx.Node], order: dict[str, 
         name = _op_name(node.target)
         if node.name not in members and not (_transparent(node) or node.target in _PASS_THROUGH):
             if any(_tensors(a.meta.get("val")) for a in node.all_input_nodes):
-                raise NoProgram(f"{node.name} ({node.target}) is computed outside the kernel")
+                # a load-free value the kernel recomputes where it reads it (an iota and what is
+                # computed from it alone): a step of the program like the kernel's own
+                if not (all([walk(a) for a in node.all_input_nodes]) and _deterministic(node.target)):
+                    raise NoProgram(f"{node.name} ({node.target}) is computed outside the kernel")
+                steps[node.name] = _Step(order[node.name], name, list(node.args), dict(node.kwargs), True)
+                return True
         reads = [walk(a) for a in node.all_input_nodes]
         steps[node.name] = _Step(order[node.name], name, list(node.args), dict(node.kwargs),
                                  all(reads) and _deterministic(node.target))

@@ -289,7 +289,7 @@ class LoopKind(ProblemKind):
         p = node.problem
         return KernelReport(node=node.name, kind=p.kind, op=p.op, members=len(node.members),
                             winner=sel.winner.name, reason=sel.reason, bytes=p.min_bytes,
-                            tune_seconds=sel.seconds)
+                            tune_seconds=sel.seconds, problem=p.describe(), problem_json=p.to_json())
 
     def aot_label(self, problem: LoopProblem) -> str:
         # the op label is free text, so the hash names it

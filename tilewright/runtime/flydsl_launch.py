@@ -169,14 +169,18 @@ def run(entry: Any, args: tuple | list, device: torch.device) -> None:
     if _stand_in is not None:
         _stand_in(entry, call)
         return
-    import flydsl.compiler as flyc
-
     if compile_only():
+        import flydsl.compiler as flyc
+
         flyc.compile(entry, *call)
         return
+    # refused before FlyDSL is imported: its MLIR bindings abort the process when another MLIR
+    # (CuTeDSL's) is already loaded in it, and a refusal must cost nothing
     why = device_problem(device)
     if why:
         raise EnvironmentMismatchError(why)
+    import flydsl.compiler as flyc
+
     key = (id(entry), device.index, specialisation(call))
     fn = _compiled.get(key)
     if fn is None:

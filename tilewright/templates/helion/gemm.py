@@ -146,8 +146,13 @@ class HelionGemm(HelionTemplate):
             return []
         lo = [b.min_size for b in spec.block_sizes]
         hi = [b.max_size for b in spec.block_sizes]
+        # no wider than the problem (a decode GEMM's M=1 gets 16 rows, not Helion's default 64)
+        hi[0] = max(lo[0], min(hi[0], max(16, 1 << (problem.M - 1).bit_length())))
+        hi[1] = max(lo[1], min(hi[1], max(16, 1 << (problem.N - 1).bit_length())))
         clamp = lambda i, v: max(lo[i], min(hi[i], v))  # noqa: E731
-        seeds = [self.params_of(spec.default_config())]
+        default = self.params_of(spec.default_config())
+        default |= {"BLOCK_M": clamp(0, default["BLOCK_M"]), "BLOCK_N": clamp(1, default["BLOCK_N"])}
+        seeds = [default]
         tiles = ((64, 64, 64, 4, 1),) if target.interpreted else GPU_TILES
         for bm, bn, bk, warps, stages in tiles:
             bm, bn, bk = clamp(0, bm), clamp(1, bn), clamp(2, bk)
