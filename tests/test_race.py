@@ -136,7 +136,33 @@ def test_a_compiled_model_answers_right_on_every_call_of_the_race(monkeypatch):
             err = ((out.double() - ref(x.double())).norm() / ref(x.double()).norm()).item()
             assert err < 1e-5
     (report,) = reports
+    # an inference graph races the model's own ops, as eager runs them
     assert report.race is not None and report.race["winner"] == "aten", report.race
+    assert report.race["aten_side"] == "eager ops"
+
+
+def test_training_graphs_race_their_decomposed_graphs_and_gradients_stay_right(monkeypatch):
+    # forward and backward race one by one (each against aot_autograd's graph run on ATen);
+    # whichever side runs a step, the loss and the gradients match float64
+    torch.manual_seed(0)
+    model = Block()
+    ref = Block().double()
+    ref.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tilewright")
+    with collect_reports() as reports, tilewright.config.patch(graph_race="auto", graph_race_rounds=2,
+                                                               force_backend="aten"):
+        for _ in range(9):
+            x = torch.randn(6, 24)
+            model.zero_grad()
+            ref.zero_grad()
+            compiled(x).square().sum().backward()
+            ref(x.double()).square().sum().backward()
+            for p, q in zip(model.parameters(), ref.parameters()):
+                assert ((p.grad.double() - q.grad).norm() / q.grad.norm()).item() < 1e-5
+    assert [r.kind for r in reports] == ["forward", "backward"]
+    for r in reports:
+        assert r.race is not None and r.race["aten_side"] == "the decomposed graph", r.race
 
 
 def test_a_call_counted_by_the_dispatch_counter_runs_compiled_and_is_no_round():

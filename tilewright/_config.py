@@ -165,14 +165,16 @@ class Config:
         "can speed isolated decode GEMMs and slow a batch).", PDL_MODES)
     graph_race: str = _setting(
         "auto", "TILEWRIGHT_GRAPH_RACE",
-        "The graph race (compiler/race.py): 'auto' times each compiled CPU graph against the "
-        "same graph run on ATen over its first calls and keeps the faster for good (what the "
-        "tuner's per-kernel timing cannot see: the wrapper, caches warmed by neighbours); "
-        "'off' always runs the compiled graph. GPU graphs are not raced.", GRAPH_RACE_MODES)
+        "The graph race (compiler/race.py): 'auto' times each compiled CPU graph against ATen "
+        "over its first calls (an inference graph against the model's own ops as eager runs "
+        "them, a training graph against its graph run op by op) and keeps the faster for good "
+        "(what the tuner's per-kernel timing cannot see: the wrapper, caches warmed by "
+        "neighbours); 'off' always runs the compiled graph. GPU graphs are not raced.",
+        GRAPH_RACE_MODES)
     graph_race_rounds: int = _setting(
         5, "TILEWRIGHT_GRAPH_RACE_ROUNDS",
-        "Timed calls of each side of the graph race (after one untimed call of each); the "
-        "faster median wins.")
+        "Timed calls of each side of the graph race (after one untimed call of each); the side "
+        "with the faster fastest call wins.")
     strict: bool = _setting(
         False, "TILEWRIGHT_STRICT",
         "Raise compiler errors instead of falling back to running the graph in ATen "

@@ -30,7 +30,8 @@ from torch._functorch.aot_autograd import make_boxed_func
 from tilewright._config import config
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.pipeline import compile_graph
-from tilewright.compiler.report import GraphReport, publish
+from tilewright.compiler.race import race_rounds, raced_with_eager
+from tilewright.compiler.report import GraphReport, collect_reports, publish
 from tilewright.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger("tilewright.compiler")
@@ -175,6 +176,13 @@ def partition_options() -> dict[str, Any]:
     return extra
 
 
+def _inference(example_inputs: list[Any]) -> bool:
+    """Whether Dynamo's graph runs without autograd (Dynamo guards on the grad mode, so the
+    mode at compile time is the mode of every call of this graph)."""
+    return not torch.is_grad_enabled() or not any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
 def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
     """Dynamo backend entry point (``backend="tilewright"``).
 
@@ -186,6 +194,11 @@ def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw
         config.raise_env_error()
         extra = partition_options()
         settings = config.as_dict()  # the backward, compiled later, chooses under these too
+        # an inference graph races the model's own ops (compiler/race.py), which covers the
+        # race of aot_autograd's graph inside it
+        eager_race = _inference(example_inputs) and race_rounds(example_inputs) > 0
+        if eager_race:
+            settings["graph_race"] = "off"
         backend = aot_autograd(
             fw_compiler=functools.partial(_compile_or_fallback, kind="forward", settings=settings),
             bw_compiler=functools.partial(_compile_or_fallback, kind="backward", settings=settings),
@@ -194,6 +207,10 @@ def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw
             decompositions=decomposition_table(),
             **extra,
         )
-        return backend(gm, example_inputs, **kwargs)
+        if not eager_race:
+            return backend(gm, example_inputs, **kwargs)
+        with collect_reports() as reports:
+            compiled = backend(gm, example_inputs, **kwargs)
+        return raced_with_eager(compiled, gm, example_inputs, reports)
     except USER_ERRORS as e:
         raise shorten(e) from None

@@ -154,4 +154,5 @@ def collect_reports() -> Iterator[list[GraphReport]]:
         yield sink
     finally:
         with _lock:
-            _sinks.remove(sink)
+            # by identity: nested blocks' lists hold the same reports and compare equal
+            _sinks[:] = [other for other in _sinks if other is not sink]
