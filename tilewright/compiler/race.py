@@ -1,23 +1,25 @@
-"""The graph race: a compiled CPU graph against the same graph on ATen, measured on real calls.
+"""The graph race: a compiled CPU graph against ATen, measured on the graph's first real calls.
 
 The tuner chooses each kernel by timing it alone, which leaves out what only the whole graph
 shows: the wrapper's Python between kernels, caches warmed or evicted by the neighbours, a fused
 kernel whose unfused ATen ops were cheaper in place. On the CPU, where nothing is asynchronous
-and the wall time of a call is the graph's time, that is measured directly instead: the graph's
-first calls alternate between the compiled graph and the FX graph it was compiled from (run op
-by op on ATen, what the run-time fallback runs too), and after ``config.graph_race_rounds``
-timed calls of each (one untimed call of each first: lazy loads, first-touch allocations) the
-side with the faster fastest call runs from then on (a busy host only adds time to a call). Every call runs exactly one side and returns its
-result, so the race costs no extra work and changes no random stream; both sides are the same
-graph, so a call's answer is the graph's answer whichever runs it. The first two calls both
-run the compiled graph.
+and the wall time of a call is the graph's time, that is measured directly instead. The ATen
+side is, for an inference graph, Dynamo's graph as eager runs it (the model's own ops: no
+decompositions, no aot_autograd wrappers; :func:`raced_with_eager`) and, for a training graph's
+forward and backward, the graph aot_autograd handed the pipeline run op by op (what the
+run-time fallback runs; :func:`raced`). The first two calls run compiled, then one untimed ATen
+call (lazy loads, first-touch allocations), then the sides alternate for
+``config.graph_race_rounds`` timed calls each, and the side whose fastest call was faster runs
+from then on (a busy host only adds time to a call). Every call runs exactly one side and
+returns its result, so the race costs no extra work and changes no random stream; both sides
+compute the same graph, so a call's answer is the graph's answer whichever runs it.
 
 A call made while :func:`tilewright.compiler.dispatches.counting` counts ATen calls runs the
 compiled graph and is no round of the race (the count is of the compiled graph's calls). Only
 calls with the input shapes of the first timed call count (a dynamic graph's sizes differ
 between calls); a graph whose sizes never repeat keeps running compiled. The outcome goes into
-the graph's report (``GraphReport.race``: each side's fastest call in ms and the winner), which
-``tilewright explain`` and the demo print.
+the graph's report (``GraphReport.race``: each side's fastest call in ms, which ATen side, the
+winner), which the ``cpu`` bench rows list.
 """
 
 from __future__ import annotations
