@@ -6,8 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+
+from tilewright.demo.run import interpreter_only_refusal
 
 
 @pytest.mark.slow
@@ -30,7 +33,10 @@ def test_demo_matches_eager_on_real_models(tmp_path):
         assert kernels, "no generated loop kernel"
         if r["mode"] == "triton":
             assert all(g["winner"].startswith("triton.") for g in gemms)
-            assert all(k["winner"].startswith("triton.") for k in kernels)
+            # but the scatters the Triton interpreter cannot run (bf16 atomics): a GPU's Triton
+            # runs them, this host runs their torch form (the demo notes them)
+            left = [k for k in kernels if not k["winner"].startswith("triton.")]
+            assert all(interpreter_only_refusal(SimpleNamespace(**k)) for k in left), left
     # launches per call at most Inductor's for the same model, compiled in the same run
     for case in ("minilm", "llama-train", "llama-bf16"):
         auto = next(r for r in results if r["case"] == case and r["mode"] == "auto")
