@@ -110,9 +110,8 @@ class CuteBlockScaledSm100(CuteDslGemm):
         return 2 if 2 * params["BLOCK_N"] + sf_columns <= TMEM_COLUMNS else 1
 
     def seed_tiles(self, problem: GemmProblem, target: Target | None = None) -> list[dict[str, Any]]:
-        """The 1- and 2-CTA tiles; for decode shapes (M <= 128 on sm_100a) first the bounded
-        swap-AB / split-K list of :func:`tilewright.autotune.decode.blockscaled_variants`,
-        mapped onto this template's tiles (a few per orientation)."""
+        """The 1- and 2-CTA tiles; with a ``target``, for decode shapes (M <= 128 on sm_100a)
+        first the bounded swap-AB / split-K list of :func:`decode_tiles`."""
         bk = int(128 / value_bytes(problem.dtype))
         shapes = [(256, 2), (128, 2), (256, 1), (128, 1)]
         if problem.M <= 128:
@@ -172,10 +171,11 @@ class CuteBlockScaledSm100(CuteDslGemm):
 
 def sfb_atom(tile_n: int, block_n: int) -> tuple[int, int]:
     """Where output-column tile ``tile_n`` of width ``block_n`` finds its B scale factors:
-    (index of the 128-row scale atom TMA loads, TMEM words into it the MMA starts at). The
-    scale layout holds 32 rows per TMEM word (4 words per 128-row atom), so a 64-column tile
-    starts 0 or 2 words in and a 32-column one 0..3; 128/256-column tiles own whole atoms.
-    The kernel computes the same two numbers (blockscaled_sm100.py.jinja)."""
+    (index of the SFB tile TMA loads, of max(block_n, 128) rows; TMEM words into it the MMA
+    starts at). The scale layout holds 32 rows per TMEM word (4 words per 128-row atom), so a
+    64-column tile starts 0 or 2 words into its atom and a 32-column one 0..3; 128/256-column
+    tiles own whole atoms. The kernel computes the same two numbers (blockscaled_sm100.py.jinja:
+    SFB_TILES_PER_ATOM, SFB_WORDS)."""
     if block_n >= 128:
         return tile_n, 0
     per_atom = 128 // block_n
