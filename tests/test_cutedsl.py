@@ -111,8 +111,8 @@ def test_refusals_name_the_reason(monkeypatch):
     assert "128 bytes" in GEMM100.check({**params, "BLOCK_K": 128}, BF16, SM100)
     assert "consumer warp groups" in GEMM90.check({**params_for(GEMM90, BF16, SM90), "BLOCK_M": 64,
                                                    "num_warps": 12}, BF16, SM90)
-    assert "BLOCK_N=64 is not one of" in BLOCKSCALED.check(
-        {**params_for(BLOCKSCALED, nvfp4_problem(), SM100), "BLOCK_N": 64}, nvfp4_problem(), SM100)
+    assert "BLOCK_N=16 is not one of" in BLOCKSCALED.check(
+        {**params_for(BLOCKSCALED, nvfp4_problem(), SM100), "BLOCK_N": 16}, nvfp4_problem(), SM100)
 
 
 def test_pdl_setting_picks_the_variants(monkeypatch):

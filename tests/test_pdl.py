@@ -21,6 +21,7 @@ from tilewright.compiler.capture import ModelSpec, aten_graphs
 from tilewright.compiler.lower import lower
 from tilewright.compiler.pipeline import fuse
 from tilewright.problem import GemmProblem
+from tilewright.runtime import cutedsl as runtime_cutedsl
 from tilewright.runtime import pdl as runtime_pdl
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template
@@ -206,7 +207,9 @@ def test_aot_nvfp4_decode_chains_block_scaled_producers_into_triton_consumers(tm
     swapped = [k for k in kernels if k["problem"].get("dtype") == "nvfp4" and k["params"].get("SWAP_AB")
                and k["problem"]["M"] <= 16]
     assert {k["template"] for k in swapped} >= {"triton.gemm_nvfp4", "triton.gemm_nvfp4_mma"}
-    mma = [k for k in swapped if k["template"] == "triton.gemm_nvfp4_mma"]
+    if runtime_cutedsl.available():  # the CuTeDSL block-scaled template swaps too
+        assert "cutedsl.blockscaled_sm100" in {k["template"] for k in swapped}
+    mma = [k for k in swapped if k["template"] in ("triton.gemm_nvfp4_mma", "cutedsl.blockscaled_sm100")]
     assert all(re.search(r"tcgen05\.mma\S*kind::mxf4nvf4\.block_scale", ptx(k)) for k in mma)
     assert manifest["summary"]["spilling"] == 0
 
