@@ -192,14 +192,17 @@ def decode_tiles(problem: GemmProblem, target: Target, knobs: set[str]) -> list[
     """The bounded decode list on this template's tiles (the policy of ``autotune/decode.py``:
     swap-AB when N >= 4 M, split-K to about one wave of SMs when the grid is short and K long):
     per orientation two tile widths, each alone and with its split-K. Swapped, the tokens take
-    a 32-256-column tile (M rounded up, and twice that); plain, the weight's N takes 128 or 64
+    a 64-256-column tile (M rounded up, and twice that); plain, the weight's N takes 128 or 64
     columns. BLOCK_M is the MMA's 128 rows, 1-CTA MMAs. At most 8 settings; none beyond the
     decode M or without tcgen05."""
     from tilewright.autotune.decode import decode_limit, split_for, wants_split_k, wants_swap_ab
 
     if problem.M > decode_limit(problem, target) or not target.has("tcgen05"):
         return []
-    thin = 32
+    # 64 columns at least: CUTLASS's block-scaled kernels allow 64/128/192/256; the 32-column
+    # tile's scale offset extends their rule and is proven only in the CPU emulation, so it
+    # is not proposed until a GPU check (tests/test_cutedsl_decode.py, gpu) confirms it
+    thin = 64
     while thin < min(problem.M, 256):
         thin *= 2
     orientations = [(False, (128, 64))]
