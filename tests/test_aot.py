@@ -50,8 +50,10 @@ def big_tile(template, target, problem=BF16) -> dict:
         assert template.check(params, problem, target) is None
         return params
     # the first of these the template accepts: its register check refuses tiles measured to
-    # spill (the pointer GEMM's 128x128x64 with four warps does on sm_90a/sm_100a)
-    for bm, bn, bk, warps in ((128, 128, 64, 4), (128, 128, 64, 8), (64, 64, 32, 4), (32, 64, 128, 2)):
+    # spill (the pointer GEMM's 128x128x64 with four warps does on sm_90a/sm_100a) and those
+    # measured at the edge of the budget (32x64x128 with two warps took all 255 registers)
+    for bm, bn, bk, warps in ((128, 128, 64, 4), (128, 128, 64, 8), (64, 64, 32, 4), (32, 64, 128, 2),
+                              (32, 64, 64, 2)):
         params = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
                   "num_stages": 3 if target.backend == "cuda" else 2}
         if template.check(params, BF16, target) is None:

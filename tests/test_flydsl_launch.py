@@ -23,6 +23,7 @@ tests/test_flydsl_{gemm,mx_gemm,loops,topk}.py (``compile_aot`` calls ``launch``
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -255,6 +256,23 @@ def test_off_a_gfx950_the_launch_is_refused_naming_why(monkeypatch):
         rt.run(lambda A, stream=None: None, [torch.zeros(2)], torch.device("cpu"))
 
 
+def test_flydsl_is_refused_where_cutedsl_mlir_is_loaded(monkeypatch):
+    # bug guarded: importing FlyDSL after CuTeDSL compiled a kernel in the same process aborted
+    # it (a test worker died: "Fatal Python error: Aborted"); now the launch is refused by name
+    import types
+
+    monkeypatch.delitem(sys.modules, "flydsl._mlir", raising=False)
+    monkeypatch.setitem(sys.modules, "cutlass._mlir", types.ModuleType("cutlass._mlir"))
+    monkeypatch.setattr(fly, "available", lambda: True)
+    assert "CuTeDSL's MLIR" in fly.mlir_conflict()
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    monkeypatch.setattr(rt, "device_arch", lambda d: "gfx950")
+    assert "CuTeDSL's MLIR" in rt.device_problem(torch.device("cuda", 0))
+    monkeypatch.setenv("COMPILE_ONLY", "1")
+    with pytest.raises(EnvironmentMismatchError, match="CuTeDSL's MLIR"):
+        rt.run(lambda A, stream=None: None, [torch.zeros(2)], torch.device("cpu"))
+
+
 def test_compiled_once_per_specialisation_then_called_directly(monkeypatch):
     import types
 
@@ -283,9 +301,24 @@ def test_compiled_once_per_specialisation_then_called_directly(monkeypatch):
     assert [c[1] for c in compiles] == [4, 4] and [c[1] for c in calls] == [8]
 
 
-def test_the_launchers_refuse_bad_inputs_naming_the_fix(tmp_path):
+def ran_in_a_fresh_process(request) -> bool:
+    """Run this test again in a fresh pytest process when CuTeDSL's MLIR is loaded in this one
+    (an earlier test of the same worker compiled a CuTeDSL kernel): importing FlyDSL here would
+    abort the worker (``fly.mlir_conflict``). True when it ran there and passed."""
+    if fly.mlir_conflict() is None or os.environ.get("TILEWRIGHT_TEST_FRESH_PROCESS"):
+        return False
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           request.node.nodeid], cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                          env={**os.environ, "TILEWRIGHT_TEST_FRESH_PROCESS": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return True
+
+
+def test_the_launchers_refuse_bad_inputs_naming_the_fix(tmp_path, request):
     # the module imports FlyDSL: checked in-process only where it is installed
     pytest.importorskip("flydsl")
+    if ran_in_a_fresh_process(request):
+        return
     from tilewright.runtime.loader import load_module
 
     r = get_template("flydsl.gemm").render(DENSE, dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64), GFX950)
@@ -350,10 +383,12 @@ def test_without_the_toolchain_flydsl_stays_aot_only_with_the_reason(monkeypatch
                    for t in templates_for(op, "hip", jit=True))
 
 
-def test_the_eager_overrides_build_on_the_module_launchers():
+def test_the_eager_overrides_build_on_the_module_launchers(request):
     # rms_norm's and topk's FlyDSL builders (what the gate calls on a gfx950) hand their calls
     # to the rendered modules' launch: recorded here instead of run
     pytest.importorskip("flydsl")
+    if ran_in_a_fresh_process(request):
+        return
     import importlib
 
     from tilewright.kernels import gate

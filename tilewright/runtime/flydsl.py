@@ -67,6 +67,20 @@ def available() -> bool:
     return dsl_version() is not None
 
 
+def mlir_conflict() -> str | None:
+    """Why FlyDSL cannot be imported into this process (None when it can): CuTeDSL's MLIR is
+    already loaded here, and a second MLIR build in one process aborts it (both register LLVM's
+    command-line options; measured: ``Fatal Python error: Aborted`` importing FlyDSL after
+    CuTeDSL compiled a kernel). AOT builds run FlyDSL in a subprocess and are not affected."""
+    if "flydsl._mlir" in sys.modules:
+        return None
+    if any(name.startswith("cutlass._mlir") for name in sys.modules):
+        return ("CuTeDSL's MLIR is loaded in this process and importing FlyDSL's would abort it (two "
+                "MLIR builds register the same LLVM options): launch FlyDSL kernels from a process "
+                "that has not used CuTeDSL")
+    return None
+
+
 def rocm_root() -> Path:
     """The folder passed as ``ROCM_PATH``: ``$TILEWRIGHT_FLYDSL_ROCM``; else ``<sys.prefix>/rocm``
     (inside the virtual environment, where ``make flydsl-setup`` puts it) when it exists; else a

@@ -66,8 +66,9 @@ def device_arch(device: torch.device) -> str:
 
 def device_problem(device: torch.device) -> str | None:
     """Why a FlyDSL kernel cannot run on ``device`` in this process (None when it can): FlyDSL
-    missing, not a ROCm build of torch, not a GPU tensor, or a GPU other than gfx950."""
-    from tilewright.runtime.flydsl import NOT_INSTALLED, available
+    missing, not a ROCm build of torch, not a GPU tensor, a GPU other than gfx950, or CuTeDSL's
+    MLIR already in this process."""
+    from tilewright.runtime.flydsl import NOT_INSTALLED, available, mlir_conflict
 
     if not available():
         return NOT_INSTALLED
@@ -78,7 +79,7 @@ def device_problem(device: torch.device) -> str | None:
     arch = device_arch(device)
     if arch != ARCH:
         return f"this FlyDSL kernel was written for {ARCH}; {device} is {arch}"
-    return None
+    return mlir_conflict()
 
 
 def specialisation(call: tuple) -> tuple:
@@ -170,6 +171,10 @@ def run(entry: Any, args: tuple | list, device: torch.device) -> None:
         _stand_in(entry, call)
         return
     if compile_only():
+        from tilewright.runtime.flydsl import mlir_conflict
+
+        if (why := mlir_conflict()) is not None:
+            raise EnvironmentMismatchError(why)
         import flydsl.compiler as flyc
 
         flyc.compile(entry, *call)
