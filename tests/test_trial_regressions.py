@@ -112,3 +112,18 @@ def test_views_of_empty_tensors_compile():
             warnings.simplefilter("error", RuntimeWarning)
             out = _compile(fn, "auto")(torch.randn(*shape))
         assert out.shape == fn(torch.randn(*shape)).shape
+
+
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+def test_strided_input_whose_stride_is_its_own_size_symbol_compiles(mode):
+    # recompiled with dynamic sizes, a slice's row stride is a symbol no shape holds: the
+    # scheduler found no trace-time value for it and the whole graph fell back to ATen
+    def fn(x):
+        return x.sum(-1, keepdim=True) + 1
+
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend=mode, strict=True, graph_race="off"):
+        compiled = torch.compile(fn, backend="tilewright")
+        for n in (8, 10, 13):
+            x = torch.randn(6, 2 * n, generator=_gen(n))[:, ::2]
+            torch.testing.assert_close(compiled(x), fn(x))

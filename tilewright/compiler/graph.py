@@ -71,6 +71,9 @@ class TensorMeta:
     hint_shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    # trace-time strides: a strided input's stride can be a size symbol of its own (Dynamo
+    # gives a slice's row stride one), whose value no shape holds
+    hint_stride: tuple[int, ...] = ()
 
     @staticmethod
     def of(node: Any) -> "TensorMeta | None":
@@ -81,7 +84,8 @@ class TensorMeta:
             return None
         return TensorMeta(tuple(to_sympy(s) for s in val.shape),
                           tuple(to_sympy(s) for s in val.stride()),
-                          tuple(size_hint(s) for s in val.shape), val.dtype, val.device)
+                          tuple(size_hint(s) for s in val.shape), val.dtype, val.device,
+                          tuple(size_hint(s) for s in val.stride()))
 
     @property
     def ndim(self) -> int:

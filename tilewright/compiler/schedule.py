@@ -347,14 +347,17 @@ def _fused(grp: _Group, built: BuiltKernel, metas: dict[str, TensorMeta]) -> Fus
 
 
 def _hint_of(sym, metas: dict[str, TensorMeta]) -> int:
-    """The trace-time value of a size symbol (from any tensor whose dim is exactly it, or by
-    solving a dim expression that contains it alone)."""
+    """The trace-time value of a size symbol (from any tensor whose dim or stride is exactly
+    it, or by solving a dim or stride expression that contains it alone)."""
+    def pairs(meta):
+        return [*zip(meta.shape, meta.hint_shape), *zip(meta.stride, meta.hint_stride)]
+
     for meta in metas.values():
-        for expr, hint in zip(meta.shape, meta.hint_shape):
+        for expr, hint in pairs(meta):
             if expr == sym:
                 return hint
     for meta in metas.values():
-        for expr, hint in zip(meta.shape, meta.hint_shape):
+        for expr, hint in pairs(meta):
             if sym in expr.free_symbols and len(expr.free_symbols) == 1:
                 import sympy
 
