@@ -127,3 +127,14 @@ def test_strided_input_whose_stride_is_its_own_size_symbol_compiles(mode):
         for n in (8, 10, 13):
             x = torch.randn(6, 2 * n, generator=_gen(n))[:, ::2]
             torch.testing.assert_close(compiled(x), fn(x))
+
+
+
+def test_negative_graph_race_rounds_is_refused_not_silently_a_race_off():
+    # TILEWRIGHT_GRAPH_RACE_ROUNDS=-2 was taken and quietly meant "no race"
+    from tilewright._config import Config
+    from tilewright.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="graph_race_rounds=-2.*TILEWRIGHT_GRAPH_RACE_ROUNDS"):
+        Config.from_env({"TILEWRIGHT_GRAPH_RACE_ROUNDS": "-2"})
+    assert Config.from_env({"TILEWRIGHT_GRAPH_RACE_ROUNDS": "0"}).graph_race_rounds == 0   # 0: no race

@@ -174,7 +174,7 @@ class Config:
     graph_race_rounds: int = _setting(
         5, "TILEWRIGHT_GRAPH_RACE_ROUNDS",
         "Timed calls of each side of the graph race (after one untimed call of each); the side "
-        "with the faster fastest call wins.")
+        "with the faster fastest call wins; 0 runs no race, as graph_race 'off' does.")
     strict: bool = _setting(
         False, "TILEWRIGHT_STRICT",
         "Raise compiler errors instead of falling back to running the graph in ATen "
@@ -317,7 +317,8 @@ def _check_value(f: dataclasses.Field, value: Any, choices: bool = True) -> None
 _MINIMUM = {"max_candidates": 1, "bench_rep": 1, "bench_min_rep": 1, "bench_warmup": 0,
             "bench_input_sets": 1, "bench_budget_ms": 0.0, "bench_stable_pct": 0.0,
             "bench_abort_ratio": 1.0, "bench_tie_pct": 0.0, "compile_timeout_s": 0.001,
-            "compile_timeout_factor": 1.0, "bench_timeout_s": 0.001, "bucket_max": 1}
+            "compile_timeout_factor": 1.0, "bench_timeout_s": 0.001, "bucket_max": 1,
+            "graph_race_rounds": 0}
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:
