@@ -154,7 +154,8 @@ def _compile_under_settings(gm: fx.GraphModule, example_inputs: list[Any], kind:
     except Exception as e:
         if config.strict:
             raise
-        msg = (f"tilewright could not compile a {kind} graph ({type(e).__name__}: {_first_line(e)}); "
+        article = "an" if kind[0] in "aeiou" else "a"
+        msg = (f"tilewright could not compile {article} {kind} graph ({type(e).__name__}: {_first_line(e)}); "
                "running it on ATen")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.info("the %s graph's compile error", kind, exc_info=True)
