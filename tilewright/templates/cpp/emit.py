@@ -27,8 +27,8 @@ from typing import Any, Callable
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.emitter import ExprEmitter
 from tilewright.ir.expr import Node
+from tilewright.templates.c_expr import CFamilyExpr
 from tilewright.ir.index import CodePrinter, provably_nonnegative
 
 # compute type -> C++ type of values
@@ -269,7 +269,7 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
 }
 
 
-class CppExpr(ExprEmitter):
+class CppExpr(CFamilyExpr):
     """Renders expression DAGs into C++ statements (see the module docstring).
 
     Args:
@@ -277,11 +277,10 @@ class CppExpr(ExprEmitter):
             ``reduce(node, operand_code)`` may emit statements through :meth:`line` first.
     """
 
+    CTYPE, STORAGE, HELPERS, HALF = CTYPE, STORAGE, HELPERS, "_Float16"
+
     def literal(self, value: object, dtype: str) -> str:
         return literal(value, dtype)
-
-    def declare(self, name: str, n: Node, code: str) -> str:
-        return f"const {CTYPE[dtypes.compute_type(n.dtype)]} {name} = {code};"
 
     def op_code(self, n: Node, args: list[str]) -> str:
         operand = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
@@ -289,45 +288,6 @@ class CppExpr(ExprEmitter):
         code = render(*args, operand)
         self.helpers_used.update(h for h in helpers if any(ident in code for ident in HELPER_CALLS[h]))
         return code
-
-    def convert(self, code: str, src: str, dst: str) -> str:
-        """Code converting a value held in ``src``'s compute type to ``dst``'s compute type,
-        rounding where ``dst`` is narrower (to nearest even)."""
-        cdst = dtypes.compute_type(dst)
-        if dst == "bool":
-            return f"({code} != 0)"
-        if dst == "bf16":
-            self.helpers_used.add("tw_bf16")
-            return f"tw_round_bf16(float({code}))"
-        if dst == "fp16":
-            return f"float(_Float16(float({code})))"
-        if dtypes.compute_type(src) == cdst:
-            return code  # widening a narrow float held in fp32 already
-        return f"{CTYPE[cdst]}({code})"
-
-    def load_value(self, element: str, dtype: str) -> str:
-        """A buffer element (C++ of its storage type) as a value of its compute type."""
-        if dtype == "bf16":
-            self.helpers_used.add("tw_bf16")
-            return f"tw_bf16_to_f({element})"
-        if dtype == "fp16":
-            return f"float({element})"
-        return element
-
-    def store_value(self, code: str, src: str, dst: str) -> str:
-        """Code converting a computed value to the stored element type ``dst``."""
-        if dst == "bool":
-            return f"({code} != 0)" if src != "bool" else code
-        if dst == "bf16":
-            self.helpers_used.add("tw_bf16")
-            return f"tw_f_to_bf16(float({code}))"
-        if dst == "fp16":
-            return f"_Float16(float({code}))"
-        return f"{STORAGE[dst]}({code})"
-
-    def helpers(self) -> str:
-        """Source of the helper functions the rendered statements call."""
-        return "\n".join(HELPERS[h].strip("\n") + "\n" for h in sorted(self.helpers_used))
 
 
 class CPrinter(CodePrinter):

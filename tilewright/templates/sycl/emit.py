@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Callable
 
 from tilewright.ir import dtypes
-from tilewright.ir.emitter import ExprEmitter
 from tilewright.ir.expr import Node
+from tilewright.templates.c_expr import CFamilyExpr
 
 # compute type -> C++ type (values)
 CTYPE = {"fp64": "double", "fp32": "float", "i64": "int64_t", "i32": "int32_t", "i16": "int16_t",
@@ -193,7 +193,7 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
 }
 
 
-class SyclExpr(ExprEmitter):
+class SyclExpr(CFamilyExpr):
     """Renders expression DAGs into SYCL C++ statements (see the module docstring).
 
     Args:
@@ -201,54 +201,13 @@ class SyclExpr(ExprEmitter):
             ``reduce(node, operand_code)`` may emit statements through :meth:`line` first.
     """
 
+    CTYPE, STORAGE, HELPERS, HALF = CTYPE, STORAGE, HELPERS, "sycl::half"
+
     def literal(self, value: object, dtype: str) -> str:
         return literal(value, dtype)
-
-    def declare(self, name: str, n: Node, code: str) -> str:
-        return f"const {CTYPE[dtypes.compute_type(n.dtype)]} {name} = {code};"
 
     def op_code(self, n: Node, args: list[str]) -> str:
         operand = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
         render, helpers = MATH[n.op]
         self.helpers_used.update(helpers)
         return render(*args, operand)
-
-
-    def convert(self, code: str, src: str, dst: str) -> str:
-        """Code converting a value held in ``src``'s compute type to ``dst``'s compute type,
-        rounding where ``dst`` is narrower (to nearest even)."""
-        cdst = dtypes.compute_type(dst)
-        if dst == "bool":
-            return f"({code} != 0)"
-        if dst == "bf16":
-            self.helpers_used.add("tw_bf16")
-            return f"tw_round_bf16(float({code}))"
-        if dst == "fp16":
-            return f"float(sycl::half(float({code})))"
-        if dtypes.compute_type(src) == cdst:
-            return code  # widening a narrow float held in fp32 already
-        return f"{CTYPE[cdst]}({code})"
-
-    def load_value(self, element: str, dtype: str) -> str:
-        """A buffer element (C++ of its storage type) as a value of its compute type."""
-        if dtype == "bf16":
-            self.helpers_used.add("tw_bf16")
-            return f"tw_bf16_to_f({element})"
-        if dtype == "fp16":
-            return f"float({element})"
-        return element
-
-    def store_value(self, code: str, src: str, dst: str) -> str:
-        """Code converting a computed value to the stored element type ``dst``."""
-        if dst == "bool":
-            return f"({code} != 0)" if src != "bool" else code
-        if dst == "bf16":
-            self.helpers_used.add("tw_bf16")
-            return f"tw_f_to_bf16(float({code}))"
-        if dst == "fp16":
-            return f"sycl::half(float({code}))"
-        return f"{STORAGE[dst]}({code})"
-
-    def helpers(self) -> str:
-        """Source of the helper functions the rendered statements call."""
-        return "\n".join(HELPERS[h].strip("\n") + "\n" for h in sorted(self.helpers_used))
