@@ -207,11 +207,17 @@ def test_build_writes_a_complete_manifest_and_rebuilds_nothing(tmp_path):
 def test_cli_builds_the_demo_llama(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "tilewright", "aot", "tilewright.demo.models:llama_example",
-         "--target", "sm_90a,gfx1250", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=900)
+         "--target", "sm_90a,sm_100a,gfx950,gfx1250", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(r"all \d+ kernels built and passed their instruction checks", out.stdout)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
+    # issue 18's done-when for this model (tests/test_registers.py has the NVFP4 decode one):
+    # no spilling kernel chosen on any target, registers read from nearly every artifact
+    assert manifest["summary"]["spilling"] == 0
+    read = [k for k in manifest["kernels"] if k["resources"] is not None]
+    assert len(read) >= 0.9 * len(manifest["kernels"])
+    assert not [k["name"] for k in read if k["resources"]["spills"]]
     assert len({k["problem_text"] for k in manifest["kernels"]}) >= 6
     # the pointwise and reduction kernels are built too, not only the GEMMs
     kinds = {(k["target"], k["kind"]) for k in manifest["kernels"]}

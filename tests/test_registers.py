@@ -185,18 +185,6 @@ def test_cost_model_charges_register_pressure():
     assert estimate_gemm(DECODE, heavy, target, register_pressure=t.register_pressure(DECODE, heavy, target)).ms > base
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["llama_example", "llama_nvfp4_decode"])
-def test_demo_aot_builds_choose_no_spilling_kernel(tmp_path, model):
-    import subprocess
-
-    targets = "sm_90a,sm_100a,gfx950,gfx1250" if model == "llama_example" else "sm_90a,sm_100a,gfx950"
-    out = subprocess.run([sys.executable, "-m", "tilewright", "aot", f"tilewright.demo.models:{model}",
-                          "--target", targets, "--out", str(tmp_path)], capture_output=True, text=True,
-                         timeout=3000)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["summary"]["spilling"] == 0
-    read = [k for k in manifest["kernels"] if k["resources"] is not None]
-    assert len(read) >= 0.9 * len(manifest["kernels"])
-    assert not [k["name"] for k in read if k["resources"]["spills"]]
+# The demo models' AOT builds choose no spilling kernel (issue 18's done-when): the dense Llama
+# in tests/test_aot.py's CLI build (sm_90a, sm_100a, gfx950, gfx1250), the NVFP4 decode Llama in
+# tests/test_pdl.py's (sm_90a, sm_100a, gfx950): one build each serves both checks.

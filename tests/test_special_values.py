@@ -226,6 +226,8 @@ def _scan_params():
     for emitter in sorted(SCAN_EMITTERS):
         for dtype in SCAN_DTYPES:
             for half in (1, 16):
+                if "looped" in emitter and half == 1 and dtype not in ("fp32", "i64"):
+                    continue  # its rows of 32 start with the same pairs, and carry them (~15 s each)
                 marks = [] if dtype in ("fp32", "i64") else [pytest.mark.slow]  # ~5 s a build
                 yield pytest.param(emitter, dtype, half, marks=marks, id=f"{emitter}-{dtype}-{2 * half}")
 
