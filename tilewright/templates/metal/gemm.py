@@ -77,6 +77,22 @@ def _needs_int64(p: GemmProblem) -> bool:
     return max(p.M * p.K, p.K * p.N, p.M * p.N) * p.batch > INDEX_LIMIT
 
 
+
+def epilogue_support(problem: Any, operand_buffers: int) -> Support:
+    """Whether a Metal GEMM kernel can take ``problem``'s epilogue: its inputs' dtypes, the
+    buffer table (``operand_buffers`` for the operands and sizes, one per epilogue input, one
+    for the output) and its IR. Shared by the GEMM and the grouped gemv."""
+    for e in problem.epilogue_inputs:
+        if (why := unsupported_dtype(e.dtype)) is not None:
+            return Support(False, f"epilogue input: {why}")
+    if operand_buffers + len(problem.epilogue_inputs) + 1 > MAX_BUFFERS:
+        return Support(False, f"over Metal's {MAX_BUFFERS} buffer arguments")
+    try:
+        problem_epilogue(problem)
+    except ValueError as e:
+        return Support(False, str(e))
+    return SUPPORTED
+
 class MetalGemm(TemplateSpec):
     """GEMM with a fused IR epilogue on Apple GPUs (see the module docstring)."""
 
@@ -105,16 +121,7 @@ class MetalGemm(TemplateSpec):
             return Support(False, f"{problem.out_dtype} output: the Metal GEMM writes fp32, fp16 and bf16")
         if problem.store_acc:
             return Support(False, "storing the product beside the epilogue (store_acc) is not in the Metal GEMM yet")
-        for e in problem.epilogue_inputs:
-            if (why := unsupported_dtype(e.dtype)) is not None:
-                return Support(False, f"epilogue input: {why}")
-        if 3 + len(problem.epilogue_inputs) + 1 > MAX_BUFFERS:
-            return Support(False, f"over Metal's {MAX_BUFFERS} buffer arguments")
-        try:
-            problem_epilogue(problem)
-        except ValueError as e:
-            return Support(False, str(e))
-        return SUPPORTED
+        return epilogue_support(problem, operand_buffers=3)
 
     def check(self, params: Params, problem: GemmProblem, target: Target) -> str | None:
         params = self.space.complete(params)

@@ -38,12 +38,14 @@ from tilewright.ir.expr import Node
 from tilewright.problem import EpilogueOp
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
-    SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
+    Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
-from tilewright.templates.metal.emit import MSL_TYPE, MetalExpr, ctype, unsupported_dtype
-from tilewright.templates.metal.gemm import E4M3_DECODE, FLOATS, FP8, operand_load, operand_type
+from tilewright.templates.metal.emit import MSL_TYPE, MetalExpr, ctype
+from tilewright.templates.metal.gemm import (
+    E4M3_DECODE, FLOATS, FP8, epilogue_support, operand_load, operand_type,
+)
 from tilewright.templates.metal.limits import threadgroup_refusal
-from tilewright.templates.metal.loops import INDEX_LIMIT, MAX_BUFFERS
+from tilewright.templates.metal.loops import INDEX_LIMIT
 from tilewright.templates.metal.reduce import SIMD_WIDTH
 
 DECODE_ROWS = 8  # offered where groups average at most this many rows (tokens)
@@ -84,16 +86,7 @@ class MetalGroupedGemv(TemplateSpec):
                                   f"and fp8e4m3 (scales as epilogue multiplies)")
         if problem.out_dtype not in FLOATS:
             return Support(False, f"{problem.out_dtype} output: the Metal grouped gemv writes fp32, fp16 and bf16")
-        for e in problem.epilogue_inputs:
-            if (why := unsupported_dtype(e.dtype)) is not None:
-                return Support(False, f"epilogue input: {why}")
-        if 4 + len(problem.epilogue_inputs) + 1 > MAX_BUFFERS:
-            return Support(False, f"over Metal's {MAX_BUFFERS} buffer arguments")
-        try:
-            problem_epilogue(problem)
-        except ValueError as e:
-            return Support(False, str(e))
-        return SUPPORTED
+        return epilogue_support(problem, operand_buffers=4)
 
     def check(self, params: Params, problem: GroupedGemmProblem, target: Target) -> str | None:
         params = self.space.complete(params)
