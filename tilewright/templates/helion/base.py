@@ -84,6 +84,20 @@ _BOUND: dict[tuple, Any] = {}
 _GENERATED: dict[tuple, str] = {}
 
 
+def with_helion_language(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with ``helion.language`` as its module's global ``hl``, imported now.
+
+    The package's Helion kernels leave ``hl`` unset when their module is imported: registering
+    them must not import Helion, which takes about 2.4 s (measured, Helion 1.5.1) and would land
+    on the first call of every compiled model, CPU ones included, that never bind a Helion kernel.
+    """
+    import helion.language
+
+    if fn.__globals__.get("hl") is None:
+        fn.__globals__["hl"] = helion.language
+    return fn
+
+
 class HelionTemplate(TemplateSpec):
     """Base of templates that are Helion kernels (see the module docstring).
 
@@ -166,7 +180,7 @@ class HelionTemplate(TemplateSpec):
         if isinstance(call, Support):
             raise ValueError(f"{self.id}: {call.reason}")
         args = evaluate(call, interface_for(problem).names(problem))
-        kernel = helion.kernel(self.function, **settings)
+        kernel = helion.kernel(with_helion_language(self.function), **settings)
         bound = kernel.bind(tuple(args))
         with _lock:
             # the arguments stay alive beside it: Helion proves a tensor descriptor's 16-byte

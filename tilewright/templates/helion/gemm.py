@@ -17,11 +17,6 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-try:  # registering the templates needs no Helion; binding them does
-    import helion.language as hl
-except ImportError:  # pragma: no cover - the language then says why it is unavailable
-    hl = None
-
 from tilewright.problem import GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
@@ -29,6 +24,8 @@ from tilewright.templates.base import Knob, ParamSpace, Support, powers_of_two
 from tilewright.templates.helion.base import COMMON_KNOBS, HelionTemplate
 from tilewright.templates.helion.calls import HelionCall
 from tilewright.templates.triton.gemm import mma_checks
+
+hl: Any = None  # helion.language, set when a kernel is bound (base.with_helion_language)
 
 MAX_INPUTS = 4
 

@@ -14,17 +14,14 @@ from typing import Any
 
 import torch
 
-try:  # registering the templates needs no Helion; binding them does
-    import helion.language as hl
-except ImportError:  # pragma: no cover - the language then says why it is unavailable
-    hl = None
-
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import Support
 from tilewright.templates.helion import match as M
 from tilewright.templates.helion.calls import HelionCall
 from tilewright.templates.helion.rows import RowTemplate, row_index
+
+hl: Any = None  # helion.language, set when a kernel is bound (base.with_helion_language)
 
 
 def rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
