@@ -1,5 +1,7 @@
 """What the C++-family expression emitters share (C++ for the host, SYCL): values held in their
-compute type, converted and rounded the same way, stored as their element type.
+compute type, converted and rounded the same way, stored as their element type; and how the
+C family prints integer index expressions (:class:`CIndexPrinter`, MSL's too) and reduction
+identities.
 
 Each language's emitter (``templates/cpp/emit.py``, ``templates/sycl/emit.py``) subclasses
 :class:`CFamilyExpr` and names its tables (``CTYPE``: compute type -> C type, ``STORAGE``:
@@ -9,11 +11,15 @@ half type differs (``_Float16`` on the host, ``sycl::half`` in SYCL).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
+import sympy
+
+from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.emitter import ExprEmitter
 from tilewright.ir.expr import Node
+from tilewright.ir.index import CodePrinter, provably_nonnegative
 
 
 class CFamilyExpr(ExprEmitter):
@@ -66,3 +72,73 @@ class CFamilyExpr(ExprEmitter):
     def helpers(self) -> str:
         """Source of the helper functions the rendered statements call."""
         return "\n".join(self.HELPERS[h].strip("\n") + "\n" for h in sorted(self.helpers_used))
+
+
+class CIndexPrinter(CodePrinter):
+    """Integer index expressions as C-family code (``int64_t``; C++, SYCL, MSL).
+
+    C's ``/`` truncates toward zero where a floor is wanted: ``floor(a/b)`` prints as ``a / b``
+    where the numerator is provably non-negative, otherwise from the true remainder as
+    :class:`~tilewright.ir.index.CodePrinter` does; ``ceiling(a/b)`` as ``(a + b - 1) / b`` (the
+    values indices take are non-negative). ``Max``/``Min`` fold pairwise through ``MAX``/``MIN``
+    (64-bit operands), integers beyond 32 bits print as 64-bit literals."""
+
+    MAX: ClassVar[str] = "tw_max"
+    MIN: ClassVar[str] = "tw_min"
+
+    def _print_floor(self, expr: sympy.Expr) -> str:
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        if den == 1:
+            return self._print(num)
+        n, d = self._print(num), self._print(den)
+        if provably_nonnegative(num):
+            return f"(({n}) / ({d}))"
+        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) / ({d}))"
+
+    def _print_ceiling(self, expr: sympy.Expr) -> str:
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        if den == 1:
+            return self._print(num)
+        d = self._print(den)
+        return f"((({self._print(num)}) + ({d}) - 1) / ({d}))"
+
+    def _fold(self, expr: sympy.Expr, fn: str) -> str:
+        out = f"int64_t({self._print(expr.args[0])})"
+        for a in expr.args[1:]:
+            out = f"{fn}({out}, int64_t({self._print(a)}))"
+        return out
+
+    def _print_Max(self, expr: sympy.Expr) -> str:
+        return self._fold(expr, self.MAX)
+
+    def _print_Min(self, expr: sympy.Expr) -> str:
+        return self._fold(expr, self.MIN)
+
+    def _print_Integer(self, expr: sympy.Expr) -> str:
+        return f"int64_t({int(expr)}LL)" if abs(int(expr)) > 2**31 - 1 else f"{int(expr)}L"
+
+
+def reduction_identity(kind: str, ct: str, literal: Callable[[object, str], str],
+                       int_limit: Callable[[str, bool], str], language: str) -> str:
+    """The identity of a ``kind`` reduction (``sum``, ``prod``, ``max``/``argmax``,
+    ``min``/``argmin``, ``any``, ``all``, Welford's parts) held in compute type ``ct``, as code:
+    ``literal(value, ct)`` for numbers, ``int_limit(ct, low)`` for an integer type's lowest or
+    highest value.
+
+    Raises:
+        UnsupportedProblemError: a reduction kind the C-family templates do not know.
+    """
+    if kind in ("sum", "welford_mean", "welford_m2"):
+        return literal(0, ct)
+    if kind == "prod":
+        return literal(1, ct)
+    if kind in ("max", "argmax", "min", "argmin"):
+        low = kind in ("max", "argmax")
+        if dtypes.is_float(ct):
+            return literal(float("-inf") if low else float("inf"), ct)
+        if ct == "bool":
+            return "false" if low else "true"
+        return int_limit(ct, low)
+    if kind in ("any", "all"):
+        return "false" if kind == "any" else "true"
+    raise UnsupportedProblemError(f"{language} reductions do not know {kind!r}")

@@ -28,8 +28,7 @@ import sympy
 
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node
-from tilewright.templates.c_expr import CFamilyExpr
-from tilewright.ir.index import CodePrinter, provably_nonnegative
+from tilewright.templates.c_expr import CFamilyExpr, CIndexPrinter
 
 # compute type -> C++ type of values
 CTYPE = {"fp64": "double", "fp32": "float", "i64": "int64_t", "i32": "int32_t", "i16": "int16_t",
@@ -290,41 +289,8 @@ class CppExpr(CFamilyExpr):
         return code
 
 
-class CPrinter(CodePrinter):
-    """Integer index expressions as C++ (``int64_t``): ``floor(a/b)`` as ``a / b`` and ``Mod``
-    as ``%`` where the numerator is provably non-negative, from the true remainder otherwise
-    (see :class:`~tilewright.ir.index.CodePrinter`)."""
-
-    def _print_floor(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        n, d = self._print(num), self._print(den)
-        if provably_nonnegative(num):
-            return f"(({n}) / ({d}))"
-        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) / ({d}))"
-
-    def _print_ceiling(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        d = self._print(den)
-        return f"(({self._print(num)} + {d} - 1) / ({d}))"
-
-    def _fold(self, expr: sympy.Expr, fn: str) -> str:
-        out = f"int64_t({self._print(expr.args[0])})"
-        for a in expr.args[1:]:
-            out = f"{fn}({out}, int64_t({self._print(a)}))"
-        return out
-
-    def _print_Max(self, expr: sympy.Expr) -> str:
-        return self._fold(expr, "tw_max")
-
-    def _print_Min(self, expr: sympy.Expr) -> str:
-        return self._fold(expr, "tw_min")
-
-    def _print_Integer(self, expr: sympy.Expr) -> str:
-        return f"int64_t({int(expr)}LL)" if abs(int(expr)) > 2**31 - 1 else f"{int(expr)}L"
+class CPrinter(CIndexPrinter):
+    """Integer index expressions as C++ (see :class:`~tilewright.templates.c_expr.CIndexPrinter`)."""
 
 
 def ccode(e: Any, names: dict[sympy.Symbol, str] | None = None) -> str:

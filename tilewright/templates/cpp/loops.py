@@ -46,6 +46,7 @@ from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
+from tilewright.templates.c_expr import reduction_identity
 from tilewright.templates.cpp.emit import CTYPE, STORAGE, CppExpr, ccode, literal
 from tilewright.templates.cpp.source import LANES, source_context
 from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
@@ -55,29 +56,14 @@ LOOPED_MIN_ROW = 8192  # rows at least this long also get the looped candidate
 
 
 def _identity(kind: str, ct: str) -> str:
-    if kind in ("sum", "welford_mean", "welford_m2"):
-        return literal(0, ct)
-    if kind == "prod":
-        return literal(1, ct)
-    if kind in ("max", "argmax"):
-        return literal(float("-inf"), ct) if dtypes.is_float(ct) else _int_limit(ct, low=True)
-    if kind in ("min", "argmin"):
-        return literal(float("inf"), ct) if dtypes.is_float(ct) else _int_limit(ct, low=False)
-    if kind == "any":
-        return "false"
-    if kind == "all":
-        return "true"
-    raise UnsupportedProblemError(f"C++ reductions do not know {kind!r}")
+    return reduction_identity(kind, ct, literal, _int_limit, "C++")
 
 
 def _int_limit(ct: str, low: bool) -> str:
-    if ct == "bool":
-        return "false" if low else "true"
     bits = 8 * dtypes.ITEMSIZE[ct]
     if ct == "u8":
         return literal(0 if low else 255, ct)
     return literal(-(2 ** (bits - 1)) if low else 2 ** (bits - 1) - 1, ct)
-
 
 def _two_pass_welford(kernel: LoopKernel) -> dict[Node, Node]:
     """Welford mean and M2 rewritten as their exact two-pass form (``sum(x) / n``, then

@@ -24,7 +24,7 @@ import sympy
 from tilewright.ir import dtypes
 from tilewright.ir.emitter import ExprEmitter
 from tilewright.ir.expr import Node
-from tilewright.ir.index import CodePrinter, provably_nonnegative
+from tilewright.templates.c_expr import CIndexPrinter
 
 # IR dtype -> MSL scalar type (a buffer's element type; compute types use dtypes.compute_type)
 MSL_TYPE = {"fp32": "float", "fp16": "half", "bf16": "bfloat", "i64": "long", "i32": "int",
@@ -86,28 +86,10 @@ def zero(dtype: str) -> str:
     return literal(0, dtype)
 
 
-class MetalIndexPrinter(CodePrinter):
-    """Integer index expressions as MSL: ``floor(a/b)`` as ``a / b`` and ``Mod`` as ``%`` (C's
-    truncating division, exact for the non-negative values indices take and the same
-    convention Triton's ``//`` compiles to), ``Max``/``Min`` as conditionals (MSL's ``max``
-    wants one operand type), integers beyond 32 bits with an ``L`` suffix."""
-
-    def _print_floor(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        n, d = self._print(num), self._print(den)
-        if provably_nonnegative(num):
-            return f"(({n}) / ({d}))"
-        # a negative numerator (sympy moves integer terms out of a floor): C's / truncates, so
-        # divide exactly after taking off the true remainder (see CodePrinter)
-        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) / ({d}))"
-
-    def _print_ceiling(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        return f"((({self._print(num)}) + ({self._print(den)}) - 1) / ({self._print(den)}))"
+class MetalIndexPrinter(CIndexPrinter):
+    """Integer index expressions as MSL: the C family's (C's truncating ``/`` and ``%``, see
+    :class:`~tilewright.templates.c_expr.CIndexPrinter`), but ``Max``/``Min`` as conditionals
+    (MSL's ``max`` wants one operand type) and integers beyond 32 bits with an ``L`` suffix."""
 
     def _minmax(self, args, op: str) -> str:
         out = self._print(args[0])

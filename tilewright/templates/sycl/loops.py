@@ -38,7 +38,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, load_mask
-from tilewright.ir.index import CodePrinter, offset, provably_nonnegative
+from tilewright.ir.index import offset
 from tilewright.ir.index import code as py_code
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
@@ -46,77 +46,27 @@ from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
+from tilewright.templates.c_expr import CIndexPrinter, reduction_identity
 from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
 from tilewright.templates.sycl.emit import CTYPE, STORAGE, SyclExpr, literal
 
 
-class CPrinter(CodePrinter):
-    """Integer index expressions as C++ (``int64_t``): ``floor(a/b)`` as ``a / b`` and ``Mod``
-    as ``%`` (exact for the non-negative values indices take), integers as 64-bit literals."""
+class CPrinter(CIndexPrinter):
+    """Integer index expressions as SYCL C++ (see :class:`~tilewright.templates.c_expr.CIndexPrinter`)."""
 
-    def _print_floor(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        n, d = self._print(num), self._print(den)
-        if provably_nonnegative(num):
-            return f"(({n}) / ({d}))"
-        # a negative numerator (sympy moves integer terms out of a floor): C's / truncates, so
-        # divide exactly after taking off the true remainder (see CodePrinter)
-        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) / ({d}))"
-
-    def _print_ceiling(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        d = self._print(den)
-        return f"(({self._print(num)} + {d} - 1) / ({d}))"
-
-    def _print_Max(self, expr: sympy.Expr) -> str:
-        return "sycl::max(" + ", ".join(f"int64_t({self._print(a)})" for a in expr.args) + ")" \
-            if len(expr.args) == 2 else self._nest(expr, "sycl::max")
-
-    def _print_Min(self, expr: sympy.Expr) -> str:
-        return "sycl::min(" + ", ".join(f"int64_t({self._print(a)})" for a in expr.args) + ")" \
-            if len(expr.args) == 2 else self._nest(expr, "sycl::min")
-
-    def _nest(self, expr: sympy.Expr, fn: str) -> str:
-        args = [f"int64_t({self._print(a)})" for a in expr.args]
-        out = args[0]
-        for a in args[1:]:
-            out = f"{fn}({out}, {a})"
-        return out
-
-    def _print_Integer(self, expr: sympy.Expr) -> str:
-        return f"int64_t({int(expr)}LL)" if abs(int(expr)) > 2**31 - 1 else f"{int(expr)}L"
+    MAX, MIN = "sycl::max", "sycl::min"
 
 
 def ccode(e: Any, names: dict[sympy.Symbol, str] | None = None) -> str:
     return CPrinter(names).doprint(sympy.sympify(e))
 
 
-# reduction kind -> identity (as C++ for a compute type)
 def _identity(kind: str, ct: str) -> str:
-    if kind in ("sum", "welford_mean", "welford_m2"):
-        return literal(0, ct)
-    if kind == "prod":
-        return literal(1, ct)
-    if kind in ("max", "argmax"):
-        return literal(float("-inf"), ct) if dtypes.is_float(ct) else _int_limit(ct, low=True)
-    if kind in ("min", "argmin"):
-        return literal(float("inf"), ct) if dtypes.is_float(ct) else _int_limit(ct, low=False)
-    if kind == "any":
-        return "false"
-    if kind == "all":
-        return "true"
-    raise UnsupportedProblemError(f"SYCL reductions do not know {kind!r}")
+    return reduction_identity(kind, ct, literal, _int_limit, "SYCL")
 
 
 def _int_limit(ct: str, low: bool) -> str:
-    if ct == "bool":
-        return "false" if low else "true"
     return f"std::numeric_limits<{CTYPE[ct]}>::{'lowest' if low else 'max'}()"
-
 
 class _Body(LoopSchedule):
     """The loop schedule in SYCL C++: one work-item per element (pointwise) or per ``WG``-strided
