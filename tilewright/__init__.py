@@ -8,7 +8,8 @@ Settings live in :data:`tilewright.config`.
 from typing import Any
 
 from tilewright._config import Config, config
-from tilewright.errors import TilewrightError
+# the errors a user catches: bad settings, bad tensors handed to an op (tilewright.errors has all)
+from tilewright.errors import ConfigError, InvalidInputError, TilewrightError
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,6 @@ def launch_report(model, *args, train: bool = False, **kwargs):
     return impl(model, *args, train=train, **kwargs)
 
 
-__all__ = ["Config", "Language", "TemplateSpec", "TilewrightError", "__version__", "config",
-           "launch_report", "register_language", "register_template", "unregister_language",
-           "unregister_template"]
+__all__ = ["Config", "ConfigError", "InvalidInputError", "Language", "TemplateSpec", "TilewrightError",
+           "__version__", "config", "launch_report", "register_language", "register_template",
+           "unregister_language", "unregister_template"]

@@ -3,22 +3,25 @@
 Every setting is a typed field with a default and a ``TILEWRIGHT_*`` environment variable that
 overrides it when the process starts (or when :meth:`Config.reload_env` is called). Tests and
 tools change settings for a scope with :meth:`Config.patch`; nothing else in tilewright reads the
-environment for these settings. ``docs/config.md`` lists the same table for users.
+environment for these settings. Choice settings take any case ("OFF" is "off"); a bad value's
+error lists the choices; a ``TILEWRIGHT_*`` variable that no setting reads (a misspelling) draws
+one warning naming the closest one. ``docs/config.md`` lists the same table for users.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import math
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from tilewright.errors import ConfigError
-
 
 
 def forced_languages(value: str) -> tuple[str, ...]:
@@ -189,6 +192,7 @@ class Config:
     def __setattr__(self, name: str, value: Any) -> None:
         f = self.__dataclass_fields__.get(name)  # type: ignore[attr-defined]
         if f is not None:
+            value = _normalise(f, value)
             _check_value(f, value)
         object.__setattr__(self, name, value)
 
@@ -228,10 +232,11 @@ class Config:
             ConfigError: a variable's value does not parse or is out of range.
         """
         environ = os.environ if environ is None else environ
+        warn_unknown_env(environ)
         for f in dataclasses.fields(self):
             raw = environ.get(f.metadata["env"])
             if raw is not None:
-                value = _parse(f, raw)
+                value = _normalise(f, _parse(f, raw))
                 if defer_registry and callable(f.metadata.get("choices")):
                     # a registry's choices, read while tilewright itself imports: importing the
                     # registry here would be circular, so the value is checked on first use
@@ -254,8 +259,10 @@ class Config:
         names = {f.name: f for f in dataclasses.fields(self)}
         for name, value in changes.items():
             if name not in names:
-                raise ConfigError(f"unknown setting {name!r}; known: {', '.join(sorted(names))}")
-            _check_value(names[name], value)
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown setting {name!r}{hint}; known: {', '.join(sorted(names))}")
+            _check_value(names[name], _normalise(names[name], value))
         with self._lock:
             old = {name: getattr(self, name) for name in changes}
             for name, value in changes.items():
@@ -298,10 +305,13 @@ def _check_value(f: dataclasses.Field, value: Any, choices: bool = True) -> None
     if callable(allowed):
         allowed = allowed()
     values = value.split(",") if f.metadata.get("several") and isinstance(value, str) else [value]
-    if allowed and any(v not in allowed for v in values):
+    bad = [v for v in values if v not in allowed] if allowed else []
+    if bad:
+        what = f"{f.name}={value!r}" + (f": {', '.join(map(repr, bad))}" if len(values) > 1 else "")
+        several = ", or several comma-separated" if f.metadata.get("several") else ""
         raise ConfigError(
-            f"{f.name}={value!r} is not one of {', '.join(allowed)} "
-            f"(set {f.metadata['env']} or config.{f.name} to one of those)")
+            f"{what} is not one of {', '.join(allowed)} "
+            f"(set {f.metadata['env']} or config.{f.name} to one of those{several})")
     if kind == "float" and not math.isfinite(value):  # NaN passes every comparison below
         raise ConfigError(f"{f.name}={value!r} must be a finite number ({f.metadata['env']})")
     low = _MINIMUM.get(f.name)
@@ -319,6 +329,53 @@ _MINIMUM = {"max_candidates": 1, "bench_rep": 1, "bench_min_rep": 1, "bench_warm
             "bench_abort_ratio": 1.0, "bench_tie_pct": 0.0, "compile_timeout_s": 0.001,
             "compile_timeout_factor": 1.0, "bench_timeout_s": 0.001, "bucket_max": 1,
             "graph_race_rounds": 0}
+
+
+def _normalise(f: dataclasses.Field, value: Any) -> Any:
+    """A choice setting's value in its canonical spelling: choices are lower-case words (language
+    names are lower-case identifiers, runtime/languages.py), so "OFF" or " Triton, Helion" mean
+    "off" and "triton,helion". Free-form strings (cache_dir, debug_dir: paths, where case
+    matters) and other types are returned as they are."""
+    if not isinstance(value, str) or not f.metadata.get("choices"):
+        return value
+    if f.metadata.get("several"):
+        return ",".join(v.strip().lower() for v in value.split(",") if v.strip())
+    return value.strip().lower()
+
+
+# TILEWRIGHT_* variables read outside this object (so a set one is not taken for a misspelling),
+# with who reads them
+OTHER_ENV = {
+    "TILEWRIGHT_FLYDSL_ROCM": "runtime/flydsl.py: the ROCm folder FlyDSL's compile-only builds use",
+    "TILEWRIGHT_TEST_FRESH_PROCESS": "tests/test_flydsl_launch.py: a test re-run in a fresh process",
+}
+_warned_env: set[str] = set()
+_PREFIX = "TILEWRIGHT_"
+
+
+def unknown_env(environ: Any) -> list[tuple[str, str | None]]:
+    """The ``TILEWRIGHT_*`` names in ``environ`` that no setting (and nothing in
+    :data:`OTHER_ENV`) reads, each with the closest known name (``difflib``), or None."""
+    known = {f.metadata["env"] for f in dataclasses.fields(Config)} | set(OTHER_ENV)
+    # compared without the prefix every name shares (with it, any name is "close" to any other)
+    tails = {name[len(_PREFIX):]: name for name in known}
+    out = []
+    for name in sorted(k for k in environ if k.startswith(_PREFIX) and k not in known):
+        close = difflib.get_close_matches(name[len(_PREFIX):].upper(), list(tails), n=1, cutoff=0.6)
+        out.append((name, tails[close[0]] if close else None))
+    return out
+
+
+def warn_unknown_env(environ: Any) -> None:
+    """One ``UserWarning`` per process for each ``TILEWRIGHT_*`` variable that nothing reads (a
+    misspelt setting is otherwise silently ignored), naming the closest setting."""
+    for name, close in unknown_env(environ):
+        if name in _warned_env:
+            continue
+        _warned_env.add(name)
+        hint = f"; did you mean {close}?" if close else ""
+        warnings.warn(f"{name} is set but is not a tilewright setting, so it is ignored{hint} "
+                      f"(`python -m tilewright config` lists the settings)", UserWarning, stacklevel=3)
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:

@@ -145,5 +145,7 @@ def program_candidates(problem: LoopProblem, target: Target, rank: int) -> list[
     from tilewright.templates.aten.unfused import program_digest
 
     t = get_template(f"aten.unfused_{problem.kind}")
+    if not t.supports(problem, target):  # an empty kernel, say
+        return []
     return [Candidate.of(t.id, t.source_hash, {"program": program_digest(problem.unfused)}, rank=rank,
                          predicted_ms=None)]

@@ -66,7 +66,12 @@ with tilewright.config.patch(force_backend="triton", autotune=False):
   settings of that first call), and a problem already in the tuning cache is not timed again.
 * **Environment variables are read once**, when tilewright is imported (or at
   `tilewright.config.reload_env()`). A bad value does not stop the import; the first compile,
-  op call or command raises one `ConfigError` line naming the variable and the values it takes.
+  op call or command raises one `ConfigError` line naming the variable and the values it takes
+  (`from tilewright import ConfigError` to catch it). Choice values take any case
+  (`TILEWRIGHT_GRAPH_RACE=OFF` is `off`; paths keep theirs). A `TILEWRIGHT_*` variable that no
+  setting reads, a misspelling such as `TILEWRIGHT_GRAPH_RAC`, is ignored with one warning per
+  process naming the closest setting (`TILEWRIGHT_FLYDSL_ROCM` is read by the FlyDSL toolchain,
+  docs/flydsl.md).
 
 ## Settings
 

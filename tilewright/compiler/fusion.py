@@ -476,8 +476,8 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
 
     Raises:
         FusionError: hosts of row lengths that are symbolic and differ, a shorter host with
-            Welford's statistics (they count the row's lanes), or two parts that store the
-            same value.
+            Welford's statistics (they count the row's lanes), a host whose rows are empty
+            (length 0: an empty batch's weight gradient), or two parts that store the same value.
     """
     hosts = [p for p in parts if p.kernel.kind == "reduction"]
     order = hosts + [p for p in parts if p not in hosts]
@@ -500,6 +500,8 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
     R = sympy.Integer(1)
     if hosts:
         rows_r = [row_of(h) for h in hosts]
+        if any(r == 0 for r in rows_r):  # an empty batch's weight gradient: no lanes to lay out
+            raise FusionError("a reduction over rows of length 0")
         if all(same(r, rows_r[0]) for r in rows_r):
             R = rows_r[0]
         elif all(r.is_Integer for r in rows_r):

@@ -9,10 +9,11 @@ decompositions, no aot_autograd wrappers; :func:`raced_with_eager`) and, for a t
 forward and backward, the graph aot_autograd handed the pipeline run op by op (what the
 run-time fallback runs; :func:`raced`). The first two calls run compiled, then one untimed ATen
 call (lazy loads, first-touch allocations), then the sides alternate for
-``config.graph_race_rounds`` timed calls each, and the side whose fastest call was faster runs
-from then on (a busy host only adds time to a call). Every call runs exactly one side and
-returns its result, so the race costs no extra work and changes no random stream; both sides
-compute the same graph, so a call's answer is the graph's answer whichever runs it.
+``config.graph_race_rounds`` timed calls each (a call with an empty input runs compiled and is
+no round), and the side whose fastest call was faster runs from then on (a busy host only adds
+time to a call). Every call runs exactly one side and returns its result, so the race costs no
+extra work and changes no random stream; both sides compute the same graph, so a call's answer
+is the graph's answer whichever runs it.
 
 A call made while :func:`tilewright.compiler.dispatches.counting` counts ATen calls runs the
 compiled graph and is no round of the race (the count is of the compiled graph's calls). Only
@@ -89,6 +90,10 @@ class _Race:
             return self.winner, False
         if counting_dispatches():
             return "compiled", False  # a count of the compiled graph's calls, not a round
+        if any(isinstance(a, torch.Tensor) and a.numel() == 0 for a in args):
+            # an empty batch: nothing worth timing, and the decomposed graph's ops warn on it
+            # (var_mean's "degrees of freedom is <= 0", every call) where the compiled graph does not
+            return "compiled", False
         with self.lock:
             n = self.calls
             self.calls = n + 1
