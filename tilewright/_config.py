@@ -368,7 +368,12 @@ def unknown_env(environ: Any) -> list[tuple[str, str | None]]:
 
 def warn_unknown_env(environ: Any) -> None:
     """One ``UserWarning`` per process for each ``TILEWRIGHT_*`` variable that nothing reads (a
-    misspelt setting is otherwise silently ignored), naming the closest setting."""
+    misspelt setting is otherwise silently ignored), naming the closest setting. Not in processes
+    that multiprocessing started (tuning workers, data-loader workers): their parent has said it."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        return
     for name, close in unknown_env(environ):
         if name in _warned_env:
             continue
