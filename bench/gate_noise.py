@@ -3,9 +3,14 @@ then inject a real slowdown and check that it is caught.
 
     .venv/bin/python bench/gate_noise.py [--reruns 10] [--slowdown 10%] [--suite tiny]
                                          [--max-regression 5%] [--out-dir DIR] [--json FILE]
+                                         [--fork]
 
 Steps, each ``tilewright bench run`` in its own process (as CI runs it), all sharing one
-private tuning cache (the baseline's run fills it, so every run times the same choices):
+private tuning cache (the baseline's run fills it, so every run times the same choices).
+With ``--fork`` each run is a process forked from this one, which has imported torch and
+tilewright already, instead of a fresh interpreter: the same command line through the same
+``main``, without ~3 s of imports per run (the test suite's way; a fresh interpreter also
+draws its own hash seed and address layout, which a forked one inherits):
 
 1. a baseline run;
 2. ``--reruns`` runs of the same, unchanged code;
@@ -37,22 +42,70 @@ from tilewright.perf.compare import (DEFAULT_MAX_REGRESSION, METRICS, compare,  
                                      load_results, parse_percent)
 
 
-def bench_run(out: Path, suite: str, cache: Path, slowdown: str = "0%", threads: int = 1) -> float:
-    """One ``tilewright bench run`` in a fresh process; returns its wall time (s).
+def bench_run(out: Path, suite: str, cache: Path, slowdown: str = "0%", threads: int = 1,
+              fork: bool = False) -> float:
+    """One ``tilewright bench run`` in its own process: a fresh interpreter, or with ``fork``
+    a child of this process (POSIX only) running the same arguments through
+    ``tilewright.cli.main.main``. Returns the run's wall time (s).
 
     Raises:
         RuntimeError: the run failed (its output tail is in the message).
     """
-    env = {**os.environ, "TILEWRIGHT_CACHE_DIR": str(cache),
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "tilewright", "bench", "run", "--suite", suite, "--target", "cpu",
-           "--out", str(out), "--inject-slowdown", slowdown, "--cpu-threads", str(threads)]
+    args = ["bench", "run", "--suite", suite, "--target", "cpu", "--out", str(out),
+            "--inject-slowdown", slowdown, "--cpu-threads", str(threads)]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n"
-                           f"{(proc.stdout + proc.stderr)[-2000:]}")
+    if fork:
+        rc, output = _forked_run(args, cache)
+    else:
+        env = {**os.environ, "TILEWRIGHT_CACHE_DIR": str(cache),
+               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        proc = subprocess.run([sys.executable, "-m", "tilewright", *args], env=env,
+                              capture_output=True, text=True)
+        rc, output = proc.returncode, proc.stdout + proc.stderr
+    if rc != 0:
+        raise RuntimeError(f"tilewright {' '.join(args)} exited {rc}{' (forked)' if fork else ''}:\n"
+                           f"{output[-2000:]}")
     return time.monotonic() - t0
+
+
+def _forked_run(args: list[str], cache: Path) -> tuple[int, str]:
+    """``tilewright <args>`` in a forked child, its output to a file; (exit status, output).
+
+    The parent runs no torch op before forking (only imports), so the child starts with no
+    thread pool to inherit; the child reads its cache folder from the environment as a fresh
+    process would, and leaves with ``os._exit`` (no parent's atexit handlers run twice)."""
+    # what a run imports, imported here once before the first fork (imports only: no torch op)
+    import tilewright.cli.warm  # noqa: F401
+    import tilewright.perf.cpu_suite  # noqa: F401
+    import tilewright.perf.suites  # noqa: F401
+    from tilewright.cli.main import main
+
+    log = cache.parent / f"{Path(args[args.index('--out') + 1]).stem}.log"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child
+        rc = 70
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.environ["TILEWRIGHT_CACHE_DIR"] = str(cache)
+            import tilewright
+
+            tilewright.config.reload_env()
+            rc = main(args)
+        except BaseException:  # noqa: BLE001 - the child reports everything through its status
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc if isinstance(rc, int) else 70)
+    _, status = os.waitpid(pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
+    return rc, log.read_text() if log.exists() else ""
 
 
 def verdicts(base: Path, new: Path, floor: float) -> dict[str, dict]:
@@ -80,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="bench run --cpu-threads (default 1; 0: torch's own setting)")
     ap.add_argument("--out-dir", help="where the results files go (default: a temporary folder)")
     ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument("--fork", action="store_true",
+                    help="fork each run from this process instead of starting a fresh interpreter "
+                         "(saves the imports; POSIX only)")
     args = ap.parse_args(argv)
     floor = parse_percent(args.max_regression)
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="tilewright-gate-noise-"))
@@ -88,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
 
     base = out / "base.json"
-    seconds = {"base": bench_run(base, args.suite, cache, threads=args.cpu_threads)}
+    seconds = {"base": bench_run(base, args.suite, cache, threads=args.cpu_threads, fork=args.fork)}
     runs = {f"rerun{i + 1}": out / f"rerun{i + 1}.json" for i in range(args.reruns)}
     runs[f"slowed{args.slowdown}"] = out / "slowed.json"
     for name, path in runs.items():
         slowdown = args.slowdown if name.startswith("slowed") else "0%"
-        seconds[name] = bench_run(path, args.suite, cache, slowdown, args.cpu_threads)
+        seconds[name] = bench_run(path, args.suite, cache, slowdown, args.cpu_threads, args.fork)
     results = {name: verdicts(base, path, floor) for name, path in runs.items()}
 
     summary = _summary(results, args, time.monotonic() - t0, seconds, out)
@@ -116,7 +172,7 @@ def _summary(results: dict, args: argparse.Namespace, wall_s: float, seconds: di
                       if reruns else None}
                   for m in METRICS}
     return {"suite": args.suite, "reruns": len(reruns), "slowdown": args.slowdown,
-            "cpu_threads": args.cpu_threads,
+            "cpu_threads": args.cpu_threads, "forked": args.fork,
             "max_regression": args.max_regression, "wall_s": round(wall_s, 1),
             "run_s": {k: round(v, 1) for k, v in seconds.items()}, "out_dir": str(out),
             **per_metric}
