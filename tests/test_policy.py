@@ -25,6 +25,20 @@ def llm_problems():
                                                            layout_b="col")
 
 
+_CANDIDATES: dict[tuple, list] = {}
+
+
+def llm_candidates(target) -> list[tuple[str, GemmProblem, list]]:
+    """(name, problem, candidates) for every LLM shape on ``target``, computed once per process
+    and settings: the legality, decode and roofline tests below ask the policy the same ~250
+    questions per target (CI time; candidates are frozen, so sharing them is safe)."""
+    key = (target.name, json.dumps(tilewright.config.as_dict(), sort_keys=True, default=str))
+    if key not in _CANDIDATES:
+        policy = policy_for("gemm", target)
+        _CANDIDATES[key] = [(name, p, policy.candidates(p, target)) for name, p in llm_problems()]
+    return _CANDIDATES[key]
+
+
 @pytest.mark.parametrize("target_name", ["cuda:sm_90a", "cuda:sm_100a", "hip:gfx950", "cpu"])
 def test_candidates_are_legal_clamped_and_bounded(target_name):
     target = get_target(target_name)
@@ -36,8 +50,7 @@ def test_candidates_are_legal_clamped_and_bounded(target_name):
 
 
 def _check_candidates(target):
-    for name, p in llm_problems():
-        cands = policy_for("gemm", target).candidates(p, target)
+    for name, p, cands in llm_candidates(target):
         assert cands[0].template_id == "aten.gemm" and cands[0].rank == 0, name
         gen = cands[1:]
         assert 1 <= len(gen) <= tilewright.config.max_candidates, name
@@ -82,10 +95,10 @@ def test_decode_policy_budget_and_remedies(target_name):
         reasons = [pointer.check({**pointer.space.default(), **v}, p, target) for v in settings]
         return bool(settings) and all(r and ("spill" in r or "registers" in r) for r in reasons)
 
-    for name, p in llm_problems():
+    for name, p, cands in llm_candidates(target):
         if p.M > 64:
             continue
-        gen = policy_for("gemm", target).candidates(p, target)[1:]
+        gen = cands[1:]
         assert len(gen) <= tilewright.config.max_candidates, name
         swapped = [c for c in gen if c.param_dict.get("SWAP_AB")]
         split = [c for c in gen if c.param_dict.get("SPLIT_K", 1) > 1]
@@ -117,8 +130,8 @@ def test_max_candidates_setting_bounds_the_list():
 def test_cost_model_never_beats_roofline():
     for tname in ("cuda:sm_90a", "cuda:sm_100a", "hip:gfx942", "hip:gfx950", "hip:gfx1250"):
         target = get_target(tname)
-        for _, p in llm_problems():
-            for c in policy_for("gemm", target).candidates(p, target)[1:]:
+        for _, p, cands in llm_candidates(target):
+            for c in cands[1:]:
                 assert estimate_gemm(p, c.param_dict, target).ms >= roofline_ms(p, target)
 
 
