@@ -201,12 +201,24 @@ def entry_problem(entry: Any, digest: str | None = None) -> str | None:
     if not isinstance(entry.get("records"), dict):
         return f"records is {type(entry.get('records')).__name__}, not an object"
     try:
-        key = ProblemKey.from_entry(entry)
+        key_digest = _key_digest(json.dumps({k: entry[k] for k in _KEY_FIELDS if k in entry}, sort_keys=True))
     except Exception as e:  # noqa: BLE001 - any way a problem fails to parse makes it unusable
         return f"its problem does not parse ({type(e).__name__}: {e})"
-    if digest is not None and key.digest != digest:
-        return f"it is filed under {digest} but its key hashes to {key.digest}"
+    if digest is not None and key_digest != digest:
+        return f"it is filed under {digest} but its key hashes to {key_digest}"
     return None
+
+
+_KEY_FIELDS = ("problem", "target", "torch_version", "triton_version", "tilewright_version", "rules")
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_digest(fields: str) -> str:
+    """The digest of the key that an entry's key fields (as sorted JSON) hold. Remembered by
+    that text: parsing a problem (its sympy sizes) is most of checking an entry, and a tuning
+    step checks its problem's entry three times (look-up, merge, decision), with the same text.
+    A problem that does not parse raises, and is not remembered."""
+    return ProblemKey.from_entry(json.loads(fields)).digest
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ the next one failing against inputs it never saw.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -110,14 +111,27 @@ def fingerprint(inputs: Any) -> tuple[int, ...]:
         raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
         words = next(raw.view(dt) for dt, n in ((torch.int64, 8), (torch.int32, 4), (torch.uint8, 1))
                      if st.nbytes() % n == 0)
-        weights = torch.arange(min(_CHUNK, words.numel()), dtype=torch.int64, device=t.device) * 2 + 1
+        weights = _weights(min(_CHUNK, words.numel()), t.device)
         total = 0
         for i in range(0, words.numel(), _CHUNK):
             c = words[i:i + _CHUNK].to(torch.int64)
-            total += int((c * weights[:c.numel()]).sum())
+            # a dot product wraps modulo 2^64 as the product's sum did, without the product
+            total += int(torch.dot(c, weights[:c.numel()]))
             total += 2 * i * int(c.sum())
         out.append(total % (1 << 64))
     return tuple(out)
+
+
+_weight_cache: dict[torch.device, torch.Tensor] = {}
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    """The odd weights 1, 3, 5, ... (at least ``n`` of them) on ``device``, made once and kept
+    (at most one chunk, 32 MiB) instead of per storage and call."""
+    w = _weight_cache.get(device)
+    if w is None or w.numel() < n:
+        w = _weight_cache[device] = torch.arange(max(n, 1 << 16), dtype=torch.int64, device=device) * 2 + 1
+    return w
 
 
 def input_set_count(problem: Any, target_name: str) -> int:
@@ -171,16 +185,17 @@ def _special_values_wrong(task: EvalTask, factory: Any, launch: Callable) -> str
         return None
     device = torch.device(task.device)
     try:
-        # made again for each candidate (cheap, the same values), so none sees another's writes
-        x = kind.special_inputs(task.problem, device, task.seed)
-        if x is None:
-            return None
+        # made once per problem and copied for each candidate (storage and layout alike), so
+        # none sees another's writes
         key = (task.problem, task.device, task.seed)
         if _last.get("special_key") != key:
-            _last["special_key"], _last["special_ref"] = key, judge(task.problem, x)
+            pristine = kind.special_inputs(task.problem, device, task.seed)
+            ref = None if pristine is None else judge(task.problem, copy.deepcopy(pristine))
+            _last["special_key"], _last["special_inputs"], _last["special_ref"] = key, pristine, ref
         ref = _last["special_ref"]
         if ref is None:
             return None
+        x = copy.deepcopy(_last["special_inputs"])
         result = kind.run(launch, x, kind.poisoned(task.problem, device))
         err, tol = kind.error(task.problem, result, ref, config.allow_tf32)
     except Exception as e:  # noqa: BLE001 - a kernel that fails on them is wrong on them

@@ -66,6 +66,7 @@ def cmd_run_models(args: argparse.Namespace) -> int:
                               cpu_threads=args.cpu_threads, out=Path(args.out),
                               time_budget_s=args.time_budget_s,
                               cases=tuple(args.cases.split(",")) if args.cases else None,
+                              fresh_process={"process": True, "inline": False}.get(args.first_call),
                               on_progress=lambda name, row: status.update(f"done {name}"))
     console.print(model_results_table(doc))
     if doc["skipped"]:
@@ -198,6 +199,9 @@ def add_parser(sub) -> None:
     r.add_argument("--shapes", help="shapes file for the llm suites (default bench/cases/...)")
     r.add_argument("--inductor", action="store_true",
                    help="also time Inductor max-autotune (cpu suites: Inductor, on by default for cpu)")
+    r.add_argument("--first-call", choices=("process", "inline"),
+                   help="cpu suites: time each backend's first call in a fresh process per case "
+                        "(process, the default of cpu) or in this process (inline, the default of cpu-ci)")
     r.add_argument("--time-budget-s", type=float, help="start no new problem after this long")
     r.add_argument("--factory", help=argparse.SUPPRESS)
     # tests only: make tilewright's measured calls this much slower (CPU), to show the gate

@@ -168,6 +168,12 @@ class LoopNode(Node):
 
     @property
     def inputs(self) -> list[str]:
+        # remembered for the body and scatter it was found for (IR nodes are immutable, so the
+        # same objects read the same values): the fusion scheduler asks every node for its
+        # inputs at each step, and walking the body each time was most of its time
+        memo = self.__dict__.get("_inputs_memo")
+        if memo is not None and memo[0] is self.body and memo[1] is self.scatter:
+            return list(memo[2])
         from tilewright.ir.expr import loads
 
         seen: dict[str, None] = {}
@@ -175,6 +181,7 @@ class LoopNode(Node):
             seen.setdefault(ld.arg[0], None)
         if self.scatter is not None:
             seen.setdefault(self.scatter.target, None)
+        self.__dict__["_inputs_memo"] = (self.body, self.scatter, tuple(seen))
         return list(seen)
 
     @property

@@ -3,12 +3,20 @@
 Where the GEMM suites time one problem's kernels, this suite times whole functions and models as
 a user runs them: a few kernels (RMSNorm, softmax, LayerNorm + GELU), one Llama decoder block,
 and the demo's models (MiniLM, Llama inference and a training step, a Qwen3-MoE training step).
-Per case, in one process:
+Per case:
 
-* **first call**: the compile and first call of each backend, on its own copy of the model;
-  tilewright with an empty tuning cache (``cache_dir`` a fresh folder), Inductor *cold* (its FX
-  graph and autograd caches off, a fresh ``TORCHINDUCTOR_CACHE_DIR``). An ``aot_eager`` compile
-  of the case runs first, untimed, so one-time imports and Dynamo's own warm-up land on neither.
+* **first call**: the compile and first call (wall time) of each backend, each in a **fresh
+  process** (:mod:`tilewright.perf.first_call`), as a user's first call is: the backend pays its
+  own imports and one-time setup (Inductor's C++ toolchain and ISA probes and compile workers,
+  our C++ toolchain probe), and no in-memory cache carries over from another case. Caches start
+  empty: tilewright's ``cache_dir`` a fresh folder, Inductor *cold* (its FX graph and autograd
+  caches off, a fresh ``TORCHINDUCTOR_CACHE_DIR``). In that process an ``aot_eager`` compile of
+  the case runs first, untimed, so Dynamo's own one-time warm-up lands on neither backend. The
+  steady-state models below are then compiled in this process from those folders (tilewright
+  reuses the child's tuning records, Inductor its built kernels), untimed. The ``cpu-ci``
+  variant (CI) times first calls in this process instead (``--first-call inline``: a fresh
+  process per case costs ~5 s more each), after the untimed ``aot_eager`` compile, so there its
+  first case carries the one-time costs and later cases find the earlier ones' imports.
 * **steady state**: eager (recorded as ``aten``, the gate's reference: PyTorch running op by op),
   tilewright and Inductor timed interleaved, round by round
   (:func:`tilewright.perf.run.time_side_by_side`), with ``cpu_threads`` torch threads (1 by
@@ -23,193 +31,42 @@ Per case, in one process:
 
 Rows are in the format ``bench compare`` gates: ``paired_vs_aten`` is tilewright's time over
 eager's, round by round, so machine drift cancels. ``paired_vs_inductor`` and
-``first_call_vs_inductor`` are recorded beside it, not gated. The ``cpu-ci`` variant is the
-three kernels and the block at small sizes, without Inductor unless asked: what CI runs.
+``first_call_vs_inductor`` are recorded beside it, not gated; the document's
+``settings.first_call`` says how first calls were timed. The ``cpu-ci`` variant is the three
+kernels and the block at small sizes, without Inductor unless asked: what CI runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 
 from tilewright._config import config
+from tilewright.perf.cpu_cases import (  # noqa: F401 - the cases' names, re-exported
+    CI_CASES, DEMO_CASES, KERNEL_CASES, MODEL_SUITES, Case, LlamaBlock, Setup, find_case,
+)
+from tilewright.perf.first_call import FirstCallError, compile_bytecode, first_call_s
 from tilewright.perf.run import (
     FORMAT, _torch_threads, _write, environment, paired_ratio, time_side_by_side,
 )
 from tilewright.runtime.targets import get_target
 
 
-@dataclass
-class Setup:
-    """One case, built: ``make()`` returns a fresh model (or function) with the same weights
-    each time; ``step(model)`` is one call (a training step runs forward and backward) and
-    returns the value compared against eager's; ``fullgraph`` as ``torch.compile`` takes it."""
-
-    make: Callable[[], Any]
-    step: Callable[[Any], torch.Tensor]
-    fullgraph: bool = False
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    describe: str
-    build: Callable[[], Setup]
-
-
-# -- the cases ----------------------------------------------------------------------------------
-def _kernel(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> Setup:
-    return Setup(make=lambda: fn, step=lambda f: f(*args), fullgraph=True)
-
-
-def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=dtype)
-
-
-def _rms_norm(rows: int, hidden: int) -> Setup:
-    x, w = _randn(rows, hidden), _randn(hidden)
-
-    def rms_norm(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-    return _kernel(rms_norm, x, w)
-
-
-def _softmax(rows: int, cols: int) -> Setup:
-    def softmax(x):
-        return torch.softmax(x, -1)
-    return _kernel(softmax, _randn(rows, cols))
-
-
-def _layer_norm_gelu(rows: int, hidden: int) -> Setup:
-    x, w, b = _randn(rows, hidden), _randn(hidden), _randn(hidden + 1)[:hidden]
-
-    def layer_norm_gelu(x, w, b):
-        return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b))
-    return _kernel(layer_norm_gelu, x, w, b)
-
-
-class LlamaBlock(torch.nn.Module):
-    """One Llama decoder layer with its rotary embedding (transformers' own modules)."""
-
-    def __init__(self, hidden: int, heads: int, kv_heads: int, intermediate: int):
-        super().__init__()
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-
-        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
-                          num_key_value_heads=kv_heads, max_position_embeddings=512,
-                          attn_implementation="sdpa")
-        self.layer = LlamaDecoderLayer(cfg, layer_idx=0)
-        self.rotary = LlamaRotaryEmbedding(cfg)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-        out = self.layer(x, position_embeddings=self.rotary(x, pos), position_ids=pos)
-        return out[0] if isinstance(out, tuple) else out
-
-
-def _llama_block(batch: int, seq: int, hidden: int) -> Setup:
-    torch.manual_seed(0)
-    block = LlamaBlock(hidden, heads=max(1, hidden // 32), kv_heads=max(1, hidden // 64),
-                       intermediate=2 * hidden).eval()
-    x = _randn(batch, seq, hidden)
-
-    def step(m):
-        with torch.no_grad():
-            return m(x)
-    return Setup(make=lambda: copy.deepcopy(block), step=step)
-
-
-def _demo_minilm() -> Setup:
-    from tilewright.demo import models
-
-    model = models.load_minilm()
-    feats = models.minilm_inputs(model)
-
-    def step(m):
-        with torch.no_grad():
-            return m(dict(feats))["sentence_embedding"]
-    return Setup(make=lambda: copy.deepcopy(model), step=step, fullgraph=True)
-
-
-def _demo_llama_bf16() -> Setup:
-    from tilewright.demo import models
-
-    model, ids = models.build_llama(torch.bfloat16).eval(), models.llama_inputs(batch=2, seq=16)
-
-    def step(m):
-        with torch.no_grad():
-            return m(input_ids=ids).logits
-    return Setup(make=lambda: copy.deepcopy(model), step=step)
-
-
-def _train_step(model: torch.nn.Module, ids: torch.Tensor) -> Setup:
-    def step(m):
-        out = m(input_ids=ids, labels=ids)
-        out.loss.backward()
-        return out.loss.detach()
-    return Setup(make=lambda: copy.deepcopy(model), step=step)
-
-
-def _demo_llama_train() -> Setup:
-    from tilewright.demo import models
-
-    return _train_step(models.build_llama(torch.float32), models.llama_inputs())
-
-
-def _demo_qwen3_moe_train() -> Setup:
-    from tilewright.demo import models
-    from tilewright.demo.run import MOE_LAYERS
-
-    return _train_step(models.build_qwen3_moe(torch.bfloat16, layers=MOE_LAYERS), models.qwen3_moe_inputs())
-
-
-KERNEL_CASES = (
-    Case("cpu.rms_norm", "RMSNorm, fp32 (1024, 1024)", lambda: _rms_norm(1024, 1024)),
-    Case("cpu.softmax", "softmax over the last dim, fp32 (1024, 1024)", lambda: _softmax(1024, 1024)),
-    Case("cpu.layer_norm_gelu", "LayerNorm then GELU, fp32 (1024, 1024)", lambda: _layer_norm_gelu(1024, 1024)),
-    Case("cpu.llama_block", "one Llama decoder layer, fp32, 2x64 tokens, hidden 256",
-         lambda: _llama_block(2, 64, 256)),
-)
-DEMO_CASES = (
-    Case("demo.minilm", "all-MiniLM-L6-v2 inference (real weights), 4 sentences", _demo_minilm),
-    Case("demo.llama_bf16", "demo Llama (2 layers) bf16 inference, 2x16 tokens", _demo_llama_bf16),
-    Case("demo.llama_train", "demo Llama fp32 training step (forward + backward), 2x24", _demo_llama_train),
-    Case("demo.qwen3_moe_train", "demo Qwen3-MoE bf16 training step (1 layer, 8 experts)",
-         _demo_qwen3_moe_train),
-)
-CI_CASES = (
-    Case("cpu.rms_norm", "RMSNorm, fp32 (256, 512)", lambda: _rms_norm(256, 512)),
-    Case("cpu.softmax", "softmax over the last dim, fp32 (256, 512)", lambda: _softmax(256, 512)),
-    Case("cpu.layer_norm_gelu", "LayerNorm then GELU, fp32 (256, 512)", lambda: _layer_norm_gelu(256, 512)),
-    Case("cpu.llama_block", "one Llama decoder layer, fp32, 1x32 tokens, hidden 128",
-         lambda: _llama_block(1, 32, 128)),
-)
-
-MODEL_SUITES: dict[str, tuple[tuple[Case, ...], bool]] = {
-    "cpu": (KERNEL_CASES + DEMO_CASES, True),
-    "cpu-ci": (CI_CASES, False),
-}
-"""Suite name -> (cases, whether Inductor is compiled and timed beside by default)."""
-
-
 # -- running ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _inductor_cold() -> Iterator[None]:
-    """Inductor without its FX graph and autograd caches, its compile cache in a fresh folder."""
+def _inductor_cold(folder: Path | None = None) -> Iterator[None]:
+    """Inductor without its FX graph and autograd caches, its compile cache in ``folder`` (a
+    fresh temporary one when None)."""
     old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="tw-inductor-") as folder:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    with tempfile.TemporaryDirectory(prefix="tw-inductor-") as fresh:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder or fresh)
         try:
             with torch._inductor.config.patch(fx_graph_cache=False), \
                     torch._functorch.config.patch(enable_autograd_cache=False):
@@ -222,7 +79,7 @@ def _inductor_cold() -> Iterator[None]:
 
 
 def _first_call(setup: Setup, backend: str, cold: Callable[[], Any]) -> tuple[Any, Callable[[], Any], float]:
-    """(compiled model, its step, seconds of compile + first call)."""
+    """(compiled model, its step, seconds of compile + first call), in this process."""
     import torch._dynamo
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
@@ -232,6 +89,24 @@ def _first_call(setup: Setup, backend: str, cold: Callable[[], Any]) -> tuple[An
         setup.step(model)
         seconds = time.perf_counter() - t0
     return model, (lambda: setup.step(model)), seconds
+
+
+def _fresh_first_calls(suite: str, case: Case, backends: tuple[str, ...], cpu_threads: int,
+                       folder: Path) -> dict[str, dict[str, Any]]:
+    """Per backend, ``{"first_call_s": s}`` timed in a fresh process (:mod:`.first_call`), or
+    ``{"first_call_error": why}``. tilewright's child tunes into ``folder / "tilewright"`` and
+    Inductor's builds into ``folder / "inductor"``, both empty before; this process then
+    compiles its steady-state models from them (so it does not tune everything again)."""
+    out: dict[str, dict[str, Any]] = {}
+    for backend in backends:
+        try:
+            r = first_call_s(suite, case.name, backend, cpu_threads=cpu_threads,
+                             cache_dir=folder / ("tilewright" if backend == "tilewright" else f"{backend}-tw"),
+                             inductor_dir=folder / ("inductor" if backend == "inductor" else f"{backend}-ind"))
+            out[backend] = {"first_call_s": r["first_call_s"]}
+        except FirstCallError as e:
+            out[backend] = {"first_call_error": str(e)}
+    return out
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -246,28 +121,37 @@ def _choices(reports: list) -> str:
     return ", ".join(f"{n} {t}" for t, n in counts.most_common())
 
 
-def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path) -> dict[str, Any]:
-    """One row of the results (see the module docstring)."""
+def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path, *,
+               suite: str | None = None) -> dict[str, Any]:
+    """One row of the results (see the module docstring). With ``suite``, first calls are timed
+    each in a fresh process (:mod:`.first_call`, the case found by its name in ``suite``);
+    without, in this one."""
     from tilewright.compiler.dispatches import counting
     from tilewright.compiler.report import collect_reports
 
     row: dict[str, Any] = {"id": case.name, "describe": case.describe, "impls": {}}
+    folder = tune_dir / case.name
+    fresh = (_fresh_first_calls(suite, case, ("tilewright", "inductor") if inductor else ("tilewright",),
+                                cpu_threads, folder) if suite is not None else {})
     with _torch_threads(cpu_threads):
         setup = case.build()
         eager_model = setup.make()
         ref = setup.step(eager_model)
         _first_call(setup, "aot_eager", contextlib.nullcontext)  # Dynamo's one-time costs
-        with collect_reports() as reports, config.patch(cache_dir=str(tune_dir / case.name)):
+        with collect_reports() as reports, config.patch(cache_dir=str(folder / "tilewright")):
             tw_model, tw_step, tw_first = _first_call(setup, "tilewright", contextlib.nullcontext)
             runs = {"aten": [lambda: setup.step(eager_model)], "tilewright": [tw_step]}
-            row["impls"]["tilewright"] = {"first_call_s": tw_first, "rel_err": _rel_err(tw_step(), ref)}
+            row["impls"]["tilewright"] = fresh.get("tilewright", {"first_call_s": tw_first}) \
+                | {"rel_err": _rel_err(tw_step(), ref)}
             for _ in range(3 + 2 * config.graph_race_rounds):  # steady state: the graph race decided
                 tw_step()
             row["impls"]["aten"] = {"rel_err": 0.0}
             if inductor:
-                _, ind_step, ind_first = _first_call(setup, "inductor", _inductor_cold)
+                cold = (lambda: _inductor_cold(folder / "inductor")) if suite is not None else _inductor_cold
+                _, ind_step, ind_first = _first_call(setup, "inductor", cold)
                 runs["inductor"] = [ind_step]
-                row["impls"]["inductor"] = {"first_call_s": ind_first, "rel_err": _rel_err(ind_step(), ref)}
+                row["impls"]["inductor"] = fresh.get("inductor", {"first_call_s": ind_first}) \
+                    | {"rel_err": _rel_err(ind_step(), ref)}
             times, errors = time_side_by_side(runs, torch.device("cpu"), pair=("tilewright", "aten"),
                                               clock=thread_ms if cpu_threads == 1 else None)
             with counting(reports) as ours:
@@ -289,7 +173,9 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path) -> 
         row["speedup_vs_aten"] = row["impls"]["aten"]["ms"] / row["impls"]["tilewright"]["ms"]
     if "tilewright" in times and "inductor" in times:
         row["paired_vs_inductor"] = paired_ratio(times["tilewright"], times["inductor"])
-        row["first_call_vs_inductor"] = tw_first / row["impls"]["inductor"]["first_call_s"]
+    tw_s, ind_s = (row["impls"].get(k, {}).get("first_call_s") for k in ("tilewright", "inductor"))
+    if tw_s and ind_s:
+        row["first_call_vs_inductor"] = tw_s / ind_s
     return row
 
 
@@ -313,7 +199,7 @@ def timing_summary_plain(times: list[float]) -> dict[str, Any]:
 
 def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: int = 1,
                     out: Path | None = None, time_budget_s: float | None = None,
-                    cases: tuple[str, ...] | None = None,
+                    cases: tuple[str, ...] | None = None, fresh_process: bool | None = None,
                     on_progress: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
     """Run a model suite (``cpu``, ``cpu-ci``); returns (and writes to ``out`` after every case)
     the results document, in the format of :func:`tilewright.perf.run.run_suite`'s.
@@ -323,19 +209,26 @@ def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: in
         cpu_threads: torch threads for everything in a case, compile and tuning included.
         time_budget_s: start no new case after this long (the rest are listed as skipped).
         cases: only the cases with these names.
+        fresh_process: time each first call in a fresh process (:mod:`.first_call`; default:
+            the suite's own default, on for ``cpu``, off for ``cpu-ci``).
 
     Raises:
         KeyError: an unknown suite.
     """
-    all_cases, default_inductor = MODEL_SUITES[suite]
+    all_cases, default_inductor, default_fresh = MODEL_SUITES[suite]
     inductor = default_inductor if inductor is None else inductor
+    fresh_process = default_fresh if fresh_process is None else fresh_process
     doc: dict[str, Any] = {"format": FORMAT, "suite": suite, "created": time.time(), "complete": False,
                            "env": environment(get_target("cpu"), torch.device("cpu")),
                            "settings": {k: v for k, v in config.as_dict().items() if k.startswith("bench_")}
                            | {"cpu_threads": cpu_threads, "inductor": inductor, "reference": "eager",
-                              "clock": "thread CPU time" if cpu_threads == 1 else "wall"},
+                              "clock": "thread CPU time" if cpu_threads == 1 else "wall",
+                              "first_call": "a fresh process per case and backend" if fresh_process
+                              else "in process, after the earlier cases"},
                            "results": [], "skipped": []}
     t0 = time.monotonic()
+    if fresh_process:
+        compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="tw-bench-cpu-") as tune_dir:
         for case in all_cases:
             if cases is not None and case.name not in cases:
@@ -344,7 +237,8 @@ def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: in
                 doc["skipped"].append(case.name)
                 continue
             try:
-                row = bench_case(case, inductor, cpu_threads, Path(tune_dir))
+                row = bench_case(case, inductor, cpu_threads, Path(tune_dir),
+                                 suite=suite if fresh_process else None)
             except Exception as e:  # noqa: BLE001 - one case failing is a result
                 row = {"id": case.name, "describe": case.describe, "impls": {},
                        "error": f"{type(e).__name__}: {e}"[:300]}

@@ -9,6 +9,7 @@ file holds the kernel text, rendered with ``StrictUndefined`` so a missing value
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -149,8 +150,11 @@ class RenderedKernel:
 TEMPLATES_ROOT = Path(__file__).parent
 
 
+@functools.lru_cache(maxsize=None)
 def jinja_env(folder: Path) -> jinja2.Environment:
-    """Templates load from their own folder, and shared macros from ``templates/common/``."""
+    """Templates load from their own folder, and shared macros from ``templates/common/``. One
+    environment per folder and process, so each jinja file is compiled once, not at every render
+    (the loader still sees an edited file: it checks the file's time at each lookup)."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(folder), str(TEMPLATES_ROOT)]),
         undefined=jinja2.StrictUndefined,
@@ -168,29 +172,51 @@ _RENDER_PACKAGES = ("tilewright.templates", "tilewright.ir", "tilewright.grouped
 def _imported_render_modules(start: set[Path]) -> set[Path]:
     """The files of the template and IR modules that ``start`` imports, transitively (imports
     inside functions included: templates import lazily)."""
-    import ast
-    import importlib.util
-
     seen: set[Path] = set()
     todo = list(start)
     while todo:
-        path = todo.pop()
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] + [f"{node.module}.{a.name}" for a in node.names] \
-                if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
-            for name in names:
-                if not name.startswith(_RENDER_PACKAGES):
-                    continue
-                try:
-                    spec = importlib.util.find_spec(name)
-                except (ImportError, ValueError):
-                    continue
-                origin = Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
-                if origin and origin not in seen and origin not in start:
-                    seen.add(origin)
-                    todo.append(origin)
+        for origin in _render_imports_of(todo.pop()):
+            if origin not in seen and origin not in start:
+                seen.add(origin)
+                todo.append(origin)
     return seen
+
+
+def _render_imports_of(path: Path) -> tuple[Path, ...]:
+    """The files of the template and IR modules that ``path`` imports itself. Parsed once per
+    process and version of the file (every template's closure walks the same shared modules:
+    parsing them per template was most of a first call's template hashing)."""
+    st = path.stat()
+    return _render_imports_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _render_imports_cached(path: Path, mtime_ns: int, size: int) -> tuple[Path, ...]:
+    import ast
+
+    found: dict[Path, None] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] + [f"{node.module}.{a.name}" for a in node.names] \
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+        for name in names:
+            origin = _module_file(name) if name.startswith(_RENDER_PACKAGES) else None
+            if origin is not None:
+                found[origin] = None
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_file(name: str) -> Path | None:
+    """The ``.py`` file of module ``name``, or None (not a module: an attribute imported from
+    one; or not Python source)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
 
 
 def _jinja_closure(folder: Path, name: str) -> set[Path]:

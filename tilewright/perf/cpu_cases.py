@@ -1,0 +1,180 @@
+"""The cases of the model suites (``cpu``, ``cpu-ci``): each builds a function or a model and its
+call, with torch alone, so that a first call timed in a fresh process (:mod:`.first_call`)
+finds none of tilewright's compiler loaded before it starts the clock."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Setup:
+    """One case, built: ``make()`` returns a fresh model (or function) with the same weights
+    each time; ``step(model)`` is one call (a training step runs forward and backward) and
+    returns the value compared against eager's; ``fullgraph`` as ``torch.compile`` takes it."""
+
+    make: Callable[[], Any]
+    step: Callable[[Any], torch.Tensor]
+    fullgraph: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    describe: str
+    build: Callable[[], Setup]
+
+
+# -- the cases ----------------------------------------------------------------------------------
+def _kernel(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> Setup:
+    return Setup(make=lambda: fn, step=lambda f: f(*args), fullgraph=True)
+
+
+def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=dtype)
+
+
+def _rms_norm(rows: int, hidden: int) -> Setup:
+    x, w = _randn(rows, hidden), _randn(hidden)
+
+    def rms_norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    return _kernel(rms_norm, x, w)
+
+
+def _softmax(rows: int, cols: int) -> Setup:
+    def softmax(x):
+        return torch.softmax(x, -1)
+    return _kernel(softmax, _randn(rows, cols))
+
+
+def _layer_norm_gelu(rows: int, hidden: int) -> Setup:
+    x, w, b = _randn(rows, hidden), _randn(hidden), _randn(hidden + 1)[:hidden]
+
+    def layer_norm_gelu(x, w, b):
+        return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b))
+    return _kernel(layer_norm_gelu, x, w, b)
+
+
+class LlamaBlock(torch.nn.Module):
+    """One Llama decoder layer with its rotary embedding (transformers' own modules)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, intermediate: int):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+                          num_key_value_heads=kv_heads, max_position_embeddings=512,
+                          attn_implementation="sdpa")
+        self.layer = LlamaDecoderLayer(cfg, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+        out = self.layer(x, position_embeddings=self.rotary(x, pos), position_ids=pos)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def _llama_block(batch: int, seq: int, hidden: int) -> Setup:
+    torch.manual_seed(0)
+    block = LlamaBlock(hidden, heads=max(1, hidden // 32), kv_heads=max(1, hidden // 64),
+                       intermediate=2 * hidden).eval()
+    x = _randn(batch, seq, hidden)
+
+    def step(m):
+        with torch.no_grad():
+            return m(x)
+    return Setup(make=lambda: copy.deepcopy(block), step=step)
+
+
+def _demo_minilm() -> Setup:
+    from tilewright.demo import models
+
+    model = models.load_minilm()
+    feats = models.minilm_inputs(model)
+
+    def step(m):
+        with torch.no_grad():
+            return m(dict(feats))["sentence_embedding"]
+    return Setup(make=lambda: copy.deepcopy(model), step=step, fullgraph=True)
+
+
+def _demo_llama_bf16() -> Setup:
+    from tilewright.demo import models
+
+    model, ids = models.build_llama(torch.bfloat16).eval(), models.llama_inputs(batch=2, seq=16)
+
+    def step(m):
+        with torch.no_grad():
+            return m(input_ids=ids).logits
+    return Setup(make=lambda: copy.deepcopy(model), step=step)
+
+
+def _train_step(model: torch.nn.Module, ids: torch.Tensor) -> Setup:
+    def step(m):
+        out = m(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.loss.detach()
+    return Setup(make=lambda: copy.deepcopy(model), step=step)
+
+
+def _demo_llama_train() -> Setup:
+    from tilewright.demo import models
+
+    return _train_step(models.build_llama(torch.float32), models.llama_inputs())
+
+
+def _demo_qwen3_moe_train() -> Setup:
+    from tilewright.demo import models
+    from tilewright.demo.run import MOE_LAYERS
+
+    return _train_step(models.build_qwen3_moe(torch.bfloat16, layers=MOE_LAYERS), models.qwen3_moe_inputs())
+
+
+KERNEL_CASES = (
+    Case("cpu.rms_norm", "RMSNorm, fp32 (1024, 1024)", lambda: _rms_norm(1024, 1024)),
+    Case("cpu.softmax", "softmax over the last dim, fp32 (1024, 1024)", lambda: _softmax(1024, 1024)),
+    Case("cpu.layer_norm_gelu", "LayerNorm then GELU, fp32 (1024, 1024)", lambda: _layer_norm_gelu(1024, 1024)),
+    Case("cpu.llama_block", "one Llama decoder layer, fp32, 2x64 tokens, hidden 256",
+         lambda: _llama_block(2, 64, 256)),
+)
+DEMO_CASES = (
+    Case("demo.minilm", "all-MiniLM-L6-v2 inference (real weights), 4 sentences", _demo_minilm),
+    Case("demo.llama_bf16", "demo Llama (2 layers) bf16 inference, 2x16 tokens", _demo_llama_bf16),
+    Case("demo.llama_train", "demo Llama fp32 training step (forward + backward), 2x24", _demo_llama_train),
+    Case("demo.qwen3_moe_train", "demo Qwen3-MoE bf16 training step (1 layer, 8 experts)",
+         _demo_qwen3_moe_train),
+)
+CI_CASES = (
+    Case("cpu.rms_norm", "RMSNorm, fp32 (256, 512)", lambda: _rms_norm(256, 512)),
+    Case("cpu.softmax", "softmax over the last dim, fp32 (256, 512)", lambda: _softmax(256, 512)),
+    Case("cpu.layer_norm_gelu", "LayerNorm then GELU, fp32 (256, 512)", lambda: _layer_norm_gelu(256, 512)),
+    Case("cpu.llama_block", "one Llama decoder layer, fp32, 1x32 tokens, hidden 128",
+         lambda: _llama_block(1, 32, 128)),
+)
+
+MODEL_SUITES: dict[str, tuple[tuple[Case, ...], bool, bool]] = {
+    "cpu": (KERNEL_CASES + DEMO_CASES, True, True),
+    "cpu-ci": (CI_CASES, False, False),
+}
+"""Suite name -> (cases, whether Inductor is compiled and timed beside by default, whether first
+calls are timed each in a fresh process by default). ``cpu-ci`` (CI) times them in process: a
+fresh process per case would add ~5 s each (Python, torch and the case built again)."""
+
+
+def find_case(suite: str, name: str) -> Case:
+    """The case ``name`` of ``suite``.
+
+    Raises:
+        KeyError: an unknown suite or case (the message lists the suite's cases).
+    """
+    for case in MODEL_SUITES[suite][0]:
+        if case.name == name:
+            return case
+    raise KeyError(f"suite {suite!r} has no case {name!r}: {[c.name for c in MODEL_SUITES[suite][0]]}")
