@@ -140,3 +140,39 @@ def test_the_first_call_is_timed_in_a_fresh_process_without_our_compiler_loaded(
     with pytest.raises(FirstCallError, match="no case 'cpu.nothing'"):
         first_call_s("cpu-ci", "cpu.nothing", "eager", cpu_threads=1, cache_dir=tmp_path / "tw",
                      inductor_dir=tmp_path / "ind")
+
+
+def test_a_cpp_candidate_prebuilt_in_the_background_is_the_library_its_module_loads(tmp_path, monkeypatch):
+    """The tuner builds C++ candidates in background threads (``Language.prebuild``) while it
+    makes inputs and references; the module loaded afterwards must find exactly that library,
+    and the candidate is rendered once."""
+    from test_loop_kernels import loop_problems
+
+    from tilewright._config import config
+    from tilewright.autotune.candidates import Candidate
+    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.runtime import cpp
+    from tilewright.runtime.targets import get_target
+    from tilewright.templates import get_template
+
+    if cpp.unavailable_reason():
+        pytest.skip(cpp.unavailable_reason())
+    (problem,) = loop_problems(lambda a: torch.tanh(a) * 3 + a, torch.randn(6, 41))
+    t, aten = get_template("cpp.pointwise"), get_template("aten.pointwise")
+    cand = Candidate.of(t.id, t.source_hash, t.space.complete({}))
+    factory = TemplateKernelFactory()
+    renders = []
+    real = factory.render
+    monkeypatch.setattr(factory, "render", lambda *a: renders.append(a[1].template_id) or real(*a))
+    with config.patch(cache_dir=str(tmp_path)):
+        wait = factory.prepare(problem, [cand, Candidate.of(aten.id, aten.source_hash)], get_target("cpu"))
+        wait()
+        assert renders == ["cpp.pointwise"]  # ATen has nothing to build ahead
+        built_ahead = set((tmp_path / "cpp").rglob("*.so"))
+        launch = factory.build(problem, cand, get_target("cpu"))
+        assert renders == ["cpp.pointwise"]  # build() took the rendering prepare() made
+        lib = cpp.library_path(launch.__globals__["SOURCE"], "cpp_pointwise")
+        assert lib in built_ahead and cpp.is_valid(lib)
+        x = torch.randn(6, 41)
+        (out,) = launch(x, outs=None)
+        torch.testing.assert_close(out, torch.tanh(x) * 3 + x)

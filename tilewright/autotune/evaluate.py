@@ -185,16 +185,11 @@ def _special_values_wrong(task: EvalTask, factory: Any, launch: Callable) -> str
         return None
     device = torch.device(task.device)
     try:
-        # made once per problem and copied for each candidate (storage and layout alike), so
-        # none sees another's writes
-        key = (task.problem, task.device, task.seed)
-        if _last.get("special_key") != key:
-            pristine = kind.special_inputs(task.problem, device, task.seed)
-            ref = None if pristine is None else judge(task.problem, copy.deepcopy(pristine))
-            _last["special_key"], _last["special_inputs"], _last["special_ref"] = key, pristine, ref
-        ref = _last["special_ref"]
+        ref = _special_reference(task, judge)
         if ref is None:
             return None
+        # the inputs are made once per problem and copied for each candidate (storage and
+        # layout alike), so none sees another's writes
         x = copy.deepcopy(_last["special_inputs"])
         result = kind.run(launch, x, kind.poisoned(task.problem, device))
         err, tol = kind.error(task.problem, result, ref, config.allow_tf32)
@@ -203,6 +198,33 @@ def _special_values_wrong(task: EvalTask, factory: Any, launch: Callable) -> str
     if err <= tol:
         return None
     return f"with special values (inf, NaN, +-0, subnormals): relative error {err:.3g} > tolerance {tol:.0e}"
+
+
+def _special_reference(task: EvalTask, judge: Callable) -> Any:
+    """The special-value inputs (kept in ``_last``) and their reference, made once per problem."""
+    key = (task.problem, task.device, task.seed)
+    if _last.get("special_key") != key:
+        pristine = kind_of(task.problem).special_inputs(task.problem, torch.device(task.device), task.seed)
+        ref = None if pristine is None else judge(task.problem, copy.deepcopy(pristine))
+        _last["special_key"], _last["special_inputs"], _last["special_ref"] = key, pristine, ref
+    return _last["special_ref"]
+
+
+def prepare_checks(task: EvalTask, factory: Any) -> None:
+    """Make now what checking ``task``'s problem needs and :func:`evaluate` would make at its
+    first candidate (inputs, the reference, the special-value reference; each made once per
+    problem), so that it overlaps with candidates building in the background. Nothing is timed
+    here; a failure is left for :func:`evaluate` to meet and report."""
+    if not config.check_candidates:
+        return
+    try:
+        _, ref = _inputs_and_reference(task, factory)
+        ref()
+        judge = getattr(factory, "special_reference", None)
+        if judge is not None:
+            _special_reference(task, judge)
+    except Exception:  # noqa: BLE001 - evaluate() meets it again, as the candidate's record
+        pass
 
 
 def _scribbled(inputs: list[Any], upto: int) -> bool:

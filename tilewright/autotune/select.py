@@ -38,7 +38,7 @@ import torch
 from tilewright._config import config, forced_languages
 from tilewright.autotune.cache import ProblemKey, Record, TuningCache, default_cache
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.evaluate import EvalOutcome, EvalTask, evaluate, forget_inputs
+from tilewright.autotune.evaluate import EvalOutcome, EvalTask, evaluate, forget_inputs, prepare_checks
 from tilewright.kinds import kind_name, kind_of, policy_for
 from tilewright.autotune.pool import WorkerPool, acquire_pool
 from tilewright.errors import NoValidCandidateError
@@ -338,6 +338,15 @@ def _select(problem: Any, target: Target, factory: KernelFactory, *,
             log.info("candidate %s for %s: %s (%s)", cand.name, problem.describe(), rec.status,
                      rec.reason)
 
+    generated = [c for c in here if c.backend != "aten"]
+    prepare = getattr(factory, "prepare", None)  # a simulated factory may have none
+    if prepare is not None and generated:
+        # the generated candidates' native code builds in the background (g++ runs in other
+        # processes) while this thread makes the inputs and references; all of it is done
+        # before anything is timed, so no timing shares the machine with a build
+        wait = prepare(problem, generated, target)
+        prepare_checks(EvalTask(problem, here[0], target.name, str(device), seed), factory)
+        wait()
     for cand in here:  # ATen first (rank 0): its time is the bar the others must beat
         task = EvalTask(problem, cand, target.name, str(device), seed, best_ms())
         done(cand, evaluate(task, factory))

@@ -4,7 +4,7 @@ the runtime loader and the autotuner (which must not render source itself)."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -36,6 +36,7 @@ class TemplateKernelFactory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._launchers: dict[tuple, object] = {}
+        self._rendered: dict[tuple, RenderedKernel] = {}  # rendered by prepare(), for build()
 
     def __getstate__(self) -> dict:
         return {}
@@ -54,18 +55,52 @@ class TemplateKernelFactory:
         launch.rendered = rendered  # for debug dumps and `explain`
         return launch
 
-    def build(self, problem: Any, candidate: Candidate, target: Target):
+    @staticmethod
+    def _key(problem: Any, candidate: Candidate, target: Target) -> tuple:
         from tilewright._config import config
 
         # allow_tf32 changes the rendered source of fp32 GEMMs on tensor-core targets
-        key = (problem, candidate.key, target.name, config.allow_tf32)
+        return (problem, candidate.key, target.name, config.allow_tf32)
+
+    def build(self, problem: Any, candidate: Candidate, target: Target):
+        key = self._key(problem, candidate, target)
         with self._lock:
             if key in self._launchers:
                 return self._launchers[key]
-        launch = self.compile(self.render(problem, candidate, target))
+            rendered = self._rendered.pop(key, None)
+        launch = self.compile(rendered or self.render(problem, candidate, target))
         with self._lock:
             self._launchers[key] = launch
         return launch
+
+    def prepare(self, problem: Any, candidates: list[Candidate], target: Target) -> Callable[[], None]:
+        """Start building what ``candidates`` build natively ahead of loading (their language's
+        ``prebuild``: the C++ libraries), each in a background thread, and return ``wait()``,
+        which returns when all are done. Rendering happens here, in the caller's thread (under
+        its settings), once: :meth:`build` takes the rendered source. A failure is left for
+        :meth:`build` to meet and report as the candidate's."""
+        threads = []
+        for cand in candidates:
+            key = self._key(problem, cand, target)
+            prebuild = get_language(cand.template_id.split(".", 1)[0]).prebuild
+            with self._lock:
+                if prebuild is None or key in self._launchers or key in self._rendered:
+                    continue
+            try:
+                rendered = self.render(problem, cand, target)
+            except Exception:  # noqa: BLE001 - build() renders again and reports it
+                continue
+            with self._lock:
+                self._rendered[key] = rendered
+            t = threading.Thread(target=_quietly, args=(prebuild, rendered), daemon=True,
+                                 name=f"tilewright-prebuild-{cand.name}")
+            t.start()
+            threads.append(t)
+
+        def wait() -> None:
+            for t in threads:
+                t.join()
+        return wait
 
     def reference(self, problem: Any, inputs: Any) -> Any:
         """The float64 result, as the problem's kind computes it
@@ -77,6 +112,13 @@ class TemplateKernelFactory:
         """The float64 reference on special-value inputs, or None where it is no judge
         (:meth:`tilewright.kinds.ProblemKind.special_reference`)."""
         return kind_of(problem).special_reference(problem, inputs, self)
+
+
+def _quietly(prebuild: Callable[[Any], None], rendered: RenderedKernel) -> None:
+    try:
+        prebuild(rendered)
+    except Exception:  # noqa: BLE001 - loading the module builds again and reports the error
+        pass
 
 
 default_factory = TemplateKernelFactory()

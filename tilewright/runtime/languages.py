@@ -77,6 +77,11 @@ class Language:
             (default: import it as a Python module and take its entry function).
         priority: order among languages (lower first) wherever templates are listed: the
             candidate policies break ties in that order.
+        prebuild: ``(RenderedKernel) -> None`` or None: build ahead what :attr:`load` would
+            build (a native library, cached by its source's hash), safe to run in a background
+            thread beside other candidates' prebuilds, so the autotuner overlaps those builds
+            with its other work and :attr:`load` then finds them built. Raising is allowed (the
+            error is met again, and reported, by :attr:`load`). None: nothing to build ahead.
     """
 
     name: str
@@ -88,6 +93,7 @@ class Language:
     aot_compile: Callable[["CompileJob", "Path"], "CompileResult"] | None = None
     load: Callable[[Any], Callable] = load_python_module
     priority: int = 100
+    prebuild: Callable[[Any], None] | None = None
 
     def validate(self) -> None:
         """Raise :class:`RegistrationError` naming the first inconsistent field."""
@@ -102,6 +108,8 @@ class Language:
         for hook in ("unavailable", "versions", "load"):
             if not callable(getattr(self, hook)):
                 raise RegistrationError(f"language {self.name}: {hook} must be callable")
+        if self.prebuild is not None and not callable(self.prebuild):
+            raise RegistrationError(f"language {self.name}: prebuild must be callable or None")
         if self.aot_compile is not None:
             if not callable(self.aot_compile):
                 raise RegistrationError(f"language {self.name}: aot_compile must be callable or None")

@@ -163,13 +163,25 @@ def _probe_libmvec(cxx: str, level: int) -> bool:
         return proc.returncode == 0
 
 
-@functools.cache
+_toolchain_lock = threading.Lock()
+_toolchain: list[Toolchain] = []
+
+
 def toolchain() -> Toolchain:
-    """The toolchain of this process (probed once).
+    """The toolchain of this process (probed once; a thread that asks while another probes
+    waits for its answer).
 
     Raises:
         CppUnavailableError: no C++ compiler.
     """
+    if not _toolchain:
+        with _toolchain_lock:
+            if not _toolchain:
+                _toolchain.append(_probe_toolchain())
+    return _toolchain[0]
+
+
+def _probe_toolchain() -> Toolchain:
     cxx = compiler()
     if cxx is None:
         raise CppUnavailableError(unavailable_reason() or "no C++ compiler")

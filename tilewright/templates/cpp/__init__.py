@@ -2,6 +2,9 @@
 vectorised by g++ and threaded with OpenMP over rows, and GEMM epilogues as one such pass after
 ATen's product; built by :mod:`tilewright.runtime.cpp`."""
 
+import re
+from typing import Any
+
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.cpp.gemm import CppGemm
@@ -14,6 +17,22 @@ def _unavailable() -> str | None:
     return cpp.unavailable_reason()
 
 
+# how the templates' modules (loops.py.jinja, gemm.py.jinja) hold their C++ source and build it
+_MODULE_KERNEL = re.compile(
+    r"^SOURCE = r'''(.*?)'''\n_KERNEL = _cpp\.kernel\(SOURCE, \"\w+\", name=\"(\w+)\"\)$", re.S | re.M)
+
+
+def _prebuild(rendered: Any) -> None:
+    """Build the library a rendered C++ module loads (``runtime.cpp.build``: cached by hash, a
+    file lock per library), so that loading the module finds it built. The autotuner runs this
+    in background threads, outside the module loader's lock."""
+    from tilewright.runtime import cpp
+
+    m = _MODULE_KERNEL.search(rendered.source)
+    if m is not None:
+        cpp.build(m.group(1), m.group(2))
+
+
 LANGUAGE = Language(
     name="cpp",
     description="C++ loop kernels and GEMM epilogues for the host CPU (g++ -O3 -march=native -fopenmp, "
@@ -22,5 +41,6 @@ LANGUAGE = Language(
     forcing="C++ loop kernels and GEMM epilogues on the cpu target, the products ATen's",
     unavailable=_unavailable,
     priority=70,
+    prebuild=_prebuild,
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (CppPointwise(), CppReduction(), CppGemm()))
