@@ -39,10 +39,13 @@ def test_loop_error_without_masks_for_finite_references_is_the_masked_rule():
     r[1, 2], r[3, 4] = float("nan"), float("-inf")
     o = r.float().clone()
     cases += [(o, r), (close, r)]  # the masked path: matched, and not matched
+    huge = torch.tensor([1e200, 1.0, -3e180], dtype=torch.float64)  # a norm overflows: the exact rule
+    cases += [(huge, huge), (huge * (1 + 1e-9), huge), (torch.tensor([1e200, float("nan"), 0.0]), huge)]
     for o, r in cases:
         want = _loop_error_masked(o, r)
         got = loop_error(o, r, "fp32")
-        assert got == want or abs(got - want) <= 1e-12 * max(1.0, abs(want)), (got, want)
+        same_nan = got != got and want != want
+        assert same_nan or got == want or abs(got - want) <= 1e-12 * max(1.0, abs(want)), (got, want)
     assert loop_error(cases[3][0], ref, "fp32") == float("inf")
 
 

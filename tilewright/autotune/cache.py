@@ -125,8 +125,9 @@ class ProblemKey:
         d["problem"] = self.problem.to_json()
         return d
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
+        """The key's id in the file (computed once per key: the problem's JSON is costly)."""
         d = self.to_json()
         from tilewright.kinds import kind_of  # the registry imports the cache
 
@@ -201,7 +202,7 @@ def entry_problem(entry: Any, digest: str | None = None) -> str | None:
     if not isinstance(entry.get("records"), dict):
         return f"records is {type(entry.get('records')).__name__}, not an object"
     try:
-        key_digest = _key_digest(json.dumps({k: entry[k] for k in _KEY_FIELDS if k in entry}, sort_keys=True))
+        key_digest = _key_digest(_key_text(entry))
     except Exception as e:  # noqa: BLE001 - any way a problem fails to parse makes it unusable
         return f"its problem does not parse ({type(e).__name__}: {e})"
     if digest is not None and key_digest != digest:
@@ -212,13 +213,36 @@ def entry_problem(entry: Any, digest: str | None = None) -> str | None:
 _KEY_FIELDS = ("problem", "target", "torch_version", "triton_version", "tilewright_version", "rules")
 
 
-@functools.lru_cache(maxsize=4096)
+def _key_text(entry: dict[str, Any]) -> str:
+    return json.dumps({k: entry[k] for k in _KEY_FIELDS if k in entry}, sort_keys=True)
+
+
+_key_digests: dict[str, str] = {}
+_KEY_DIGESTS_MAX = 4096
+
+
 def _key_digest(fields: str) -> str:
-    """The digest of the key that an entry's key fields (as sorted JSON) hold. Remembered by
-    that text: parsing a problem (its sympy sizes) is most of checking an entry, and a tuning
-    step checks its problem's entry three times (look-up, merge, decision), with the same text.
-    A problem that does not parse raises, and is not remembered."""
-    return ProblemKey.from_entry(json.loads(fields)).digest
+    """The digest of the key that an entry's key fields (as sorted JSON, :func:`_key_text`)
+    hold. Remembered by that text: parsing a problem (its sympy sizes) is most of checking an
+    entry, and a tuning step checks its problem's entry three times (look-up, merge, decision)
+    with the same text; an entry this process writes is remembered from the key it was written
+    from (:func:`_remember_key`). A problem that does not parse raises, and is not remembered."""
+    digest = _key_digests.get(fields)
+    if digest is None:
+        digest = ProblemKey.from_entry(json.loads(fields)).digest
+        _remember(fields, digest)
+    return digest
+
+
+def _remember(fields: str, digest: str) -> None:
+    if len(_key_digests) >= _KEY_DIGESTS_MAX:
+        _key_digests.clear()
+    _key_digests[fields] = digest
+
+
+def _remember_key(entry: dict[str, Any], key: ProblemKey) -> None:
+    """``entry`` holds ``key.to_json()``: its key fields are known to hash to ``key.digest``."""
+    _remember(_key_text(entry), key.digest)
 
 
 @dataclass(frozen=True)
@@ -487,6 +511,7 @@ class TuningCache:
         recorded. Returns the decision (None without ``decide``).
         """
         entry = {**key.to_json(), "records": {k: r.to_json() for k, r in records.items()}}
+        _remember_key(entry, key)
         decisions, _ = self._merge({key.digest: entry}, decide={key.digest: decide} if decide else {})
         return decisions.get(key.digest)
 

@@ -93,7 +93,8 @@ def _first_call(setup: Setup, backend: str, cold: Callable[[], Any]) -> tuple[An
 
 def _fresh_first_calls(suite: str, case: Case, backends: tuple[str, ...], cpu_threads: int,
                        folder: Path) -> dict[str, dict[str, Any]]:
-    """Per backend, ``{"first_call_s": s}`` timed in a fresh process (:mod:`.first_call`), or
+    """Per backend, ``{"first_call_s": wall s, "first_call_cpu_s": CPU s}`` timed in a fresh
+    process (:mod:`.first_call`; on a busy host wall time includes waiting for a core), or
     ``{"first_call_error": why}``. tilewright's child tunes into ``folder / "tilewright"`` and
     Inductor's builds into ``folder / "inductor"``, both empty before; this process then
     compiles its steady-state models from them (so it does not tune everything again)."""
@@ -103,7 +104,7 @@ def _fresh_first_calls(suite: str, case: Case, backends: tuple[str, ...], cpu_th
             r = first_call_s(suite, case.name, backend, cpu_threads=cpu_threads,
                              cache_dir=folder / ("tilewright" if backend == "tilewright" else f"{backend}-tw"),
                              inductor_dir=folder / ("inductor" if backend == "inductor" else f"{backend}-ind"))
-            out[backend] = {"first_call_s": r["first_call_s"]}
+            out[backend] = {"first_call_s": r["first_call_s"], "first_call_cpu_s": r["cpu_s"]}
         except FirstCallError as e:
             out[backend] = {"first_call_error": str(e)}
     return out
