@@ -82,7 +82,10 @@ class TemplateKernelFactory:
         threads = []
         for cand in candidates:
             key = self._key(problem, cand, target)
-            prebuild = get_language(cand.template_id.split(".", 1)[0]).prebuild
+            try:
+                prebuild = get_language(cand.template_id.split(".", 1)[0]).prebuild
+            except Exception:  # noqa: BLE001 - an unknown language: build() reports it
+                continue
             with self._lock:
                 if prebuild is None or key in self._launchers or key in self._rendered:
                     continue
