@@ -179,3 +179,46 @@ def test_a_cpp_candidate_prebuilt_in_the_background_is_the_library_its_module_lo
         x = torch.randn(6, 41)
         (out,) = launch(x, outs=None)
         torch.testing.assert_close(out, torch.tanh(x) * 3 + x)
+
+
+def test_render_imports_are_found_in_every_kind_of_statement_block(tmp_path):
+    """Only statement bodies are walked for imports: every block that holds statements counts."""
+    from tilewright.templates.base import _module_file, _render_imports_cached
+
+    names = ["tilewright.ir.dtypes", "tilewright.ir.index", "tilewright.ir.expr", "tilewright.ir.ops",
+             "tilewright.ir.kernel", "tilewright.templates.loop_schedule", "tilewright.templates.c_expr"]
+    mod = tmp_path / "blocks.py"
+    mod.write_text(f"""
+import os
+try:
+    import {names[0]}
+except ImportError:
+    from {names[1]} import offset
+else:
+    pass
+finally:
+    x = 1
+class K:
+    def f(self):
+        with open(os.devnull):
+            for _ in ():
+                while False:
+                    if True:
+                        pass
+                    else:
+                        import {names[2]}
+        match self:
+            case 1:
+                from {names[3]} import OPS
+    async def g(self):
+        async with self:
+            import {names[4]}
+def h():
+    if x:
+        from tilewright.templates import loop_schedule
+    lambda: __import__("tilewright.nothing")
+from tilewright import problem  # not a package that shapes rendered text
+""")
+    found = set(_render_imports_cached(mod, mod.stat().st_mtime_ns, mod.stat().st_size))
+    want = {_module_file(n) for n in names} - {None, _module_file("tilewright.templates.c_expr")}
+    assert want <= found, sorted(map(str, want - found))

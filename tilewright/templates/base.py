@@ -195,7 +195,13 @@ def _render_imports_cached(path: Path, mtime_ns: int, size: int) -> tuple[Path, 
     import ast
 
     found: dict[Path, None] = {}
-    for node in ast.walk(ast.parse(path.read_text())):
+    # imports are statements: only statement bodies are walked, never the expressions in them
+    # (most of a module's nodes; walking them all was most of the time)
+    todo = list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            todo.extend(getattr(node, block, None) or ())
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
             [node.module] + [f"{node.module}.{a.name}" for a in node.names] \
             if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
