@@ -71,8 +71,11 @@ def first_call_s(suite: str, case: str, backend: str, *, cpu_threads: int, cache
     env = dict(os.environ, TILEWRIGHT_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_CACHE_DIR=str(inductor_dir),
                TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     cmd = [sys.executable, "-m", "tilewright.perf.first_call", suite, case, backend, str(cpu_threads)]
+    # run from the folder holding this tilewright: ``-m`` puts the working folder first on the
+    # path, so the child imports the same tilewright as this process whatever its own folder is
+    root = Path(__file__).resolve().parents[2]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, env=env, cwd=str(root), capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
         raise FirstCallError(f"{backend} first call of {case} ran past {timeout_s:.0f} s") from e
     for line in reversed(proc.stdout.splitlines()):
