@@ -15,7 +15,7 @@ Per case:
   steady-state models below are then compiled in this process from those folders (tilewright
   reuses the child's tuning records, Inductor its built kernels), untimed. The ``cpu-ci``
   variant (CI) times first calls in this process instead (``--first-call inline``: a fresh
-  process per case costs ~5 s more each), after the untimed ``aot_eager`` compile, so there its
+  process per case costs 5-10 s more each on CI), after the untimed ``aot_eager`` compile, so there its
   first case carries the one-time costs and later cases find the earlier ones' imports.
 * **steady state**: eager (recorded as ``aten``, the gate's reference: PyTorch running op by op),
   tilewright and Inductor timed interleaved, round by round
