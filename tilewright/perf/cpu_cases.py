@@ -165,7 +165,8 @@ MODEL_SUITES: dict[str, tuple[tuple[Case, ...], bool, bool]] = {
 }
 """Suite name -> (cases, whether Inductor is compiled and timed beside by default, whether first
 calls are timed each in a fresh process by default). ``cpu-ci`` (CI) times them in process: a
-fresh process per case would add 5-10 s each on the 2-core CI machine (Python, torch and the case built again)."""
+fresh process per case would add 5-10 s each on the 2-core CI machine (Python, torch and the
+case built again)."""
 
 
 def find_case(suite: str, name: str) -> Case:

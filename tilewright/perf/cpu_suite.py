@@ -15,8 +15,8 @@ Per case:
   steady-state models below are then compiled in this process from those folders (tilewright
   reuses the child's tuning records, Inductor its built kernels), untimed. The ``cpu-ci``
   variant (CI) times first calls in this process instead (``--first-call inline``: a fresh
-  process per case costs 5-10 s more each on CI), after the untimed ``aot_eager`` compile, so there its
-  first case carries the one-time costs and later cases find the earlier ones' imports.
+  process per case costs 5-10 s more each on CI), after the untimed ``aot_eager`` compile, so
+  there its first case carries the one-time costs and later cases find the earlier ones'.
 * **steady state**: eager (recorded as ``aten``, the gate's reference: PyTorch running op by op),
   tilewright and Inductor timed interleaved, round by round
   (:func:`tilewright.perf.run.time_side_by_side`), with ``cpu_threads`` torch threads (1 by
@@ -101,9 +101,10 @@ def _fresh_first_calls(suite: str, case: Case, backends: tuple[str, ...], cpu_th
     out: dict[str, dict[str, Any]] = {}
     for backend in backends:
         try:
-            r = first_call_s(suite, case.name, backend, cpu_threads=cpu_threads,
-                             cache_dir=folder / ("tilewright" if backend == "tilewright" else f"{backend}-tw"),
-                             inductor_dir=folder / ("inductor" if backend == "inductor" else f"{backend}-ind"))
+            tw_dir = folder / ("tilewright" if backend == "tilewright" else f"{backend}-tw")
+            ind_dir = folder / ("inductor" if backend == "inductor" else f"{backend}-ind")
+            r = first_call_s(suite, case.name, backend, cpu_threads=cpu_threads, cache_dir=tw_dir,
+                             inductor_dir=ind_dir)
             out[backend] = {"first_call_s": r["first_call_s"], "first_call_cpu_s": r["cpu_s"]}
         except FirstCallError as e:
             out[backend] = {"first_call_error": str(e)}
