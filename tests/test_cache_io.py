@@ -154,7 +154,7 @@ def test_a_change_of_the_checking_rules_changes_every_key(monkeypatch):
     before = C.ProblemKey.for_problem(p, "cpu").digest
     assert C.current_versions()["tilewright"].endswith("+" + C.check_rules_digest())
     C.check_rules_digest.cache_clear()
-    monkeypatch.setattr(C, "CHECK_RULES", ("inputs.py",))  # other rules, as after an edit
+    monkeypatch.setattr(C, "CHECK_RULES", ("autotune/inputs.py",))  # other rules, as after an edit
     try:
         assert C.ProblemKey.for_problem(p, "cpu").digest != before
     finally:

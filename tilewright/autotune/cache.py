@@ -48,18 +48,23 @@ _FORMAT_FAMILY = "tilewright-tuning/"
 _BUNDLE_FAMILY = "tilewright-tuning-bundle/"
 
 
-# the modules that decide a candidate's verdict and its time: its inputs, the reference
-# comparison and tolerances, and the timing method. A record measured under other rules is not
-# reused (the digest is in the key).
-CHECK_RULES = ("inputs.py", "kinds.py", "bench.py")
+# the modules that decide a candidate's verdict and its time, as paths in the package: its inputs,
+# the checks (evaluate.py: special values, the reference comparison; kinds/: each problem kind's
+# error and tolerance), and the timing method. A record measured under other rules is not reused
+# (the digest is in the key).
+# (a folder: every module in it, so a new problem kind's checks count too)
+CHECK_RULES = ("autotune/inputs.py", "autotune/kinds.py", "autotune/bench.py", "autotune/evaluate.py", "kinds")
 
 
 @functools.lru_cache(maxsize=1)
 def check_rules_digest() -> str:
     """A digest of the checking and timing rules' source (:data:`CHECK_RULES`)."""
     h = hashlib.sha256()
+    package = Path(__file__).parent.parent
     for name in CHECK_RULES:
-        h.update((Path(__file__).parent / name).read_bytes())
+        path = package / name
+        for module in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+            h.update(module.read_bytes())
     return h.hexdigest()[:8]
 
 
