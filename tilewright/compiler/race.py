@@ -66,6 +66,7 @@ class _Race:
         self.calls = 0
         self.key: tuple | None = None
         self.winner: str | None = None
+        self.fast: Callable | None = None  # the winner's callable, once decided: called directly
 
     def _publish(self, outcome: dict[str, Any]) -> None:
         for r in self.reports:
@@ -76,6 +77,7 @@ class _Race:
         # host's other jobs), so the minimum is the estimate a loaded machine disturbs least
         med = {name: min(ts) for name, ts in self.times.items()}
         self.winner = "aten" if med["aten"] < med["compiled"] * (1 - _MARGIN) else "compiled"
+        self.fast = self.sides[self.winner]
         self._publish({"compiled_ms": round(med["compiled"], 4), "aten_ms": round(med["aten"], 4),
                        "rounds": self.rounds, "winner": self.winner,
                        "aten_side": "eager ops" if self.eager else "the decomposed graph"})
@@ -103,6 +105,7 @@ class _Race:
             return ("compiled" if n == 0 else "aten"), False
         if n >= _GIVE_UP_CALLS:
             self.winner = "compiled"
+            self.fast = self.sides["compiled"]
             self._publish({"winner": "compiled", "rounds": 0,
                            "why": "the graph's input sizes kept changing: nothing to compare"})
             return "compiled", False
@@ -120,17 +123,21 @@ class _Race:
             if self.winner is None and all(len(ts) >= self.rounds for ts in self.times.values()):
                 self._decide()
 
+    def reraise(self, e: Exception, name: str | None = None) -> None:
+        """Raise ``e``, which the side ``name`` (default: the winner) raised."""
+        if (name or self.winner) == "compiled":
+            raise e  # the run-time fallback's wrapper has said what it must
+        # the graph's own ops refused the input (a dtype mismatch): the user's error, in one
+        # line as eager raises it and as the compiled side reports it
+        raise e.with_traceback(None) from None
+
     def run(self, args: Any, call: Callable[[Callable], Any]) -> Any:
         name, timed = self.side(args)
         t0 = time.perf_counter()
         try:
             out = call(self.sides[name])
         except Exception as e:
-            if name == "compiled":
-                raise  # the run-time fallback's wrapper has said what it must
-            # the graph's own ops refused the input (a dtype mismatch): the user's error, in one
-            # line as eager raises it and as the compiled side reports it
-            raise e.with_traceback(None) from None
+            self.reraise(e, name)
         if timed:
             self.record(name, (time.perf_counter() - t0) * 1e3)
         return out
@@ -157,6 +164,12 @@ def raced(compiled: Callable[[list], Any], gm: torch.fx.GraphModule, example_inp
     race = _Race(compiled, make_boxed_func(gm.forward), [report], rounds, eager=False)
 
     def call(args: list) -> Any:
+        fast = race.fast  # decided: the winner with no layer between (a try costs nothing)
+        if fast is not None:
+            try:
+                return fast(args)
+            except Exception as e:
+                race.reraise(e)
         return race.run(args, lambda side: side(args))
 
     call._boxed_call = True  # type: ignore[attr-defined]
@@ -176,6 +189,12 @@ def raced_with_eager(compiled: Callable[..., Any], gm: torch.fx.GraphModule, exa
     race = _Race(compiled, gm.forward, reports, rounds, eager=True)
 
     def call(*args: Any) -> Any:
+        fast = race.fast
+        if fast is not None:
+            try:
+                return fast(*args)
+            except Exception as e:
+                race.reraise(e)
         return race.run(args, lambda side: side(*args))
 
     return call
