@@ -11,9 +11,10 @@ run-time fallback runs; :func:`raced`). The first two calls run compiled, then o
 call (lazy loads, first-touch allocations), then the sides alternate for
 ``config.graph_race_rounds`` timed calls each (a call with an empty input runs compiled and is
 no round), and the side whose fastest call was faster runs from then on (a busy host only adds
-time to a call). Every call runs exactly one side and returns its result, so the race costs no
-extra work and changes no random stream; both sides compute the same graph, so a call's answer
-is the graph's answer whichever runs it.
+time to a call; with one torch thread a call is timed in CPU time of its thread, which the
+host's other jobs barely disturb). Every call runs exactly one side and returns its result, so
+the race costs no extra work and changes no random stream; both sides compute the same graph,
+so a call's answer is the graph's answer whichever runs it.
 
 A call made while :func:`tilewright.compiler.dispatches.counting` counts ATen calls runs the
 compiled graph and is no round of the race (the count is of the compiled graph's calls). Only
@@ -133,14 +134,23 @@ class _Race:
 
     def run(self, args: Any, call: Callable[[Callable], Any]) -> Any:
         name, timed = self.side(args)
-        t0 = time.perf_counter()
+        clock = _clock()
+        t0 = clock()
         try:
             out = call(self.sides[name])
         except Exception as e:
             self.reraise(e, name)
         if timed:
-            self.record(name, (time.perf_counter() - t0) * 1e3)
+            self.record(name, (clock() - t0) * 1e3)
         return out
+
+
+def _clock() -> Callable[[], float]:
+    """The race's clock: with one torch thread every op of either side runs on the calling
+    thread (the C++ loop kernels take torch's thread count too), so its CPU time is the call's
+    cost, which other jobs on a busy host barely disturb (wall time there mostly measures the
+    wait for a core: perf/cpu_suite.py thread_ms); with more threads, wall time."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
 def race_rounds(example_inputs: list[Any]) -> int:
