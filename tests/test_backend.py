@@ -193,13 +193,28 @@ def test_dynamic_sizes_feeding_an_absorbed_view():
 
 
 def test_run_time_failure_falls_back_to_aten(monkeypatch):
-    import tilewright.compiler.dispatch as dispatch
+    # the wrapper calls each GEMM through its kind's invoker: one that starts failing after
+    # the first call is a kernel bug found at run time
+    from tilewright.kinds.gemm import GemmKind
 
+    broken: list[bool] = []
+    invoker = GemmKind.invoker
+
+    def failing_invoker(self, call):
+        inner = invoker(self, call)
+
+        def invoke(*args, **kwargs):
+            if broken:
+                raise RuntimeError("kernel bug")
+            return inner(*args, **kwargs)
+        return invoke
+    monkeypatch.setattr(GemmKind, "invoker", failing_invoker)
+    torch._dynamo.reset()
     m, x = MLP(), torch.randn(4, 32)
     with torch.no_grad(), tilewright.config.patch(strict=False):
         f = torch.compile(m, backend="tilewright")
         f(x)
-        monkeypatch.setattr(dispatch.KernelCall, "__call__", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel bug")))
+        broken.append(True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = f(x)

@@ -16,9 +16,17 @@ from tilewright.compiler import race
 from tilewright.compiler.report import collect_reports
 
 
+def busy(seconds: float) -> None:
+    """Spend ``seconds`` computing, not sleeping: the race times a call in its thread's CPU
+    time when torch runs one thread, where a sleep costs nothing."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+
+
 class Sides:
     """A boxed 'compiled' function and an FX graph whose forward is the 'ATen' side; each
-    sleeps its own time and records which ran."""
+    spends its own time and records which ran."""
 
     def __init__(self, compiled_s: float, aten_s: float):
         self.ran: list[str] = []
@@ -28,14 +36,14 @@ class Sides:
         class G(nn.Module):
             def forward(self, *args):
                 sides.ran.append("aten")
-                time.sleep(sides.aten_s)
+                busy(sides.aten_s)
                 return ("aten",)
 
         self.gm = G()
 
     def compiled(self, args):
         self.ran.append("compiled")
-        time.sleep(self.compiled_s)
+        busy(self.compiled_s)
         return ("compiled",)
 
 
@@ -59,6 +67,30 @@ def test_the_faster_side_wins_and_runs_from_then_on(compiled_s, aten_s, winner):
     sides.ran.clear()
     outs = [fn([torch.ones(2)]) for _ in range(5)]
     assert sides.ran == [winner] * 5 and outs == [(winner,)] * 5
+
+
+@pytest.mark.parametrize("threads, winner", [(1, "compiled"), (2, "aten")])
+def test_time_spent_waiting_for_a_core_does_not_decide_the_race_on_one_thread(threads, winner):
+    # a busy host (the bench's 2 cores carry ~7 jobs) delays calls at random: with wall time
+    # the demo Qwen's backward once lost its race at 4.2 ms against 2.5 ms when it runs in 1.7.
+    # With one torch thread every op runs on the caller's thread, so its CPU time is the cost:
+    # a side that waits 6 ms (a sleep) but computes nothing beats one that computes 2 ms
+    class Waits(Sides):
+        def compiled(self, args):
+            self.ran.append("compiled")
+            time.sleep(0.006)
+            return ("compiled",)
+
+    sides = Waits(0.0, 0.002)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fn, report = race_of(sides)
+        for _ in range(3 + 2 * 3):
+            fn([torch.ones(2)])
+    finally:
+        torch.set_num_threads(before)
+    assert report.race["winner"] == winner, report.race
 
 
 def test_each_call_runs_one_side_and_the_first_two_run_compiled():
@@ -107,7 +139,7 @@ class Block(nn.Module):
 
 
 def test_a_compiled_model_answers_right_on_every_call_of_the_race(monkeypatch):
-    # the compiled side is made slow (its wrapper sleeps), so ATen wins and takes over; every
+    # the compiled side is made slow (its wrapper spins), so ATen wins and takes over; every
     # call, whichever side ran it, matches float64
     from tilewright.compiler import pipeline
 
@@ -117,7 +149,7 @@ def test_a_compiled_model_answers_right_on_every_call_of_the_race(monkeypatch):
         fn = load(*args, **kwargs)
 
         def slow(a):
-            time.sleep(0.01)
+            busy(0.01)
             return fn(a)
         slow._boxed_call = True
         return slow
@@ -128,13 +160,20 @@ def test_a_compiled_model_answers_right_on_every_call_of_the_race(monkeypatch):
     ref.load_state_dict(model.state_dict())
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="tilewright")
-    with torch.no_grad(), collect_reports() as reports, tilewright.config.patch(
-            graph_race="auto", graph_race_rounds=2, force_backend="aten"):
-        for _ in range(9):
-            x = torch.randn(6, 24)
-            out = compiled(x)
-            err = ((out.double() - ref(x.double())).norm() / ref(x.double()).norm()).item()
-            assert err < 1e-5
+    # one torch thread: calls are timed in thread CPU time, so a busy host's waits for a core
+    # (the eager side once took 15-77 ms of wall time under pytest -n 2) cannot decide it
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad(), collect_reports() as reports, tilewright.config.patch(
+                graph_race="auto", graph_race_rounds=2, force_backend="aten"):
+            for _ in range(9):
+                x = torch.randn(6, 24)
+                out = compiled(x)
+                err = ((out.double() - ref(x.double())).norm() / ref(x.double()).norm()).item()
+                assert err < 1e-5
+    finally:
+        torch.set_num_threads(threads)
     (report,) = reports
     # an inference graph races the model's own ops, as eager runs them
     assert report.race is not None and report.race["winner"] == "aten", report.race

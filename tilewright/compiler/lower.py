@@ -23,6 +23,7 @@ import torch.fx as fx
 from tilewright.compiler.graph import (
     ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
 )
+from tilewright.compiler.views import fold_double_transposes
 import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_mm
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
 from tilewright.kinds import kinds
@@ -254,6 +255,7 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
     output = None
     n_gemm = 0
     registered = kinds()
+    fold_double_transposes(gm)  # t(t(x)) is x: one Python call less per transpose (views.py)
     for kind in registered:  # e.g. grouped GEMMs retargeted, their epilogues folded into them
         kind.rewrite_fx(gm)
     lowered_by: dict[int, int] = {}  # kinds' own nodes so far (their index)

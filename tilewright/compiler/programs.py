@@ -130,6 +130,13 @@ _PASS_THROUGH = {_aten.clone.default, _aten._to_copy.default, _aten.alias.defaul
                  _aten.zeros_like.default, _aten.ones_like.default, _aten.full_like.default}
 
 
+# scatters whose first argument is the tensor they start from (``self``): their lowering copies it
+# into a buffer ``<node>_init`` of the same dtype
+_SCATTERS_FROM_SELF = {_aten.scatter.value, _aten.scatter.src, _aten.scatter.reduce,
+                       _aten.scatter.value_reduce, _aten.scatter_add.default, _aten.scatter_reduce.two,
+                       _aten.index_put.default, _aten._unsafe_index_put.default, _aten.index_add.default}
+
+
 # -- the unfused form ------------------------------------------------------------------------------
 # graph constants (``get_attr``) a program may carry in its text, by element count: the empty
 # tensors a KV cache starts from, small tables; anything larger is no program
@@ -176,7 +183,19 @@ def unfused_program(f: FusedNode, by_name: dict[str, fx.Node], order: dict[str, 
             from its inputs by the nodes walked.
     """
     inputs = {name: k for k, name in enumerate(f.args)}
-    members = {n.name for n in f.fx_nodes}
+    for n in f.fx_nodes:
+        # a scatter fused with the ops after its target's producer reads that target through the
+        # buffer the lowering made of it (``<scatter>_init``, compiler/loops/scatters.py), which
+        # holds exactly ``self``'s values: ``self`` is that input
+        init = f"{n.name}_init"
+        if (n.target in _SCATTERS_FROM_SELF and init in inputs and isinstance(n.args[0], fx.Node)
+                and n.args[0].name not in inputs):
+            inputs[n.args[0].name] = inputs[init]
+    # a scatter whose kernel holds only the buffer it starts from (``<scatter>_init``, an output
+    # here) is not computed here: that buffer is
+    loops = set(f.members)
+    fx_nodes = [n for n in f.fx_nodes if n.name in loops or f"{n.name}_init" not in loops]
+    members = {n.name for n in fx_nodes}
     steps: dict[str, _Step] = {}
 
     def walk(node: fx.Node) -> bool:  # whether the value reads no input tensor
@@ -208,15 +227,23 @@ def unfused_program(f: FusedNode, by_name: dict[str, fx.Node], order: dict[str, 
                                  all(reads) and _deterministic(node.target))
         return steps[node.name].static
 
-    for n in f.fx_nodes:
+    for n in fx_nodes:
         walk(n)
+    out_nodes = []
     for name in f.outputs:
-        node = by_name.get(name)
+        node = by_name.get(name) or _init_of(name, by_name)
         if node is None:
             raise NoProgram(f"output {name} is not in the graph")
+        if name not in by_name and (node.target in _ZERO_STARTS or node.target in _SCATTERS_FROM_ZEROS):
+            # the buffer a later scatter starts from, zeros: made here (a factory's tensor
+            # argument, read for dtype and device only, need not be an input)
+            steps[name] = _zeros_step(name, by_name[name.removesuffix("_init")], order)
+            out_nodes.append(name)
+            continue
         walk(node)
-        if name not in steps:
+        if node.name not in steps:
             raise NoProgram(f"output {name} is an input")
+        out_nodes.append(node.name)
     natives = _collapse_natives(f, steps, inputs, by_name)
     ordered = sorted(steps, key=lambda s: steps[s].pos)
     index = {name: j for j, name in enumerate(ordered)}
@@ -234,7 +261,7 @@ def unfused_program(f: FusedNode, by_name: dict[str, fx.Node], order: dict[str, 
             return [arg(v) for v in x]
         return _literal(x)
 
-    outputs = [index[o] for o in f.outputs]
+    outputs = [index[o] for o in out_nodes]
     return {
         "native": natives,
         "steps": [steps[s].spec if steps[s].spec is not None else
@@ -244,6 +271,40 @@ def unfused_program(f: FusedNode, by_name: dict[str, fx.Node], order: dict[str, 
         # computed once per shape; never an output (a caller may write into those)
         "static": [j for j, s in enumerate(ordered) if steps[s].static and j not in outputs],
     }
+
+
+_ZERO_STARTS = {_aten.new_zeros.default, _aten.zeros_like.default, _aten.zeros.default,
+                _aten.empty_like.default, _aten.empty.memory_format, _aten.new_empty.default,
+                _aten.empty_strided.default, _aten.new_empty_strided.default}
+"""Factories a scatter's ``self`` may be whose buffer the lowering fills with zeros."""
+
+
+def _zeros_step(name: str, scatter: fx.Node, order: dict[str, int]) -> _Step:
+    val = scatter.meta["val"]
+    if not val.is_contiguous() or any(not isinstance(d, int) for d in val.shape):
+        raise NoProgram(f"{name}: zeros of a non-contiguous or symbolic layout")
+    return _Step(order[scatter.name] - 0.5, "aten.zeros.default", [list(val.shape)],
+                 {"dtype": val.dtype, "device": val.device}, False)
+
+
+_SCATTERS_FROM_ZEROS = {_aten.embedding_dense_backward.default, _aten.histc.default}
+"""Scatters with no ``self``, whose ``<scatter>_init`` buffer the lowering fills with zeros."""
+
+
+def _init_of(name: str, by_name: dict[str, fx.Node]) -> fx.Node | None:
+    """For the lowering's buffer ``name`` = ``<scatter>_init``: the FX node whose values it
+    holds (the scatter's ``self``, see :data:`_SCATTERS_FROM_SELF`), or the scatter itself
+    where it holds zeros (:data:`_SCATTERS_FROM_ZEROS`); None for any other name."""
+    scatter = by_name.get(name.removesuffix("_init")) if name.endswith("_init") else None
+    if scatter is not None and scatter.target in _SCATTERS_FROM_ZEROS:
+        return scatter
+    if scatter is None or scatter.target not in _SCATTERS_FROM_SELF or not isinstance(scatter.args[0], fx.Node):
+        return None
+    self_node = scatter.args[0]
+    val = self_node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dtype != scatter.meta["val"].dtype:
+        return None
+    return self_node
 
 
 def _tensors(val: Any) -> bool:

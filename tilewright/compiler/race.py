@@ -11,9 +11,10 @@ run-time fallback runs; :func:`raced`). The first two calls run compiled, then o
 call (lazy loads, first-touch allocations), then the sides alternate for
 ``config.graph_race_rounds`` timed calls each (a call with an empty input runs compiled and is
 no round), and the side whose fastest call was faster runs from then on (a busy host only adds
-time to a call). Every call runs exactly one side and returns its result, so the race costs no
-extra work and changes no random stream; both sides compute the same graph, so a call's answer
-is the graph's answer whichever runs it.
+time to a call; with one torch thread a call is timed in CPU time of its thread, which the
+host's other jobs barely disturb). Every call runs exactly one side and returns its result, so
+the race costs no extra work and changes no random stream; both sides compute the same graph,
+so a call's answer is the graph's answer whichever runs it.
 
 A call made while :func:`tilewright.compiler.dispatches.counting` counts ATen calls runs the
 compiled graph and is no round of the race (the count is of the compiled graph's calls). Only
@@ -66,6 +67,7 @@ class _Race:
         self.calls = 0
         self.key: tuple | None = None
         self.winner: str | None = None
+        self.fast: Callable | None = None  # the winner's callable, once decided: called directly
 
     def _publish(self, outcome: dict[str, Any]) -> None:
         for r in self.reports:
@@ -76,6 +78,7 @@ class _Race:
         # host's other jobs), so the minimum is the estimate a loaded machine disturbs least
         med = {name: min(ts) for name, ts in self.times.items()}
         self.winner = "aten" if med["aten"] < med["compiled"] * (1 - _MARGIN) else "compiled"
+        self.fast = self.sides[self.winner]
         self._publish({"compiled_ms": round(med["compiled"], 4), "aten_ms": round(med["aten"], 4),
                        "rounds": self.rounds, "winner": self.winner,
                        "aten_side": "eager ops" if self.eager else "the decomposed graph"})
@@ -103,6 +106,7 @@ class _Race:
             return ("compiled" if n == 0 else "aten"), False
         if n >= _GIVE_UP_CALLS:
             self.winner = "compiled"
+            self.fast = self.sides["compiled"]
             self._publish({"winner": "compiled", "rounds": 0,
                            "why": "the graph's input sizes kept changing: nothing to compare"})
             return "compiled", False
@@ -120,20 +124,33 @@ class _Race:
             if self.winner is None and all(len(ts) >= self.rounds for ts in self.times.values()):
                 self._decide()
 
+    def reraise(self, e: Exception, name: str | None = None) -> None:
+        """Raise ``e``, which the side ``name`` (default: the winner) raised."""
+        if (name or self.winner) == "compiled":
+            raise e  # the run-time fallback's wrapper has said what it must
+        # the graph's own ops refused the input (a dtype mismatch): the user's error, in one
+        # line as eager raises it and as the compiled side reports it
+        raise e.with_traceback(None) from None
+
     def run(self, args: Any, call: Callable[[Callable], Any]) -> Any:
         name, timed = self.side(args)
-        t0 = time.perf_counter()
+        clock = _clock()
+        t0 = clock()
         try:
             out = call(self.sides[name])
         except Exception as e:
-            if name == "compiled":
-                raise  # the run-time fallback's wrapper has said what it must
-            # the graph's own ops refused the input (a dtype mismatch): the user's error, in one
-            # line as eager raises it and as the compiled side reports it
-            raise e.with_traceback(None) from None
+            self.reraise(e, name)
         if timed:
-            self.record(name, (time.perf_counter() - t0) * 1e3)
+            self.record(name, (clock() - t0) * 1e3)
         return out
+
+
+def _clock() -> Callable[[], float]:
+    """The race's clock: with one torch thread every op of either side runs on the calling
+    thread (the C++ loop kernels take torch's thread count too), so its CPU time is the call's
+    cost, which other jobs on a busy host barely disturb (wall time there mostly measures the
+    wait for a core: perf/cpu_suite.py thread_ms); with more threads, wall time."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
 def race_rounds(example_inputs: list[Any]) -> int:
@@ -157,6 +174,12 @@ def raced(compiled: Callable[[list], Any], gm: torch.fx.GraphModule, example_inp
     race = _Race(compiled, make_boxed_func(gm.forward), [report], rounds, eager=False)
 
     def call(args: list) -> Any:
+        fast = race.fast  # decided: the winner with no layer between (a try costs nothing)
+        if fast is not None:
+            try:
+                return fast(args)
+            except Exception as e:
+                race.reraise(e)
         return race.run(args, lambda side: side(args))
 
     call._boxed_call = True  # type: ignore[attr-defined]
@@ -176,6 +199,12 @@ def raced_with_eager(compiled: Callable[..., Any], gm: torch.fx.GraphModule, exa
     race = _Race(compiled, gm.forward, reports, rounds, eager=True)
 
     def call(*args: Any) -> Any:
+        fast = race.fast
+        if fast is not None:
+            try:
+                return fast(*args)
+            except Exception as e:
+                race.reraise(e)
         return race.run(args, lambda side: side(*args))
 
     return call

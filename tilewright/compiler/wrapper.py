@@ -28,6 +28,23 @@ RESERVED = {"torch", "aten", "prims", "operator", "math", "kernels", "consts", "
             "device", "inf", "nan"}
 _counter = itertools.count()
 
+_aten = torch.ops.aten
+# view ops written as the tensor's own method: the same ATen op, reached through the method's
+# argument parser instead of OpOverload's Python __call__ (a view costs ~1.3 us instead of ~3.5;
+# a training backward makes ~100 of them per call). Only calls with exactly these positional
+# arguments and no keyword ones (expand's ``implicit`` aside) take this form.
+VIEW_METHODS: dict[Any, tuple[str, int]] = {
+    _aten.view.default: ("view", 2),
+    _aten.t.default: ("t", 1),
+    _aten.transpose.int: ("transpose", 3),
+    _aten.permute.default: ("permute", 2),
+    _aten.unsqueeze.default: ("unsqueeze", 2),
+    _aten.squeeze.dim: ("squeeze", 2),
+    _aten.expand.default: ("expand", 2),
+    _aten.select.int: ("select", 3),
+    _aten.detach.default: ("detach", 1),
+}
+
 
 class WrapperCodegen:
     """Generates the wrapper source for one kernel graph.
@@ -45,6 +62,7 @@ class WrapperCodegen:
         self.consts: list[Any] = []
         self._names: dict[str, str] = {}
         self.symbols: dict[sympy.Symbol, str] = {}
+        self.entries: dict[str, str] = {}  # header name -> the op overload it binds
 
     # -- names and literals ----------------------------------------------------------------------
     def name(self, value: str) -> str:
@@ -82,10 +100,15 @@ class WrapperCodegen:
         if isinstance(t, torch._ops.OpOverload):
             ns = t.namespace
             if ns in ("aten", "prims"):
-                return f"{ns}.{t._opname}.{t._overloadname}"
-            if ns.isidentifier() and t._opname.isidentifier():
-                return f"torch.ops.{ns}.{t._opname}.{t._overloadname}"
-            return self.const(t)
+                path = f"{ns}.{t._opname}.{t._overloadname}"
+            elif ns.isidentifier() and t._opname.isidentifier():
+                path = f"torch.ops.{ns}.{t._opname}.{t._overloadname}"
+            else:
+                return self.const(t)
+            # bound once in the header to the overload's C++ entry (what its __call__ calls)
+            entry = "_op_" + path.replace("torch.ops.", "").replace(".", "_")
+            self.entries[entry] = path
+            return entry
         if getattr(t, "__module__", None) == "_operator" and hasattr(operator, t.__name__):
             return f"operator.{t.__name__}"
         return self.const(t)
@@ -98,6 +121,12 @@ class WrapperCodegen:
             for part in str(node.target).split("."):
                 obj = getattr(obj, part)
             return f"{self.name(n.name)} = {self.const(obj)}"
+        method = VIEW_METHODS.get(node.target)
+        kwargs = {k: v for k, v in node.kwargs.items() if not (k == "implicit" and v is False)}
+        if (method is not None and not kwargs and len(node.args) == method[1]
+                and isinstance(node.args[0], fx.Node)):
+            rest = ", ".join(self.literal(a) for a in node.args[1:])
+            return f"{self.name(n.name)} = {self.literal(node.args[0])}.{method[0]}({rest})"
         args = [self.literal(a) for a in node.args]
         args += [f"{k}={self.literal(v)}" for k, v in node.kwargs.items()]
         return f"{self.name(n.name)} = {self.target(node.target)}({', '.join(args)})"
@@ -204,7 +233,11 @@ class WrapperCodegen:
             "prims = torch.ops.prims",
             "",
         ]
-        header += [f"{k.name} = kernels[{k.name!r}]" for k in kg.kernels]
+        # a kernel's call is its kind's invoker itself where it has one (KernelCall._invoke):
+        # one Python frame less per kernel call
+        header += [f"{k.name} = getattr(kernels[{k.name!r}], '_invoke', kernels[{k.name!r}])"
+                   for k in kg.kernels]
+        header += [f"{name} = getattr({path}, '_op', {path})" for name, path in sorted(self.entries.items())]
         return "\n".join(header + ["", "", "def call(args):"] + ["    " + line for line in body]) + "\n"
 
 

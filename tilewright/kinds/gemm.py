@@ -164,8 +164,13 @@ class GemmKind(ProblemKind):
         def invoke(a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
                    view: Sequence[int] | None = None, **scales: torch.Tensor) -> Any:
             launch = call._fast
-            if launch is not None and not epilogue_inputs and view is None and not problem.store_acc:
-                return launch(a, b, **scales)  # the common static case: nothing to prepare
+            if launch is not None and not epilogue_inputs and not problem.store_acc:
+                # the common static case: nothing to prepare (view's -1 is torch's own)
+                out = launch(a, b, **scales)
+                if view is None:
+                    return out
+                # torch infers a -1 except next to a 0 (an empty product): resolved here then
+                return out.view(view) if out.numel() or -1 not in view else out.view(_resolve_view(view, 0))
             if problem.block_scaled:  # stored (M, K/v) and (N, K/v), v values per byte
                 M, K, N = a.shape[0], a.shape[1] * VALUES_PER_BYTE[problem.dtype], b.shape[0]
             else:

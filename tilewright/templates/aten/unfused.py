@@ -84,6 +84,7 @@ def render_program(problem: LoopProblem) -> str:
         # an output derived from kept values only (a view of a cached iota) must not alias them
         derived = all(a in static_set for a in _reads(prog["steps"][j]))
         results.append(f"v{j}.clone()" if derived and prog["static"] else f"v{j}")
+    inits = _zero_started_inits(problem, prog, inputs)
     what = (f"the native op {prog['native'][0]} (the kernel is exactly its decomposition)"
             if is_native(problem) else
             f"the {len(prog['steps'])} ATen ops the kernel replaced, unfused"
@@ -91,7 +92,38 @@ def render_program(problem: LoopProblem) -> str:
     return UnfusedPointwise().render_jinja(
         problem_text=problem.describe(), what=what, ops=ops, sizes=sizes, inputs=inputs,
         static=static, static_names=[f"v{j}" for j in sorted(static_set)], body=body,
-        results=results)
+        results=results, inits=inits)
+
+
+def _zero_started_inits(problem: LoopProblem, prog: dict, inputs: list[str]) -> list[str]:
+    """Per output, the input its values are added to ("None" for none). A scatter the lowering
+    started from zeros of its own (``embedding_dense_backward``, ``histc``: the op has no
+    ``self``) writes into a kernel input holding those zeros (``Buffer.init``), and the kernel
+    adds into whatever that input holds; the op in the program starts from zeros of its own
+    and never reads that input. Adding the input keeps the program the kernel's exact equal
+    (a zero input adds nothing), and lets it update that input in place as the kernel does."""
+    read = {x["in"] for step in prog["steps"] for x in _inputs_read(step)}
+    out = []
+    for b in problem.kernel.outputs:
+        k = inputs.index(b.init) if b.init in inputs else None
+        out.append(inputs[k] if k is not None and k not in read else "None")
+    return out
+
+
+def _inputs_read(step: dict) -> list[dict]:
+    found: list[dict] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            if "in" in x:
+                found.append(x)
+
+    walk(step["args"])
+    walk(list(step["kwargs"].values()))
+    return found
 
 
 def _reads(step: dict) -> list[int]:
