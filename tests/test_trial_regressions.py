@@ -138,3 +138,26 @@ def test_negative_graph_race_rounds_is_refused_not_silently_a_race_off():
     with pytest.raises(ConfigError, match="graph_race_rounds=-2.*TILEWRIGHT_GRAPH_RACE_ROUNDS"):
         Config.from_env({"TILEWRIGHT_GRAPH_RACE_ROUNDS": "-2"})
     assert Config.from_env({"TILEWRIGHT_GRAPH_RACE_ROUNDS": "0"}).graph_race_rounds == 0   # 0: no race
+
+
+@pytest.mark.parametrize("mode", ["aten", "cpp"])
+def test_tuning_inputs_keep_an_offset_index_inside_the_dim_it_indexes(mode):
+    # index_put((i, i + 2)): i indexes dim 0 (10) and i + 2 dim 1 (8). The tuner drew i below
+    # min(10, 8) = 8 ignoring the + 2, so every candidate raised IndexError on its own inputs
+    # (strict: the graph failed to compile; otherwise the kernel was lost to ATen)
+    def fn(w, x, i):
+        return (w * 1).index_put((i, i + 2), x[:, 0] * 5, accumulate=True).sin()
+
+    w = torch.randn(10, 8, generator=_gen(0), requires_grad=True)
+    x = torch.randn(12, 8, generator=_gen(1))
+    i = torch.randint(0, 3, (12,), generator=_gen(2))
+    wr = w.detach().double().requires_grad_()
+    ref = fn(wr, x.double(), i)
+    ref.pow(2).sum().backward()
+    torch._dynamo.reset()
+    # the patch holds over the call: compiling happens there, not at torch.compile
+    with tilewright.config.patch(force_backend=mode, strict=True, graph_race="off"):
+        out = torch.compile(fn, backend="tilewright")(w, x, i)
+        out.pow(2).sum().backward()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+    assert ((w.grad.double() - wr.grad).norm() / wr.grad.norm()).item() < 1e-5
