@@ -168,3 +168,15 @@ def test_tuning_inputs_keep_an_offset_index_inside_the_dim_it_indexes(mode):
         out.pow(2).sum().backward()
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
     assert ((w.grad.double() - wr.grad).norm() / wr.grad.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["auto", "cpp"])
+def test_tuning_inputs_keep_an_offset_gather_index_inside_its_dim(mode):
+    # w[i + 2] with i < 8 valid for w's 10 rows: the tuner drew i below 10, so every candidate
+    # (ATen's too) raised IndexError; strict failed to compile, auto lost the kernel to ATen
+    def fn(w, i):
+        return (w[i + 2] * 2).sin()
+
+    w = torch.randn(10, 8, generator=_gen(0))
+    i = torch.randint(0, 8, (12,), generator=_gen(1))
+    assert torch.allclose(_compile(fn, mode)(w, i), fn(w, i), rtol=1e-5, atol=1e-6)
