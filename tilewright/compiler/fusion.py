@@ -400,11 +400,62 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: d
         for k, v in enumerate(indirect):
             sym = E.indirect_symbol(k)
             dims = [d for d, e in enumerate(index) if sym in sympy.sympify(e).free_symbols]
+            if not dims:
+                continue
+            size = int(target.hint_shape[dims[0]])
+            affine = _affine_in_one_load(_unwrapped(v))
             for ld in E.toposort([v]):
-                if ld.op == "load" and dims:
-                    hint = target.hint_shape[dims[0]]
-                    out[ld.arg[0]] = min(out.get(ld.arg[0], hint), hint)
+                if ld.op == "load":
+                    bound = size
+                    if affine is not None and affine[0] == ld.arg[0]:
+                        # index = a*value + b, a > 0, b >= 0: values in [0, bound) keep it below size
+                        _, a, b = affine
+                        bound = max(1, (size - 1 - b) // a + 1)
+                    out[ld.arg[0]] = min(out.get(ld.arg[0], bound), bound)
     return out
+
+
+def _unwrapped(v: E.Node) -> E.Node:
+    """An index value without the negative-index wrap the lowering puts around it
+    (``where(v < 0, v + size, v)``): the values tuning draws are non-negative."""
+    if v.op == "where" and v.src[0].op == "lt" and v.src[0].src[0] == v.src[2]:
+        return v.src[2]
+    return v
+
+
+def _affine_in_one_load(v: E.Node) -> tuple[str, int, int] | None:
+    """``(buffer, a, b)`` where index value ``v`` is ``a * load(buffer) + b`` with integers
+    ``a > 0`` and ``b >= 0`` (``w[i + 2]``, ``w[2 * i]``), else None: an index of any other form
+    keeps the bound of the dim's size."""
+    def walk(n: E.Node) -> sympy.Expr | None:
+        if n.op == "load":
+            return sympy.Symbol(n.arg[0])
+        if n.op == "const" and isinstance(n.arg, int) and not isinstance(n.arg, bool):
+            return sympy.Integer(n.arg)
+        if n.op == "cast" and not dtypes.is_float(n.dtype):
+            return walk(n.src[0])
+        args = [walk(s) for s in n.src]
+        if any(a is None for a in args):
+            return None
+        if n.op == "add":
+            return args[0] + args[1]
+        if n.op == "sub":
+            return args[0] - args[1]
+        if n.op == "mul":
+            return args[0] * args[1]
+        if n.op == "neg":
+            return -args[0]
+        return None
+
+    e = walk(v)
+    if e is None or len(e.free_symbols) != 1:
+        return None
+    (x,) = e.free_symbols
+    poly = sympy.Poly(e, x)
+    if poly.degree() != 1:
+        return None
+    a, b = (int(c) for c in poly.all_coeffs())
+    return (x.name, a, b) if a > 0 and b >= 0 else None
 
 
 def build_kernel(members: list[LoopNode], stored: set[str], metas: dict[str, TensorMeta],
