@@ -180,3 +180,13 @@ def test_tuning_inputs_keep_an_offset_gather_index_inside_its_dim(mode):
     w = torch.randn(10, 8, generator=_gen(0))
     i = torch.randint(0, 8, (12,), generator=_gen(1))
     assert torch.allclose(_compile(fn, mode)(w, i), fn(w, i), rtol=1e-5, atol=1e-6)
+
+
+def test_tuning_inputs_keep_a_strided_gather_index_inside_its_dim():
+    # w[2 * i + 1]: the bound solves the affine form (i below (10 - 1 - 1) // 2 + 1 = 5)
+    def fn(w, i):
+        return (w[2 * i + 1] * 2).sin()
+
+    w = torch.randn(10, 8, generator=_gen(2))
+    i = torch.randint(0, 5, (12,), generator=_gen(3))
+    assert torch.allclose(_compile(fn, "auto")(w, i), fn(w, i), rtol=1e-5, atol=1e-6)
