@@ -274,6 +274,26 @@ def leaves_no_record(problem: Any, target: Target) -> bool:
     return _untimed(problem, candidates)
 
 
+def to_build(problem: Any, target: Target, cache: TuningCache | None = None) -> list[Candidate]:
+    """The generated candidates :func:`select` would build in this process for ``problem``: none
+    when it measures nothing (one candidate, a target not here) or finds every record in the
+    tuning cache; with ``config.autotune`` off, the policy's first choice when it is generated
+    and checked. Candidates evaluated in worker processes are built there and not named."""
+    device = _measurable(target)
+    if device is None:
+        return []
+    candidates, _ = filter_forced(policy_for(kind_name(problem), target).candidates(problem, target))
+    if _untimed(problem, candidates):
+        return []
+    if not config.autotune:
+        first = min(candidates, key=lambda c: c.rank)
+        return [first] if first.backend != "aten" and config.check_candidates else []
+    cache = cache if cache is not None else default_cache()
+    known = cache.lookup(ProblemKey.for_problem(problem, target.name))
+    return [c for c in sorted(candidates, key=lambda c: c.rank)
+            if c.key not in known and c.backend != "aten" and not isolated(device)]
+
+
 def _first_choice(problem: Any, target: Target, factory: KernelFactory, candidates: list[Candidate],
                   proposed: list[Candidate], device: torch.device, seed: int, t_start: float,
                   reason: str) -> Selection:
@@ -338,7 +358,7 @@ def _select(problem: Any, target: Target, factory: KernelFactory, *,
             log.info("candidate %s for %s: %s (%s)", cand.name, problem.describe(), rec.status,
                      rec.reason)
 
-    generated = [c for c in here if c.backend != "aten"]
+    generated = [c for c in here if c.backend != "aten"]  # what to_build() names, in rank order
     prepare = getattr(factory, "prepare", None)  # a simulated factory may have none
     if prepare is not None and generated:
         # the generated candidates' native code builds in the background (g++ runs in other
@@ -347,6 +367,8 @@ def _select(problem: Any, target: Target, factory: KernelFactory, *,
         wait = prepare(problem, generated, target)
         prepare_checks(EvalTask(problem, here[0], target.name, str(device), seed), factory)
         wait()
+    elif here and getattr(factory, "settle", None) is not None:
+        factory.settle()  # other problems' builds (a graph starts them all up front) end first
     for cand in here:  # ATen first (rank 0): its time is the bar the others must beat
         task = EvalTask(problem, cand, target.name, str(device), seed, best_ms())
         done(cand, evaluate(task, factory))

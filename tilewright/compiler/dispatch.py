@@ -68,6 +68,10 @@ class KernelCall:
     def _sizes_of(self, problem: Any) -> dict[str, int]:
         return self._kind.sizes(problem)
     # -- choosing ---------------------------------------------------------------------------------
+    def tuned_problem(self) -> Any:
+        """The problem :meth:`choose` tunes first: the trace-time sizes' bucket."""
+        return bucket_problem(self.problem, self._sizes_of(self.problem))
+
     def choose(self, sizes: dict[str, int] | None = None) -> tuple[Any, Selection]:
         """The problem at the bucket of ``sizes`` and the selection for it (tuned if new), without
         building anything."""

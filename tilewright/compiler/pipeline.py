@@ -30,6 +30,7 @@ from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.pool import pool_scope
 from tilewright.autotune.select import Selection
+from tilewright.compiler.prebuild import start_builds
 from tilewright.compiler.dispatch import KernelCall
 from tilewright.compiler.dispatches import traced
 from tilewright.compiler.fuse import fuse_epilogues
@@ -163,6 +164,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
     # a failure in any of the next three stages costs one kernel, which then runs on ATen
     choices: dict[str, tuple[Any, Selection]] = {}
     with stage("select"), pool_scope():  # isolated tuning shares one worker pool per graph
+        start_builds(calls.values())  # every problem's C++ candidates build while the first is tuned
         for name, call in calls.items():
             choices[name] = _or_aten(call, "choosing a kernel", call.choose, lambda c=call: c.choose_aten())
     with stage("pdl"):  # which consecutive kernels overlap (compiler/pdl.py)

@@ -3,7 +3,9 @@ the runtime loader and the autotuner (which must not render source itself)."""
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_all
 from typing import Any, Callable
 
 import torch
@@ -37,6 +39,7 @@ class TemplateKernelFactory:
         self._lock = threading.Lock()
         self._launchers: dict[tuple, object] = {}
         self._rendered: dict[tuple, RenderedKernel] = {}  # rendered by prepare(), for build()
+        self._pending: list[Future] = []  # prebuilds started and not yet waited for
 
     def __getstate__(self) -> dict:
         return {}
@@ -75,11 +78,13 @@ class TemplateKernelFactory:
 
     def prepare(self, problem: Any, candidates: list[Candidate], target: Target) -> Callable[[], None]:
         """Start building what ``candidates`` build natively ahead of loading (their language's
-        ``prebuild``: the C++ libraries), each in a background thread, and return ``wait()``,
-        which returns when all are done. Rendering happens here, in the caller's thread (under
-        its settings), once: :meth:`build` takes the rendered source. A failure is left for
+        ``prebuild``: the C++ libraries) in the background build pool (threads: the work is
+        compiler processes; at most ``os.cpu_count()`` at once), and return ``wait()``, which is
+        :meth:`settle`: it returns when every build this factory started is done, this problem's
+        and any other's (a graph starts all its problems' builds up front), so that nothing is
+        timed while a compiler runs. Rendering happens here, in the caller's thread (under its
+        settings), once: :meth:`build` takes the rendered source. A failure is left for
         :meth:`build` to meet and report as the candidate's."""
-        threads = []
         for cand in candidates:
             key = self._key(problem, cand, target)
             try:
@@ -95,15 +100,17 @@ class TemplateKernelFactory:
                 continue
             with self._lock:
                 self._rendered[key] = rendered
-            t = threading.Thread(target=_quietly, args=(prebuild, rendered), daemon=True,
-                                 name=f"tilewright-prebuild-{cand.name}")
-            t.start()
-            threads.append(t)
+                self._pending.append(_build_pool().submit(_quietly, prebuild, rendered))
+        return self.settle
 
-        def wait() -> None:
-            for t in threads:
-                t.join()
-        return wait
+    def settle(self) -> None:
+        """Wait for every background build :meth:`prepare` started (the tuner calls this before
+        it times anything)."""
+        with self._lock:
+            pending = list(self._pending)
+        wait_all(pending)  # builds started meanwhile are another caller's to wait for
+        with self._lock:  # dropped once done, not before: a second caller waits for them too
+            self._pending = [f for f in self._pending if not f.done()]
 
     def reference(self, problem: Any, inputs: Any) -> Any:
         """The float64 result, as the problem's kind computes it
@@ -115,6 +122,21 @@ class TemplateKernelFactory:
         """The float64 reference on special-value inputs, or None where it is no judge
         (:meth:`tilewright.kinds.ProblemKind.special_reference`)."""
         return kind_of(problem).special_reference(problem, inputs, self)
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _build_pool() -> ThreadPoolExecutor:
+    """The process's background build threads: one per CPU, since each waits on a compiler
+    process that wants a core of its own."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                       thread_name_prefix="tilewright-prebuild")
+        return _pool
 
 
 def _quietly(prebuild: Callable[[Any], None], rendered: RenderedKernel) -> None:
