@@ -609,7 +609,10 @@ class TuningCache:
     def _write(self, data: dict[str, Any]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            # no indent: json's C encoder only serves unindented output, and the file is
+            # rewritten once per tuned problem (indented, 5-6x the time: ~0.4 s of a model's
+            # first call when it has some 40 problems)
+            tmp.write_text(json.dumps(data, sort_keys=True))
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
