@@ -141,3 +141,35 @@ def test_problems_in_the_tuning_cache_start_no_builds(fresh_cache, monkeypatch):
     ref = _model(a.double(), w.double())
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
     assert handed and all(n == 0 for n in handed)
+
+
+_FORKED = """
+import os, sys, torch, tilewright
+torch.set_num_threads(1)
+x = torch.randn(64, 300)
+ref = torch.softmax(x.double() * 2, -1)
+out = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="tilewright")(x)  # the pool exists
+pid = os.fork()
+if pid == 0:
+    torch._dynamo.reset()
+    y = torch.randn(32, 500)
+    out = torch.compile(lambda y: torch.log_softmax(y.sin() * 3, -1), backend="tilewright")(y)
+    ref = torch.log_softmax(y.double().sin() * 3, -1)
+    os._exit(0 if ((out.double() - ref).norm() / ref.norm()).item() < 1e-5 else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_builds_in_its_own_pool(tmp_path):
+    # a child forked after the parent built (gate_noise.py --fork, a data loader) inherited a pool
+    # whose threads it does not have: its builds queued for ever and its first compile hung
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TILEWRIGHT_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", _FORKED], env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -315,13 +315,21 @@ class TuningCache:
             go on with an in-memory cache.
     """
 
+    @property
+    def _lock(self) -> filelock.BaseFileLock:
+        """The file's cross-process lock, made in this process: filelock refuses an instance a
+        forked child inherited (a data-loader worker or a bench child forked after tuning)."""
+        if self._file_lock is None or self._file_lock[0] != os.getpid():
+            self._file_lock = (os.getpid(), filelock.FileLock(str(self.path) + ".lock"))
+        return self._file_lock[1]
+
     def __init__(self, path: Path | str, *, read_only: bool = False, strict: bool = True):
         # a symlinked cache is the file it points to: it is replaced there (the link stays) and
         # locked beside it, so two links to one shared file share one lock
         self.path = Path(os.path.realpath(Path(path).expanduser()))
         self.read_only = read_only
         self.strict = strict
-        self._lock = filelock.FileLock(str(self.path) + ".lock")
+        self._file_lock: tuple[int, filelock.BaseFileLock] | None = None  # (pid, lock)
         self._mem_lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
         self._data: dict[str, Any] = {"format": FORMAT, "problems": {}}

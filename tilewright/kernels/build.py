@@ -39,7 +39,7 @@ class TemplateKernelFactory:
         self._lock = threading.Lock()
         self._launchers: dict[tuple, object] = {}
         self._rendered: dict[tuple, RenderedKernel] = {}  # rendered by prepare(), for build()
-        self._pending: list[Future] = []  # prebuilds started and not yet waited for
+        self._pending: list[tuple[int, Future]] = []  # (pid, prebuild) started, not yet waited for
 
     def __getstate__(self) -> dict:
         return {}
@@ -100,17 +100,20 @@ class TemplateKernelFactory:
                 continue
             with self._lock:
                 self._rendered[key] = rendered
-                self._pending.append(_build_pool().submit(_quietly, prebuild, rendered))
+                self._pending.append((os.getpid(), _build_pool().submit(_quietly, prebuild, rendered)))
         return self.settle
 
     def settle(self) -> None:
         """Wait for every background build :meth:`prepare` started (the tuner calls this before
         it times anything)."""
         with self._lock:
-            pending = list(self._pending)
+            # a forked child inherits the parent's futures but not the threads that would finish
+            # them (its pool is made anew, _forget_pool): only this process's builds are waited for
+            self._pending = [(pid, f) for pid, f in self._pending if pid == os.getpid()]
+            pending = [f for _, f in self._pending]
         wait_all(pending)  # builds started meanwhile are another caller's to wait for
         with self._lock:  # dropped once done, not before: a second caller waits for them too
-            self._pending = [f for f in self._pending if not f.done()]
+            self._pending = [(pid, f) for pid, f in self._pending if not f.done()]
 
     def reference(self, problem: Any, inputs: Any) -> Any:
         """The float64 result, as the problem's kind computes it
@@ -137,6 +140,16 @@ def _build_pool() -> ThreadPoolExecutor:
             _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
                                        thread_name_prefix="tilewright-prebuild")
         return _pool
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist here, and a pool that believes
+    they do would queue builds no thread runs (``settle`` would wait for ever)."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _quietly(prebuild: Callable[[Any], None], rendered: RenderedKernel) -> None:
