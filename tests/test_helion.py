@@ -370,3 +370,5 @@ def test_registering_the_templates_imports_no_helion():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+# test_a_dynamic_problem_runs_any_size_of_its_bucket guards the up-front build listing too: under a
+# forced Helion it listed candidates at the trace-time bucket and the interpreter later aborted

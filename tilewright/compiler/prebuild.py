@@ -34,6 +34,14 @@ def start_builds(calls: Iterable[KernelCall]) -> int:
     Never raises: a problem whose candidates cannot be listed or rendered here is tuned as
     before, and its error is met (and reported as one kernel's) by the tuner.
     """
+    from tilewright._config import config, forced_languages
+    from tilewright.runtime.languages import languages
+
+    forced = set(forced_languages(config.force_backend))
+    if forced and not forced & {lang.name for lang in languages() if lang.prebuild is not None}:
+        # nothing forced builds ahead; listing candidates here would only bind kernels early
+        # (a forced Helion kernel bound at its trace-time bucket aborted the interpreter later)
+        return 0
     handed = 0
     for call in calls:
         prepare = getattr(call.factory, "prepare", None)
