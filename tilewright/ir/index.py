@@ -356,6 +356,8 @@ class CodePrinter(sympy.printing.str.StrPrinter):
     ``((n % d) + d) % d``, which both conventions compute alike, as ``(n - that) // d`` (an
     exact division)."""
 
+    FLOORDIV = "//"  # the C family's truncating "/" is exact where it is used (see above)
+
     def __init__(self, names: dict[sympy.Symbol, str] | None = None):
         super().__init__()
         self.names = names or {}
@@ -367,10 +369,10 @@ class CodePrinter(sympy.printing.str.StrPrinter):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
         if den == 1:
             return self._print(num)
-        n, d = self._print(num), self._print(den)
+        n, d, div = self._print(num), self._print(den), self.FLOORDIV
         if provably_nonnegative(num):
-            return f"(({n}) // ({d}))"
-        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) // ({d}))"
+            return f"(({n}) {div} ({d}))"
+        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) {div} ({d}))"
 
     def _print_ceiling(self, expr: sympy.Expr) -> str:
         num, den = sympy.fraction(sympy.together(expr.args[0]))

@@ -19,7 +19,7 @@ from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir.emitter import ExprEmitter
 from tilewright.ir.expr import Node
-from tilewright.ir.index import CodePrinter, provably_nonnegative
+from tilewright.ir.index import CodePrinter
 
 
 class CFamilyExpr(ExprEmitter):
@@ -83,17 +83,9 @@ class CIndexPrinter(CodePrinter):
     values indices take are non-negative). ``Max``/``Min`` fold pairwise through ``MAX``/``MIN``
     (64-bit operands), integers beyond 32 bits print as 64-bit literals."""
 
+    FLOORDIV = "/"
     MAX: ClassVar[str] = "tw_max"
     MIN: ClassVar[str] = "tw_min"
-
-    def _print_floor(self, expr: sympy.Expr) -> str:
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        if den == 1:
-            return self._print(num)
-        n, d = self._print(num), self._print(den)
-        if provably_nonnegative(num):
-            return f"(({n}) / ({d}))"
-        return f"((({n}) - ((({n}) % ({d})) + ({d})) % ({d})) / ({d}))"
 
     def _print_ceiling(self, expr: sympy.Expr) -> str:
         num, den = sympy.fraction(sympy.together(expr.args[0]))
