@@ -166,6 +166,12 @@ class Config:
         "Programmatic dependent launch for kernels that support it: 'off', 'on' (always), or "
         "'auto' (both variants are candidates and the autotuner measures which is faster: PDL "
         "can speed isolated decode GEMMs and slow a batch).", PDL_MODES)
+    cudagraphs: bool = _setting(
+        False, "TILEWRIGHT_CUDAGRAPHS",
+        "Run compiled CUDA graphs under PyTorch's CUDA-graph trees (record once, then replay), "
+        "as torch.compile's mode='reduce-overhead' does; graphs that cannot be captured (CPU "
+        "tensors, input mutation, symbolic sizes with no capture sizes) run uncaptured, with a "
+        "warning and the reason in their report (compiler/cudagraphs.py).")
     graph_race: str = _setting(
         "auto", "TILEWRIGHT_GRAPH_RACE",
         "The graph race (compiler/race.py): 'auto' times each compiled CPU graph against ATen "

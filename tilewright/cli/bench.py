@@ -75,9 +75,27 @@ def cmd_run_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_decode(args: argparse.Namespace) -> int:
+    from tilewright.perf.decode_suite import decode_results_table, run_decode_suite
+
+    device = "cpu" if (args.target or "").startswith("cpu") else None
+    with console.status("bench decode") as status:
+        doc = run_decode_suite(device=device, inductor=True, cpu_threads=args.cpu_threads, out=Path(args.out),
+                               cases=tuple(args.cases.split(",")) if args.cases else None,
+                               time_budget_s=args.time_budget_s,
+                               on_progress=lambda name, row: status.update(f"done {name}"))
+    console.print(decode_results_table(doc))
+    if doc["skipped"]:
+        console.print(f"{len(doc['skipped'])} cases skipped: time budget spent", style="yellow")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from tilewright.perf.cpu_suite import MODEL_SUITES
 
+    if args.suite == "decode":
+        return cmd_run_decode(args)
     if args.suite in MODEL_SUITES:
         return cmd_run_models(args)
     from tilewright.cli.warm import load_factory
@@ -115,6 +133,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     from tilewright.perf.compare import load_results
 
     doc = load_results(args.results)
+    if doc.get("suite") == "decode":
+        from tilewright.perf.decode_suite import decode_results_table
+
+        console.print(decode_results_table(doc))
+        return 0
     is_model_suite = any("first_call_vs_inductor" in r or "dispatches" in r.get("impls", {}).get("aten", {})
                          for r in doc["results"])
     console.print(model_results_table(doc) if is_model_suite else results_table(doc))
@@ -192,10 +215,13 @@ def add_parser(sub) -> None:
     r = bsub.add_parser("run", help="time tilewright's choice vs ATen per problem of a suite")
     r.add_argument("--suite", required=True, help="tiny, sycl-cpu, llm-decode, llm-prefill, llm, h200-check, "
                                                   "nvfp4-decode, nvfp4-check; cpu, cpu-ci (models and kernels: "
-                                                  "eager vs Inductor vs tilewright)")
-    r.add_argument("--cases", help="cpu suites: only these comma-separated cases (cpu.softmax, demo.minilm, ...)")
+                                                  "eager vs Inductor vs tilewright); decode (a decode "
+                                                  "step and prefill of tiny Llama/Qwen3: eager vs "
+                                                  "Inductor vs tilewright, CUDA graphs on a GPU)")
+    r.add_argument("--cases", help="cpu and decode suites: only these comma-separated cases (cpu.softmax, "
+                                   "demo.minilm, decode.llama.step, ...)")
     r.add_argument("--out", required=True, help="results JSON (rewritten after every problem)")
-    r.add_argument("--target", help="default: this machine's GPU, else cpu")
+    r.add_argument("--target", help="default: this machine's GPU, else cpu (decode: cpu runs it on the CPU)")
     r.add_argument("--shapes", help="shapes file for the llm suites (default bench/cases/...)")
     r.add_argument("--inductor", action="store_true",
                    help="also time Inductor max-autotune (cpu suites: Inductor, on by default for cpu)")

@@ -28,6 +28,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright._config import config
+from tilewright.compiler import cudagraphs
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.pipeline import compile_graph
 from tilewright.compiler.race import race_rounds, raced_with_eager
@@ -187,12 +188,18 @@ def _inference(example_inputs: list[Any]) -> bool:
 def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
     """Dynamo backend entry point (``backend="tilewright"``).
 
+    ``mode="reduce-overhead"`` (or ``options={"cudagraphs": True}``, or ``config.cudagraphs``)
+    runs the compiled graphs under PyTorch's CUDA-graph trees (:mod:`.cudagraphs`).
+
     Raises:
-        ConfigError: a ``TILEWRIGHT_*`` environment variable has a bad value (raised as itself,
-            in one line, not wrapped by Dynamo: see :func:`shorten`).
+        ConfigError: a ``TILEWRIGHT_*`` environment variable has a bad value, or ``mode`` or
+            ``options`` one the backend does not read (raised as itself, in one line, not
+            wrapped by Dynamo: see :func:`shorten`).
     """
     try:
         config.raise_env_error()
+        # torch.compile hands a custom backend its mode and options as keywords
+        graphs_on, sizes = cudagraphs.requested(kwargs.pop("mode", None), kwargs.pop("options", None))
         extra = partition_options()
         settings = config.as_dict()  # the backward, compiled later, chooses under these too
         # an inference graph races the model's own ops (compiler/race.py), which covers the
@@ -200,11 +207,16 @@ def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw
         eager_race = _inference(example_inputs) and race_rounds(example_inputs) > 0
         if eager_race:
             settings["graph_race"] = "off"
+        fw, bw, inference = (functools.partial(_compile_or_fallback, kind=kind, settings=settings)
+                             for kind in ("forward", "backward", "inference"))
+        if graphs_on:  # each compiled graph under PyTorch's CUDA-graph trees, or refused with why
+            graphs = cudagraphs.GraphCudagraphs(len(example_inputs), sizes)
+            fw, bw, inference = graphs.forward(fw, "forward"), graphs.backward(bw), graphs.forward(
+                inference, "inference")
         backend = aot_autograd(
-            fw_compiler=functools.partial(_compile_or_fallback, kind="forward", settings=settings),
-            bw_compiler=functools.partial(_compile_or_fallback, kind="backward", settings=settings),
-            inference_compiler=functools.partial(_compile_or_fallback, kind="inference",
-                                                 settings=settings),
+            fw_compiler=fw,
+            bw_compiler=bw,
+            inference_compiler=inference,
             decompositions=decomposition_table(),
             **extra,
         )

@@ -55,7 +55,7 @@ class LaunchReport:
         for g in self.graphs:
             rows.append((f"{g.kind} #{g.graph_id}", str(g.launches), str(g.gemm_nodes), str(g.loop_kernels),
                          str(g.extern_ops), str(g.eager_launches),
-                         f"fell back to ATen: {g.fallback}" if g.fallback else ""))
+                         _note(g)))
         rows.append(("total", str(self.launches), str(self.gemms), str(self.generated), str(self.aten),
                      str(self.eager), ""))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -68,6 +68,16 @@ class LaunchReport:
     def to_json(self) -> dict[str, Any]:
         return {"launches": self.launches, "gemms": self.gemms, "generated": self.generated,
                 "aten": self.aten, "eager": self.eager, "graphs": [g.to_json() for g in self.graphs]}
+
+
+def _note(g: GraphReport) -> str:
+    notes = [f"fell back to ATen: {g.fallback}"] if g.fallback else []
+    cg = g.cudagraphs
+    if cg and cg.get("status") == "refused":
+        notes.append(f"no CUDA graphs: {cg['reason']}")
+    elif cg:
+        notes.append(f"CUDA graphs: {cg['recordings']} recorded, {cg['replays']} replays")
+    return "; ".join(notes)
 
 
 def launch_report(model: Callable[..., Any], *args: Any, train: bool = False, **kwargs: Any) -> LaunchReport:
@@ -90,7 +100,8 @@ def launch_report(model: Callable[..., Any], *args: Any, train: bool = False, **
     Compiling resets Dynamo's caches first (``torch._dynamo.reset()``), so graphs compiled
     before are compiled again when next called. The tuner measures candidates as in any
     compilation (set ``tilewright.config`` first, e.g. ``force_backend``); the settings and the
-    tuning cache in force are used.
+    tuning cache in force are used. With ``config.cudagraphs`` set, each graph's note says why it
+    runs without CUDA graphs, or what they recorded and replayed (one call: recorded nothing).
     """
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="tilewright", dynamic=False)

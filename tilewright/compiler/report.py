@@ -119,6 +119,9 @@ class GraphReport:
     aten_dispatches: int | None = None
     # the graph race's outcome once decided (compiler/race.py): each side's median ms, the winner
     race: dict[str, Any] | None = None
+    # CUDA graphs (compiler/cudagraphs.py), when asked for: {"status": "refused", "reason"} or
+    # {"status": "on", "calls", "warmups", "recordings", "replays", ...}, counted as calls run
+    cudagraphs: dict[str, Any] | None = None
 
     @property
     def launches(self) -> int:
