@@ -227,3 +227,7 @@ def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw
         return raced_with_eager(compiled, gm, example_inputs, reports)
     except USER_ERRORS as e:
         raise shorten(e) from None
+
+
+# torch._dynamo.reset() resets a backend that has a reset: the CUDA-graph trees, as Inductor's does
+tilewright_backend.reset = cudagraphs.reset  # type: ignore[attr-defined]

@@ -298,8 +298,9 @@ class GraphCudagraphs:
 
 
 def reset() -> None:
-    """Drop every recorded CUDA graph (``torch._dynamo.reset()`` does this for the trees of
-    compiled models; tests call it between models)."""
-    from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+    """Drop every recorded CUDA graph: ``torch._dynamo.reset()`` calls this (the backend's
+    ``reset``, as it calls Inductor's), so graphs of code Dynamo forgot do not hold their pool."""
+    import sys
 
-    reset_cudagraph_trees()
+    if "torch._inductor.cudagraph_trees" in sys.modules:  # no trees were ever made otherwise
+        sys.modules["torch._inductor.cudagraph_trees"].reset_cudagraph_trees()

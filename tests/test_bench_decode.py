@@ -1,0 +1,73 @@
+"""The ``decode`` bench suite (perf/decode_suite.py, perf/decode_cases.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tilewright import config
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_a_decode_step_computes_the_same_step_every_call():
+    """Each timed call must be the same work: transformers 5 appends at the cache's own length,
+    which the step rewinds; without the rewind a second call attends to one more position."""
+    from tilewright.perf import decode_cases as dc
+
+    case = dc.find_case("decode.llama.step")
+    cpu = torch.device("cpu")
+    model = dc.build_model("llama", torch.float32, cpu)
+    x = dc.inputs(case, cpu)
+    step = dc.side_step(case, model, dc.forward_fn(model), x, torch.float32, cpu)
+    first, second = step().clone(), step().clone()
+    assert torch.equal(first, second)
+    assert first.shape == (1, 1, dc.VOCAB)
+    if not hasattr(dc.static_cache(model, 8, torch.float32, cpu), "layers"):
+        return  # transformers 4 writes at cache_position: nothing to rewind
+    unwound = dc.side_step(case, model, dc.forward_fn(model), x, torch.float32, cpu)
+    unwound()
+    import unittest.mock as mock
+
+    with mock.patch.object(dc, "rewind", lambda cache, length: None):
+        assert not torch.equal(unwound(), first)
+
+
+def test_bench_show_prints_a_decode_document(tmp_path, capsys):
+    from tilewright.cli.main import main
+
+    doc = {"format": "tilewright-bench/1", "suite": "decode", "complete": True,
+           "env": {"target": "cpu", "arch": "x86_64", "device": "x86_64", "versions": {"torch": "2.x"}},
+           "settings": {"dtype": "float32"},
+           "results": [{"id": "decode.llama.step", "impls": {
+               "aten": {"ms": 1.5, "rel_err": 0.0}, "tilewright": {"ms": 1.2, "rel_err": 1e-7},
+               "tilewright-race-off": {"ms": 1.1}, "inductor": {"error": "RuntimeError: boom"}},
+               "paired": {"tilewright": 0.8, "tilewright-race-off": 0.73},
+               "race": [{"graph": "inference 0", "winner": "compiled"}], "cudagraphs": []}]}
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps(doc))
+    assert main(["bench", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "decode.llama.step" in out and "0.80x" in out and "0.73x" in out
+    assert "RuntimeError: boom" in out and "inference 0: compiled" in out
+
+
+@pytest.mark.slow
+def test_the_decode_suite_times_eager_tilewright_and_race_off_side_by_side(tmp_path):
+    from tilewright.perf.decode_suite import run_decode_suite
+
+    out = tmp_path / "decode.json"
+    with config.patch(bench_rep=6, bench_min_rep=3, bench_budget_ms=5.0, cache_dir=str(tmp_path / "tw")):
+        doc = run_decode_suite(device="cpu", inductor=False, cases=("decode.llama.step",), out=out)
+    assert json.loads(out.read_text())["results"] == json.loads(json.dumps(doc["results"]))
+    (row,) = doc["results"]
+    assert set(row["impls"]) == {"aten", "tilewright", "tilewright-race-off"}, row
+    for side in ("tilewright", "tilewright-race-off"):
+        assert row["impls"][side]["rel_err"] < 1e-5 and row["impls"][side]["ms"] > 0
+        assert row["paired"][side] > 0
+    assert row["paired_vs_aten"]["pairs"] == row["impls"]["aten"]["reps"]
+    assert row["graphs"] >= 1 and not row["fallbacks"]
+    assert row["race"] and all(r["winner"] in ("compiled", "aten") for r in row["race"])
+    assert doc["settings"]["clock"] == "thread CPU time" and doc["complete"]
