@@ -248,7 +248,8 @@ def test_a_llama_decode_step_replays_under_cuda_graphs_with_eager_tokens():
         return tokens
 
     ref = greedy(forward_fn(model))
-    with collect_reports() as reports, warnings.catch_warnings(record=True) as caught:
+    quick = dict(max_candidates=2, bench_rep=3, bench_budget_ms=5.0, bench_input_sets=1)  # device_check's budget
+    with collect_reports() as reports, warnings.catch_warnings(record=True) as caught, config.patch(**quick):
         warnings.simplefilter("always")
         got = greedy(torch.compile(forward_fn(model), backend="tilewright", mode="reduce-overhead"))
     refusals = [str(w.message) for w in caught if "without CUDA graphs" in str(w.message)]
@@ -256,4 +257,4 @@ def test_a_llama_decode_step_replays_under_cuda_graphs_with_eager_tokens():
     on = [r.cudagraphs for r in reports if r.cudagraphs and r.cudagraphs["status"] == "on"]
     assert on, f"no graph ran under CUDA graphs: {refusals}"
     assert max(s["replays"] for s in on) >= 3, on
-    assert all(s["recordings"] <= 2 for s in on), on
+    assert all(s["recordings"] <= 3 for s in on), on  # not one recording per token
