@@ -70,8 +70,11 @@ def test_a_bad_mode_or_option_is_a_config_error_naming_it(kwargs, match):
 
 # -- refusals -------------------------------------------------------------------------------------
 def test_cpu_tensors_are_refused_with_a_warning_and_in_the_report():
+    from torch._dynamo.utils import counters
+
     m = Net().eval()
     x = torch.randn(5, 16)
+    skips = counters["inductor"]["cudagraph_skips"]
     with torch.no_grad():
         ref = m(x)
         with collect_reports() as reports, pytest.warns(UserWarning, match="CPU tensors"):
@@ -79,6 +82,14 @@ def test_cpu_tensors_are_refused_with_a_warning_and_in_the_report():
     assert _rel(out, ref) < 1e-5
     assert [r.cudagraphs["status"] for r in reports] == ["refused"]
     assert "CPU tensors" in reports[0].cudagraphs["reason"]
+    assert counters["inductor"]["cudagraph_skips"] == skips + 1  # PyTorch's own count
+
+
+def test_cudagraph_or_error_makes_a_refusal_an_error():
+    """Inductor's setting for "capture or fail" applies to tilewright's graphs too."""
+    with torch._inductor.config.patch({"triton.cudagraph_or_error": True}), \
+            pytest.raises(Exception, match="runs without CUDA graphs: CPU tensors"):
+        torch.compile(Net().eval(), backend="tilewright", mode="reduce-overhead")(torch.randn(2, 16))
 
 
 def test_launch_report_names_the_refusal():

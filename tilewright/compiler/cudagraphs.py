@@ -17,8 +17,10 @@ re-recording when a static input moves, and the forward/backward generations.
   keep one), symbolic sizes with no capture sizes named (``options={"cudagraph_sizes": [...]}``:
   one graph per size otherwise, re-recorded as a KV cache grows), an op that cannot be captured
   (data-dependent sizes, ops PyTorch tags unsafe). Each refusal is one ``UserWarning`` naming the
-  graph and the reason, a line in the ``tilewright.compiler`` log, and the graph report's
-  ``cudagraphs`` entry (``tilewright.launch_report`` prints it).
+  graph and the reason, a line in the ``tilewright.compiler`` log, one on PyTorch's
+  ``counters["inductor"]["cudagraph_skips"]`` (``torch._inductor.config.triton.cudagraph_or_error``
+  makes it an error, as for Inductor), and the graph report's ``cudagraphs`` entry
+  (``tilewright.launch_report`` prints it).
 * **Replays** are counted per graph in ``GraphReport.cudagraphs``: ``calls``, ``warmups`` and
   ``recordings`` (the calls that ran the compiled graph itself, outside and inside a capture),
   ``replays`` (calls that replayed a recorded graph), ``uncaptured`` (calls at a size not named).
@@ -148,14 +150,15 @@ def _refuse(reports: list[GraphReport], kind: str, reason: str) -> None:
     for r in reports:
         r.cudagraphs = {"status": "refused", "reason": reason}
     msg = f"tilewright: the {kind} graph runs without CUDA graphs: {reason}"
+    # PyTorch's skip counter and its cudagraph_or_error setting see it as they see Inductor's
+    # skips (its own logging helper would print the reason a second time)
+    from torch._dynamo.utils import counters
+
+    counters["inductor"]["cudagraph_skips"] += 1
+    if getattr(torch._inductor.config.triton, "cudagraph_or_error", False):
+        raise RuntimeError(msg)
     warnings.warn(msg, UserWarning, stacklevel=3)
     log.info(msg)
-    try:  # PyTorch's own skip counter (and its cudagraph_or_error setting) see it too
-        from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
-
-        log_cudagraph_skip_and_bump_counter(f"skipping cudagraphs due to {reason}")
-    except ImportError:  # pragma: no cover - a torch without it
-        pass
 
 
 # -- wrapping -------------------------------------------------------------------------------------
