@@ -232,6 +232,7 @@ def test_only_the_named_sizes_of_a_dynamic_graph_go_to_the_trees(monkeypatch):
             assert _rel(f(x), torch.softmax(x * 2, -1)) < 1e-5
     stats = next(r.cudagraphs for r in reports if r.cudagraphs)
     assert stats["calls"] == 4 and stats["uncaptured"] == 2
+    assert [k[0] for k in stats["uncaptured_sizes"]] == [5, 3]  # what a user would add to the sizes
     assert keys and all(8 in k for k in keys)
 
 

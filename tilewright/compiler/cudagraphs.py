@@ -23,7 +23,8 @@ re-recording when a static input moves, and the forward/backward generations.
   (``tilewright.launch_report`` prints it).
 * **Replays** are counted per graph in ``GraphReport.cudagraphs``: ``calls``, ``warmups`` and
   ``recordings`` (the calls that ran the compiled graph itself, outside and inside a capture),
-  ``replays`` (calls that replayed a recorded graph), ``uncaptured`` (calls at a size not named).
+  ``replays`` (calls that replayed a recorded graph), ``uncaptured`` (calls at a size not named,
+  the first few of those sizes in ``uncaptured_sizes``).
 """
 
 from __future__ import annotations
@@ -134,9 +135,10 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], static: Sequence[
                 f"{[names[i] for i in mutated if i < len(names)]}, which are not parameters, buffers "
                 "or static addresses (torch._dynamo.mark_static_address)")
     if sizes is None and any(_symbolic(x) for x in example_inputs):
-        return ("dynamic sizes without buckets: a graph with symbolic sizes would record one CUDA "
-                "graph per size; name the sizes to capture (options={'cudagraph_sizes': [...]}) "
-                "or compile with dynamic=False")
+        n = sum(isinstance(x, torch.SymInt) for x in example_inputs)
+        return (f"dynamic sizes without buckets: a graph with symbolic sizes ({n} size input(s)) would "
+                "record one CUDA graph per size; name the sizes to capture (options={'cudagraph_sizes': "
+                "[...]}, an int or a tuple of that many ints each) or compile with dynamic=False")
     if sizes is not None and not any(isinstance(x, torch.SymInt) for x in example_inputs) \
             and any(_symbolic(x) for x in example_inputs):
         return "dynamic sizes that are not graph inputs: the capture sizes cannot be matched"
@@ -199,6 +201,7 @@ def under_trees(compiled: Callable, gm: fx.GraphModule, example_inputs: Sequence
                              "recordings": 0, "replays": 0, "uncaptured": 0}
     if sizes is not None:
         stats["sizes"] = [list(k) for k in sizes]
+        stats["uncaptured_sizes"] = []
     for r in reports:
         r.cudagraphs = stats
     mutated = tuple(sorted(input_mutations(gm)))
@@ -216,8 +219,10 @@ def under_trees(compiled: Callable, gm: fx.GraphModule, example_inputs: Sequence
 
     def call(args: list) -> Any:
         stats["calls"] += 1
-        if dynamic and _int_key(args) not in sizes:
+        if dynamic and (key := _int_key(args)) not in sizes:
             stats["uncaptured"] += 1
+            if len(stats["uncaptured_sizes"]) < 8 and list(key) not in stats["uncaptured_sizes"]:
+                stats["uncaptured_sizes"].append(list(key))  # what to name, for the user
             return compiled(args)
         if not trees:
             trees.append(cudagraphify_impl(counted, args, static, device_index=device_index,
