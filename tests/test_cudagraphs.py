@@ -236,34 +236,49 @@ def test_only_the_named_sizes_of_a_dynamic_graph_go_to_the_trees(monkeypatch):
     assert keys and all(8 in k for k in keys)
 
 
+# -- a decode loop ---------------------------------------------------------------------------------
+def _greedy(device: torch.device, make_fn, steps: int = 6) -> list[int]:
+    """Greedy tokens of a tiny Llama over a static KV cache: the prompt prefilled eagerly, then
+    ``steps`` decode steps through ``make_fn(model)`` (the compiled forward, or eager's)."""
+    from tilewright.perf.decode_cases import PROMPT, build_model, forward_fn, rewind, static_cache
+
+    model = build_model("llama", torch.float32, device)
+    prompt = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0)).to(device)
+    cache = static_cache(model, PROMPT + 16, torch.float32, device)
+    fn = make_fn(forward_fn(model))
+    tokens = []
+    with torch.no_grad():
+        tok = forward_fn(model)(prompt, torch.arange(PROMPT, device=device), cache)[:, -1:].argmax(-1)
+        for i in range(steps):
+            rewind(cache, PROMPT + i)
+            # cloned: a replay's outputs are overwritten by the next replay
+            tok = fn(tok, torch.tensor([PROMPT + i], device=device), cache)[:, -1:].argmax(-1).clone()
+            tokens.append(int(tok))
+    return tokens
+
+
+@pytest.mark.slow
+def test_a_decode_loop_asking_for_cuda_graphs_on_the_cpu_keeps_eager_tokens():
+    pytest.importorskip("transformers")
+    cpu = torch.device("cpu")
+    ref = _greedy(cpu, lambda f: f)
+    with collect_reports() as reports, pytest.warns(UserWarning, match="runs without CUDA graphs: CPU tensors"):
+        got = _greedy(cpu, lambda f: torch.compile(f, backend="tilewright", mode="reduce-overhead"))
+    assert got == ref
+    assert reports and all(r.cudagraphs["status"] == "refused" for r in reports)
+
+
 # -- on a GPU -------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_a_llama_decode_step_replays_under_cuda_graphs_with_eager_tokens():
     pytest.importorskip("transformers")
-    from tilewright.perf.decode_cases import PROMPT, build_model, forward_fn, rewind, static_cache
-
     cudagraphs.reset()
     dev = torch.device("cuda")
-    model = build_model("llama", torch.float32, dev)
-    prompt = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0)).to(dev)
-
-    def greedy(fn, steps=6):
-        cache = static_cache(model, PROMPT + 16, torch.float32, dev)
-        eager = forward_fn(model)
-        tokens = []
-        with torch.no_grad():
-            tok = eager(prompt, torch.arange(PROMPT, device=dev), cache)[:, -1:].argmax(-1)
-            for i in range(steps):
-                rewind(cache, PROMPT + i)
-                tok = fn(tok, torch.tensor([PROMPT + i], device=dev), cache)[:, -1:].argmax(-1).clone()
-                tokens.append(int(tok))
-        return tokens
-
-    ref = greedy(forward_fn(model))
+    ref = _greedy(dev, lambda f: f)
     quick = dict(max_candidates=2, bench_rep=3, bench_budget_ms=5.0, bench_input_sets=1)  # device_check's budget
     with collect_reports() as reports, warnings.catch_warnings(record=True) as caught, config.patch(**quick):
         warnings.simplefilter("always")
-        got = greedy(torch.compile(forward_fn(model), backend="tilewright", mode="reduce-overhead"))
+        got = _greedy(dev, lambda f: torch.compile(f, backend="tilewright", mode="reduce-overhead"))
     refusals = [str(w.message) for w in caught if "without CUDA graphs" in str(w.message)]
     assert got == ref, refusals
     on = [r.cudagraphs for r in reports if r.cudagraphs and r.cudagraphs["status"] == "on"]
