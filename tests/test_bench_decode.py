@@ -71,3 +71,25 @@ def test_the_decode_suite_times_eager_tilewright_and_race_off_side_by_side(tmp_p
     assert row["graphs"] >= 1 and not row["fallbacks"]
     assert row["race"] and all(r["winner"] in ("compiled", "aten") for r in row["race"])
     assert doc["settings"]["clock"] == "thread CPU time" and doc["complete"]
+
+
+def test_bench_run_routes_the_decode_suite(tmp_path, monkeypatch, capsys):
+    """``bench run --suite decode`` reaches the decode runner with the CLI's choices (the
+    runner itself is timed by the slow test; here it is replaced, to check the routing)."""
+    from tilewright.cli.main import main
+    from tilewright.perf import decode_suite
+
+    seen = {}
+
+    def fake_run(**kwargs):
+        seen.update(kwargs)
+        return {"suite": "decode", "skipped": [], "settings": {"dtype": "float32"}, "results": [],
+                "env": {"target": "cpu", "device": "x86_64", "versions": {"torch": "2.x"}}}
+
+    monkeypatch.setattr(decode_suite, "run_decode_suite", fake_run)
+    out = tmp_path / "d.json"
+    assert main(["bench", "run", "--suite", "decode", "--target", "cpu", "--cases", "decode.llama.step",
+                 "--out", str(out), "--time-budget-s", "30"]) == 0
+    assert seen["device"] == "cpu" and seen["cases"] == ("decode.llama.step",)
+    assert seen["time_budget_s"] == 30 and seen["out"] == out and seen["inductor"] is True
+    assert "suite decode" in capsys.readouterr().out
