@@ -19,6 +19,7 @@ then through the score_mod's derivative (:func:`tilewright.attention.mods.score_
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -34,6 +35,16 @@ LN2 = math.log(2.0)
 def _heads_per_chunk(problem: AttentionProblem) -> int:
     per_head = max(1, problem.Sq * problem.Skv)
     return max(1, min(problem.H, CHUNK_SCORES // per_head))
+
+
+def at_call_sizes(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor) -> AttentionProblem:
+    """``problem`` at the sizes of the call's own tensors (q (B, H, Sq, D), k (B, Hkv, Skv, D)):
+    a dynamic problem is compiled at its size bucket, and the ATen form of a bucket's kernel
+    runs every size in it (a batch of 3 in the bucket of 4 computes 3 rows, not 4)."""
+    B, Sq, Skv = int(q.shape[0]), int(q.shape[2]), int(k.shape[2])
+    if (B, Sq, Skv) == (problem.B, problem.Sq, problem.Skv):
+        return problem
+    return dataclasses.replace(problem, B=B, Sq=Sq, Skv=Skv)
 
 
 def _env(problem: AttentionProblem, b: int, h0: int, h1: int, captures: Sequence[torch.Tensor],
@@ -106,6 +117,7 @@ def forward(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: torc
     """(out, lse) of a forward problem: out in float64 (``reference``) or the problem's dtype
     (computed in fp32), lse in float64 or fp32, in the problem's base. Written into ``out`` and
     ``lse`` when given."""
+    problem = at_call_sizes(problem, q, k)
     dt = torch.float64 if reference else torch.float32
     device = q.device
     G = problem.group
@@ -152,6 +164,7 @@ def backward(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: tor
         NotDifferentiable: the score_mod has an op :func:`mods.score_derivative` cannot
             differentiate.
     """
+    problem = at_call_sizes(problem, q, k)
     dt = torch.float64 if reference else torch.float32
     device = q.device
     G = problem.group

@@ -30,6 +30,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from tilewright._config import config
 from tilewright.compiler import cudagraphs
 from tilewright.compiler.decompositions import decomposition_table
+from tilewright.compiler.fallbacks import RerunGraph
 from tilewright.compiler.pipeline import compile_graph
 from tilewright.compiler.race import race_rounds, raced_with_eager
 from tilewright.compiler.report import GraphReport, collect_reports, publish
@@ -98,21 +99,34 @@ def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Call
     * ATen raises too: the input is at fault (a dtype mismatch, a bad shape), not tilewright;
       ATen's error (what eager raises) is raised, once, without the frames of the graph or the
       compiled graph's error chained to it, and the graph stays compiled for the next call.
-    * ATen succeeds: a tilewright bug the compile-time checks missed. One warning line (its
-      traceback goes to the ``tilewright.compiler`` log at info level), the graph runs on ATen
-      for good and the model gets its answer; ``config.strict`` raises the compiled graph's
-      error instead.
+    * ATen succeeds: a tilewright bug the compile-time checks and the kernels' own run-time
+      fallbacks (:meth:`~tilewright.compiler.dispatch.KernelCall.rescue`, which cost one
+      kernel's size bucket) missed. One warning line (its traceback goes to the
+      ``tilewright.compiler`` log at info level), the graph runs on ATen for good, the graph's
+      report says so in ``fallback`` and the model gets its answer; ``config.strict`` raises
+      the compiled graph's error instead.
+
+    A kernel that failed after it may have written part of an in-place output raises
+    :class:`~tilewright.compiler.fallbacks.RerunGraph` (its bucket now on ATen): the call is
+    rerun, compiled, from its inputs.
     """
     aten: list[Callable] = []
+    report = getattr(compiled, "tilewright_report", None)
 
     def call(args: list) -> Any:
         if aten:
             return aten[0](args)
         saved = list(args)  # the compiled call clears its argument list
-        try:
-            return compiled(args)
-        except Exception as e:
-            error = e
+        for _ in range(_RERUNS):
+            try:
+                return compiled(args)
+            except RerunGraph:
+                args = list(saved)
+            except Exception as e:
+                error = e
+                break
+        else:
+            error = RuntimeError(f"the compiled {kind} graph kept asking for a rerun")
         fallback = make_boxed_func(gm.forward)
         try:
             out = fallback(list(saved))
@@ -125,11 +139,16 @@ def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Call
                f"{_first_line(error)}); running it on ATen from now on")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.info("the compiled %s graph's error", kind, exc_info=error)
+        if report is not None:
+            report.fallback = f"at run time: {type(error).__name__}: {_first_line(error)}"
         aten.append(fallback)
         return out
 
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
+
+
+_RERUNS = 16  # reruns of one call (each switched one kernel's bucket to ATen) before giving up
 
 
 def _first_line(e: BaseException) -> str:

@@ -59,6 +59,9 @@ class KernelCall:
         self.fixed_reason = "fixed"
         self.selections: dict[tuple[int, ...], Selection] = {}
         self._launchers: dict[tuple[int, ...], Launcher] = {}
+        self._aten_keys: set[tuple[int, ...]] = set()  # buckets switched to ATen at run time
+        self.fallbacks: list = []  # where run-time fallbacks are recorded (the graph's report)
+        self._bound_key: tuple[int, ...] | None = None  # the bucket the pipeline compiled
         self._lock = threading.Lock()
         self._fast: Launcher | None = None
         self._kind = kind_of(problem)
@@ -128,16 +131,66 @@ class KernelCall:
         key = tuple(self._sizes_of(problem)[d] for d in self.dims)
         with self._lock:
             self._launchers[key] = launch
+            if self._bound_key is None:
+                self._bound_key = key
         if not self.problem.dynamic and len(self._launchers) == 1:
             self._fast = launch
 
+    def _key(self, sizes: dict[str, int] | None) -> tuple[int, ...]:
+        static = self._sizes_of(self.problem)
+        if sizes is None:
+            return tuple(static[d] for d in self.dims)
+        return tuple(bucket(sizes[d]) if d in self.problem.dynamic else static[d] for d in self.dims)
+
     def _launcher(self, sizes: dict[str, int]) -> Launcher:
-        key = tuple(bucket(sizes[d]) if d in self.problem.dynamic else self._sizes_of(self.problem)[d]
-                    for d in self.dims)
+        key = self._key(sizes)
         launch = self._launchers.get(key)
         if launch is None:
-            self.prepare(sizes)
+            try:
+                self.prepare(sizes)
+            except Exception as e:  # noqa: BLE001 - a new bucket's tuning or build failed
+                        return self.rescue(sizes, e, stage="run", what="tuning a new size bucket")
             launch = self._launchers[key]
+        return launch
+
+    def rescue(self, sizes: dict[str, int] | None, error: BaseException, *, inplace: bool = False,
+               stage: str | None = None, what: str = "running the kernel") -> Launcher:
+        """After the launcher of the bucket of ``sizes`` (None: the static sizes) raised
+        ``error``: that bucket runs the kind's ATen form from now on (other buckets keep
+        theirs), the fallback is recorded (:mod:`tilewright.compiler.fallbacks`) and its
+        launcher returned, for the caller to run the call again.
+
+        Raises:
+            error: under ``config.strict``, or when the bucket already ran ATen's form (the
+                input is at fault, not the generated kernel).
+            RerunGraph: ``inplace``: the kernel may have written part of its in-place output,
+                so the whole graph's call reruns (with this bucket on ATen).
+        """
+        from tilewright.compiler.fallbacks import RerunGraph, contain
+
+        key = self._key(sizes)
+        aten = get_template(self._kind.aten_template_id(self.problem))
+        chosen = self.selections.get(key)
+        if key in self._aten_keys or (key in self._launchers and chosen is not None
+                                      and chosen.winner.template_id == aten.id):
+            raise error  # ATen's own form failed: not a generated kernel's failure
+        full = sizes if sizes is not None else self._sizes_of(self.problem)
+        problem = bucket_problem(self.problem, full)
+        candidate = Candidate.of(aten.id, aten.source_hash)
+        bucket_sizes = {d: self._sizes_of(problem)[d] for d in self.dims if d in self.problem.dynamic}
+        contain(error, self.name, stage or ("launch" if key == self._bound_key else "run"),
+                f"{what} ({self.problem.describe()})", sink=self.fallbacks, bucket=bucket_sizes or None)
+        launch = self.factory.build(problem, candidate, self.target)
+        selection = Selection(problem, self.target, candidate, measured=False,
+                              reason=f"ATen: the generated kernel failed ({type(error).__name__})")
+        with self._lock:
+            self.selections[key] = selection
+            self._launchers[key] = launch
+            self._aten_keys.add(key)
+            if self._fast is not None:
+                self._fast = launch
+        if inplace:
+            raise RerunGraph(f"{self.name} failed after it may have written its output") from error
         return launch
 
     # -- running ----------------------------------------------------------------------------------

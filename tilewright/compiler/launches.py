@@ -21,7 +21,10 @@ class LaunchReport:
     """Per compiled graph (``graphs``, in compile order) and in total: ``gemms`` GEMM kernels,
     ``generated`` loop kernels, ``aten`` ATen calls that launch work, ``launches`` their sum,
     and ``eager`` the launches of the same graphs run op by op. ``fallbacks``: graphs that did
-    not compile (they run on ATen; the reason is in each report's ``fallback``)."""
+    not compile or failed at run time (they run on ATen; the reason is in each report's
+    ``fallback``); ``kernel_fallbacks``: kernels that failed alone and run on ATen (for every
+    size, or for one size bucket since a later call), each graph's
+    ``GraphReport.kernel_fallbacks``. Both are read when asked, so they show later calls."""
 
     graphs: list[GraphReport] = field(default_factory=list)
 
@@ -48,6 +51,11 @@ class LaunchReport:
     @property
     def fallbacks(self) -> list[GraphReport]:
         return [g for g in self.graphs if g.fallback is not None]
+
+    @property
+    def kernel_fallbacks(self) -> list[Any]:
+        """Every :class:`~tilewright.compiler.fallbacks.KernelFallback` of every graph."""
+        return [k for g in self.graphs for k in g.kernel_fallbacks]
 
     def format(self) -> str:
         """A plain-text table: one row per graph and a total."""
@@ -117,6 +125,15 @@ def launch_report(model: Callable[..., Any], *args: Any, train: bool = False, **
             with torch.no_grad():
                 compiled(*args, **kwargs)
     return LaunchReport(list(reports))
+
+
+def _note(g: GraphReport) -> str:
+    if g.fallback:
+        return f"fell back to ATen: {g.fallback}"
+    if g.kernel_fallbacks:
+        return f"{len(g.kernel_fallbacks)} kernel fallback(s): " + "; ".join(
+            k.describe() for k in g.kernel_fallbacks)
+    return ""
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

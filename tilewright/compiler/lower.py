@@ -23,6 +23,7 @@ import torch.fx as fx
 from tilewright.compiler.graph import (
     ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
 )
+from tilewright.compiler.fallbacks import contain
 from tilewright.compiler.views import fold_double_transposes
 import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_mm
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
@@ -238,10 +239,20 @@ def lower_mx_mm(node: fx.Node, index: int) -> GemmNode | None:
     return lower_block_scaled_mm(node, index, fmt, a, a_scale, b, b_scale, (alpha,), bias, VALUES_PER_BYTE[fmt])
 
 
+def _contained(fn, node: fx.Node, *args):
+    """``fn(node, *args)``, or None (the node stays an ATen call) if lowering it raised: a
+    lowering bug costs that node, not the graph (:mod:`tilewright.compiler.fallbacks`)."""
+    try:
+        return fn(node, *args)
+    except Exception as e:  # noqa: BLE001 - contained to this node
+        contain(e, node.name, "lower", f"lowering {node.target}")
+        return None
+
+
 def _lower_by_kind(registered: list, node: fx.Node, counts: dict[int, int]) -> Node | None:
     """The node a registered problem kind makes of ``node`` (the first that takes it), or None."""
     for kind in registered:
-        made = kind.lower(node, counts.get(id(kind), 0))
+        made = _contained(kind.lower, node, counts.get(id(kind), 0))
         if made is not None:
             counts[id(kind)] = counts.get(id(kind), 0) + 1
             return made
@@ -264,19 +275,20 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
             placeholders.append(node)
         elif node.op == "output":
             output = node
-        elif node.op == "call_function" and node.target in GEMM_OPS and why_not_gemm(node) is None:
-            nodes.append(lower_gemm(node, n_gemm))
+        elif node.op == "call_function" and node.target in GEMM_OPS and why_not_gemm(node) is None and (
+                gemm := _contained(lower_gemm, node, n_gemm)) is not None:
+            nodes.append(gemm)
             n_gemm += 1
         elif node.op == "call_function" and node.target == aten._scaled_mm.default and (
-                scaled := lower_scaled_mm(node, n_gemm)) is not None:
+                scaled := _contained(lower_scaled_mm, node, n_gemm)) is not None:
             nodes.append(scaled)
             n_gemm += 1
         elif node.op == "call_function" and node.target == NVFP4_MM and (
-                fp4 := lower_nvfp4_mm(node, n_gemm)) is not None:
+                fp4 := _contained(lower_nvfp4_mm, node, n_gemm)) is not None:
             nodes.append(fp4)
             n_gemm += 1
         elif node.op == "call_function" and node.target == MX_MM and (
-                mxn := lower_mx_mm(node, n_gemm)) is not None:
+                mxn := _contained(lower_mx_mm, node, n_gemm)) is not None:
             nodes.append(mxn)
             n_gemm += 1
         elif node.op == "call_function" and (other := _lower_by_kind(registered, node, lowered_by)) is not None:
@@ -291,15 +303,16 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
     return KernelGraph(placeholders, nodes, output)
 
 
-def lower_loop_nodes(kg: KernelGraph, gm: fx.GraphModule) -> int:
+def lower_loop_nodes(kg: KernelGraph, gm: fx.GraphModule, skip: set[str] = frozenset()) -> int:
     """Replace the ATen calls that have an IR rule (pointwise ops, reductions, gathers) by loop
     nodes, in place; views stay ATen calls for whoever still needs them as tensors (and are
-    removed when nobody does). Returns the number of loop nodes made."""
+    removed when nobody does). FX nodes named in ``skip`` stay ATen calls. Returns the number
+    of loop nodes made."""
     from tilewright.compiler.graph import LoopNode
     from tilewright.compiler.loops import lower_loops
 
     # what a GEMM or another kind's kernel computes is theirs, never a loop node's
-    kernel_fx = {f.name for k in kg.kernels for f in k.fx_nodes}
+    kernel_fx = {f.name for k in kg.kernels for f in k.fx_nodes} | set(skip)
     loops, values = lower_loops(gm, skip=kernel_fx)
     by_fx: dict[str, list[LoopNode]] = {}
     for ln in loops.values():

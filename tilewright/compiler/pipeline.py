@@ -33,6 +33,7 @@ from tilewright.autotune.select import Selection
 from tilewright.compiler.prebuild import start_builds
 from tilewright.compiler.dispatch import KernelCall
 from tilewright.compiler.dispatches import traced
+from tilewright.compiler.fallbacks import LoopBuildFailure, contain, recording
 from tilewright.compiler.fuse import fuse_epilogues
 from tilewright.compiler.graph import KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
@@ -91,19 +92,15 @@ def make_call(n: Node, kind: ProblemKind | None = None) -> KernelCall:
     return KernelCall(n.name, problem, target, default_factory, options=kind.call_options(n), fixed=fixed)
 
 
-def _or_aten(call: KernelCall, what: str, fn: Callable[[], Any], fallback: Callable[[], Any]) -> Any:
-    """``fn()``; if it raises (and ``config.strict`` is off), warn and return ``fallback()``,
+def _or_aten(call: KernelCall, stage: str, what: str, fn: Callable[[], Any],
+             fallback: Callable[[], Any]) -> Any:
+    """``fn()``; if it raises (and ``config.strict`` is off), warn, record the failure in the
+    graph's report (:func:`~tilewright.compiler.fallbacks.contain`) and return ``fallback()``,
     which switches the kernel to its ATen form: one kernel pays for the failure, not the graph."""
     try:
         return fn()
     except Exception as e:  # noqa: BLE001 - any failure of one kernel is contained
-        if config.strict:
-            raise
-        text = str(e).strip()
-        msg = (f"tilewright: {what} for {call.name} ({call.problem.describe()}) failed "
-               f"({type(e).__name__}: {text.splitlines()[0] if text else '-'}); that kernel runs on ATen")
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)  # one line; the traceback only in the log
-        log.info("%s", msg, exc_info=True)
+        contain(e, call.name, stage, f"{what} ({call.problem.describe()})")
         return fallback()
 
 
@@ -138,11 +135,39 @@ def fuse(kg: KernelGraph, gm: fx.GraphModule, report: GraphReport | None = None)
     fused = fuse_epilogues(kg, gm) if config.fuse_epilogues else 0
     loop_ops = loop_kernels = 0
     if config.loop_kernels:
-        loop_ops = lower_loop_nodes(kg, gm)
-        loop_kernels = schedule(kg, gm)
-        attach_programs(kg, gm)  # the ATen ops each kernel replaced: a CPU candidate of its own
+        loop_ops, loop_kernels = _loop_kernels(kg, gm)
     if report is not None:
         report.fused_nodes, report.loop_ops, report.loop_kernels = fused, loop_ops, loop_kernels
+
+
+def _loop_kernels(kg: KernelGraph, gm: fx.GraphModule) -> tuple[int, int]:
+    """Lower the loop nodes and group them into kernels; (loop nodes, loop kernels). An op
+    whose kernel cannot be built is left to ATen and the rest lowered again without it; any
+    other failure of the scheduler costs this graph its loop kernels (GEMMs and the kernels of
+    other kinds stay generated)."""
+    before = list(kg.nodes)
+    on_aten: set[str] = set()
+    while True:
+        try:
+            loop_ops = lower_loop_nodes(kg, gm, skip=on_aten)
+            loop_kernels = schedule(kg, gm)
+            attach_programs(kg, gm)  # the ATen ops each kernel replaced: a CPU candidate of its own
+            return loop_ops, loop_kernels
+        except LoopBuildFailure as e:
+            kg.nodes = list(before)
+            if e.fx_names <= on_aten:  # no progress: a bug of the scheduler itself
+                error: BaseException = e.error
+            else:
+                for name in sorted(e.fx_names):
+                    contain(e.error, name, "fuse", "building its loop kernel")
+                on_aten |= e.fx_names
+                continue
+        except Exception as e:  # noqa: BLE001 - contained to the loop kernels
+            kg.nodes = list(before)
+            error = e
+        contain(error, "loop kernels", "fuse", "grouping the pointwise ops and reductions",
+                runs="ATen (every loop op of this graph)")
+        return 0, 0
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> Callable[[list], Any]:
@@ -152,6 +177,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
     fallback unless ``config.strict`` is set.
     """
     report = GraphReport(next(_graph_ids), kind)
+    with recording(report.kernel_fallbacks):  # what each contained kernel failure cost
+        fn = _compile(gm, example_inputs, kind, report)
+    fn.tilewright_report = report  # type: ignore[attr-defined] - the run-time guard's fallback
+    return fn
+
+
+def _compile(gm: fx.GraphModule, example_inputs: list[Any], kind: str, report: GraphReport) -> Callable:
     stage = _Stages(report)
     report.fx_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.eager_launches, report.eager_bytes = eager_cost(gm)
@@ -161,12 +193,14 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
         fuse(kg, gm, report)
     kernels = kernel_nodes(kg)  # (node, its kind) of every kernel, in graph order
     calls = {n.name: make_call(n, kind) for n, kind in kernels}
+    for call in calls.values():  # a run-time failure of a bucket is reported with the graph
+        call.fallbacks = report.kernel_fallbacks
     # a failure in any of the next three stages costs one kernel, which then runs on ATen
     choices: dict[str, tuple[Any, Selection]] = {}
     with stage("select"), pool_scope():  # isolated tuning shares one worker pool per graph
         start_builds(calls.values())  # every problem's C++ candidates build while the first is tuned
         for name, call in calls.items():
-            choices[name] = _or_aten(call, "choosing a kernel", call.choose, lambda c=call: c.choose_aten())
+            choices[name] = _or_aten(call, "select", "choosing a kernel", call.choose, lambda c=call: c.choose_aten())
     with stage("pdl"):  # which consecutive kernels overlap (compiler/pdl.py)
         try:
             decisions = apply_pdl(kg, calls, choices)
@@ -183,13 +217,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], kind: str) -> C
             call = calls[name]
             winner = with_pdl(sel.winner) if name in pdl else sel.winner
             rendered[name] = _or_aten(
-                call, f"rendering {winner.name}",
+                call, "render", f"rendering {winner.name}",
                 lambda: default_factory.render(problem, winner, call.target),
                 lambda: _aten_rendered(call, choices, name))
     with stage("compile"):
         for name, (problem, sel) in choices.items():
             call = calls[name]
-            launch = _or_aten(call, f"compiling {rendered[name].template_id}",
+            launch = _or_aten(call, "compile", f"compiling {rendered[name].template_id}",
                               lambda: default_factory.compile(rendered[name]),
                               lambda: default_factory.compile(_aten_rendered(call, choices, name, rendered)))
             call.bind(choices[name][0], launch)

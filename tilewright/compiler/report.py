@@ -122,6 +122,10 @@ class GraphReport:
     # CUDA graphs (compiler/cudagraphs.py), when asked for: {"status": "refused", "reason"} or
     # {"status": "on", "calls", "warmups", "recordings", "replays", ...}, counted as calls run
     cudagraphs: dict[str, Any] | None = None
+    # kernels that failed and run on ATen instead (compiler/fallbacks.py KernelFallback): at
+    # compile time, or at run time for one size bucket (appended when it happens, so a report
+    # read after later calls shows them)
+    kernel_fallbacks: list[Any] = field(default_factory=list)
 
     @property
     def launches(self) -> int:

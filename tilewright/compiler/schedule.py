@@ -35,7 +35,8 @@ import networkx as nx
 import torch.fx as fx
 
 from tilewright._config import config
-from tilewright.compiler.fusion import BuiltKernel, FusionError, build_kernel, combine
+from tilewright.compiler.fallbacks import LoopBuildFailure, contain
+from tilewright.compiler.fusion import BuiltKernel, build_kernel, combine
 from tilewright.compiler.traffic import is_free
 from tilewright.compiler.graph import ExternNode, FusedNode, KernelGraph, LoopNode, Node, TensorMeta, produced
 from tilewright.ir import dtypes
@@ -130,16 +131,19 @@ class Scheduler:
         # are recomputed by every loop kernel that reads them: no edge, no load
         # (transitively: position ids, an iota plus a constant, read nothing either)
         self.inline: dict[str, LoopNode] = {}
+        # a gather's source is read at an index only known at run time: it must be in memory
+        # (fusion.py refuses to recompute it), so it is never inlined, nor what reads it
+        gathered = {ld.arg[0] for n in self.loops
+                    for ld in E.loads([n.body, *(n.scatter.indirect if n.scatter else ())])
+                    if E.load_indirect(ld)}
         for n in self.loops:  # in graph order: what a node reads is decided before it
+            if n.name in gathered:
+                continue
             if not n.is_reduction and not n.materialize and n.scatter is None and all(
                     x.arg[0] in self.inline for x in E.toposort([n.body]) if x.op == "load"):
                 self.inline[n.name] = n
         self.users: dict[str, set[str]] = {}
-        for n in kg.nodes:
-            for v in n.inputs:
-                if isinstance(n, LoopNode) and v in self.inline:
-                    continue
-                self.users.setdefault(v, set()).add(self.unit(n))
+        self._index_users()
         # an inlined value nobody else needs is not computed on its own
         for name, n in list(self.inline.items()):
             if name not in self.outputs and not self.users.get(name):
@@ -148,6 +152,16 @@ class Scheduler:
                 self.loops.remove(n)
         self.failed: set[frozenset[int]] = set()
         self.built: dict[int, BuiltKernel] = {}
+        self._next_gid = len(self.loops) + len(self.inline)  # fresh ids for split groups
+
+    def _index_users(self) -> None:
+        """``users``: per value, the units (groups, GEMMs, ATen calls) that read it."""
+        self.users = {}
+        for n in self.kg.nodes:
+            for v in n.inputs:
+                if isinstance(n, LoopNode) and v in self.inline:
+                    continue
+                self.users.setdefault(v, set()).add(self.unit(n))
 
     # -- the graph of units (loop groups, GEMMs, ATen calls) ------------------------------------
     def unit(self, n: Node) -> str:
@@ -228,8 +242,8 @@ class Scheduler:
                     return None
         try:
             built = build_kernel(members, self._stored_after_merge(a, b, members), self.metas, self.inline)
-        except FusionError as e:
-            log.debug("not fusing %s and %s: %s", a.key, b.key, e)
+        except Exception as e:  # noqa: BLE001 - FusionError, or a bug: either costs this merge only
+            log.debug("not fusing %s and %s: %s: %s", a.key, b.key, type(e).__name__, e)
             self.failed.add(frozenset((a.gid, b.gid)))
             return None
         if len(built.args) + len(built.outputs) > MAX_BUFFERS:
@@ -311,8 +325,8 @@ class Scheduler:
             _, a, b = best
             try:
                 built = combine([self.built_kernel(a), self.built_kernel(b)])
-            except FusionError as e:
-                log.debug("not combining %s and %s: %s", a.key, b.key, e)
+            except Exception as e:  # noqa: BLE001 - costs this combination only
+                log.debug("not combining %s and %s: %s: %s", a.key, b.key, type(e).__name__, e)
                 built = None
             if built is None or len(built.args) + len(built.outputs) > MAX_BUFFERS:
                 failed.add(frozenset((a.gid, b.gid)))
@@ -335,10 +349,37 @@ class Scheduler:
         return self.position.get(unit, 0)
 
     def kernels(self) -> list[FusedNode]:
+        """One :class:`FusedNode` per group. A group whose kernel cannot be built is split into
+        its members, each a kernel of its own (the failure costs the fusion, not the graph); a
+        single member that cannot be built raises
+        :class:`~tilewright.compiler.fallbacks.LoopBuildFailure` (its op then stays ATen's)."""
         out = []
-        for gid, grp in sorted(self.groups.items()):
-            out.append(_fused(grp, self.built_kernel(grp), self.metas))
+        pending = sorted(self.groups)
+        while pending:
+            grp = self.groups[pending.pop(0)]
+            try:
+                out.append(_fused(grp, self.built_kernel(grp), self.metas))
+            except Exception as e:  # noqa: BLE001 - contained to this group
+                if len(grp.members) == 1:
+                    raise LoopBuildFailure({f.name for f in grp.members[0].fx_nodes}, e) from e
+                contain(e, grp.key, "fuse", f"building the kernel of {len(grp.members)} fused ops "
+                        f"({_describe_ops(grp.members)})", runs="one kernel per op")
+                pending = self.split(grp) + pending
         return out
+
+    def split(self, grp: _Group) -> list[int]:
+        """Undo ``grp``'s fusion: each member a group of its own. Returns the new group ids."""
+        del self.groups[grp.gid]
+        self.built.pop(grp.gid, None)
+        new = []
+        for m in grp.members:
+            g = _Group(self._next_gid, [m])
+            self._next_gid += 1
+            self.groups[g.gid] = g
+            self.group_of[m.name] = g.gid
+            new.append(g.gid)
+        self._index_users()
+        return new
 
 
 def _fused(grp: _Group, built: BuiltKernel, metas: dict[str, TensorMeta]) -> FusedNode:

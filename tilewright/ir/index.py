@@ -14,7 +14,7 @@ floor divisions and remainders that :func:`simplify` removes where the variable 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import sympy
 import sympy.printing.str
@@ -379,6 +379,22 @@ class CodePrinter(sympy.printing.str.StrPrinter):
         if den == 1:
             return self._print(num)
         return f"(-((-({self._print(num)})) // ({self._print(den)})))"
+
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        # torch's FloorDiv prints itself as "a//b" (its _sympystr wins over _print_FloorDiv)
+        if isinstance(expr, sympy.Basic) and any(c.__name__ == "FloorDiv" for c in type(expr).__mro__):
+            return self._print_FloorDiv(expr)
+        return super()._print(expr, **kwargs)
+
+    def _print_FloorDiv(self, expr: sympy.Expr) -> str:
+        # torch's own floor division (Dynamo's sizes: ``y.view(-1, 4)`` of a dynamic y is
+        # ``FloorDiv(s1, 4)`` rows): printed as the floor it is, not as sympy's "//" text (a
+        # comment in the C family)
+        return self._print_floor(sympy.floor(expr.args[0] / expr.args[1], evaluate=False))
+
+    def _print_ModularIndexing(self, expr: sympy.Expr) -> str:
+        base, div, mod = expr.args
+        return self._print_Mod(sympy.Mod(sympy.floor(base / div, evaluate=False), mod, evaluate=False))
 
     def _print_Max(self, expr: sympy.Expr) -> str:
         # a dynamic contiguous stride is max(1, size): launchers compute layouts in Python

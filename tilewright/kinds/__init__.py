@@ -220,7 +220,10 @@ class ProblemKind:
 
         def invoke(*args: Any) -> Any:
             launch = call._fast or call._launcher(self.call_sizes(problem, args))
-            return launch(*args)
+            try:
+                return launch(*args)
+            except Exception as e:  # noqa: BLE001 - costs this bucket (KernelCall.rescue)
+                return call.rescue(self.call_sizes(problem, args), e)(*args)
         return invoke
 
     # -- reports and names ----------------------------------------------------------------------

@@ -166,7 +166,11 @@ class GemmKind(ProblemKind):
             launch = call._fast
             if launch is not None and not epilogue_inputs and not problem.store_acc:
                 # the common static case: nothing to prepare (view's -1 is torch's own)
-                out = launch(a, b, **scales)
+                try:
+                    out = launch(a, b, **scales)
+                except Exception as e:  # noqa: BLE001 - costs this kernel (KernelCall.rescue)
+                    call.rescue(None, e)
+                    return invoke(a, b, view=view, **scales)
                 if view is None:
                     return out
                 # torch infers a -1 except next to a 0 (an empty product): resolved here then
@@ -180,16 +184,22 @@ class GemmKind(ProblemKind):
                 gemm_shape: tuple[int, ...] = (batch, M, N)
             else:
                 batch, gemm_shape = 1, (M, N)
-            launch = launch or call._launcher({"M": M, "N": N, "K": K, "batch": batch})
+            sizes = {"M": M, "N": N, "K": K, "batch": batch}
+            launch = launch or call._launcher(sizes)
             view_shape = (view if -1 not in view else _resolve_view(view, math.prod(gemm_shape))) \
                 if view is not None else None
+            original = epilogue_inputs
             if epilogue_inputs:
                 broadcasts = getattr(launch, "broadcasts", False)  # ATen's: an expand is a call
                 epilogue_inputs = tuple(
                     e.expand(view_shape).reshape(gemm_shape) if space == "view"
                     else e if broadcasts else e.expand(gemm_shape)
                     for e, space in zip(epilogue_inputs, spaces))
-            out = launch(a, b, *epilogue_inputs, **scales)
+            try:
+                out = launch(a, b, *epilogue_inputs, **scales)
+            except Exception as e:  # noqa: BLE001 - costs this bucket (KernelCall.rescue)
+                call.rescue(sizes, e)
+                return invoke(a, b, *original, view=view, **scales)
             if problem.store_acc:  # (epilogue result, the product itself)
                 out, acc = out
                 return (out.view(view_shape) if view_shape is not None else out), acc

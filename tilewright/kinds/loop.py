@@ -284,14 +284,22 @@ class LoopKind(ProblemKind):
         names = [b.name for b in k.inputs]
         inplace = [names.index(b.init) if b.init else None for b in k.outputs]
 
+        scatters = any(i is not None for i in inplace)
+
         def invoke(*args: Any) -> Any:
             launch = call._fast
+            sizes = None
             if launch is None:
-                launch = call._launcher({d: int(v) for d, v in zip(dims, args[n_inputs:])})
-            if any(i is not None for i in inplace):
-                outs = launch(*args, outs=tuple(None if i is None else args[i] for i in inplace))
-            else:
-                outs = launch(*args)
+                sizes = {d: int(v) for d, v in zip(dims, args[n_inputs:])}
+                launch = call._launcher(sizes)
+            try:
+                if scatters:
+                    outs = launch(*args, outs=tuple(None if i is None else args[i] for i in inplace))
+                else:
+                    outs = launch(*args)
+            except Exception as e:  # noqa: BLE001 - costs this bucket (KernelCall.rescue)
+                # a scatter may have written part of its target: the graph's call reruns
+                outs = call.rescue(sizes, e, inplace=scatters)(*args)
             return outs[0] if single else outs
         return invoke
 

@@ -17,6 +17,7 @@ fp32, and the result converted to the traced output dtype.
 from __future__ import annotations
 
 import operator
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -124,10 +125,38 @@ def bind(node: fx.Node) -> dict[str, Any]:
     return out
 
 
+_lowering = threading.local()  # the shape env of the graph being lowered (is_one asks it)
+
+
+def is_one(size: Any) -> bool:
+    """Whether a (maybe symbolic) size is 1 in every call of the graph: a literal 1, or a
+    symbolic size the graph's guards pin to 1 (``y.view(-1, 4)`` of a 4-element ``y`` under
+    ``dynamic=True`` is ``(s1//4, 4)`` with ``s1//4 == 1`` guarded when it broadcast)."""
+    if size == 1:
+        return True
+    env = getattr(_lowering, "shape_env", None)
+    if env is None or not getattr(size, "free_symbols", None):
+        return False
+    try:
+        return bool(env._maybe_evaluate_static(sympy.Eq(size, 1)) == sympy.true)
+    except Exception:  # noqa: BLE001 - a private API: unknown means "not known to be 1"
+        return False
+
+
+def shape_env_of(gm: fx.GraphModule) -> Any:
+    """The ShapeEnv of a graph with symbolic sizes (None for a static graph)."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        for x in ((val,) if isinstance(val, torch.SymInt) else getattr(val, "shape", ()) or ()):
+            if isinstance(x, torch.SymInt):
+                return x.node.shape_env
+    return None
+
+
 def broadcast_index(shape: Sequence[sympy.Expr], out_index: Index) -> Index:
     """Index into a tensor of ``shape`` broadcast to an output indexed by ``out_index``."""
     lead = len(out_index) - len(shape)
-    return tuple(sympy.Integer(0) if s == 1 else out_index[lead + d] for d, s in enumerate(shape))
+    return tuple(sympy.Integer(0) if is_one(s) else out_index[lead + d] for d, s in enumerate(shape))
 
 
 @dataclass
@@ -275,6 +304,15 @@ def lower_loops(gm: fx.GraphModule, skip: set[str]) -> tuple[dict[str, LoopNode]
 
     ctx = LoopLowering()
     by_name: dict[str, LoopNode] = {}
+    _lowering.shape_env = shape_env_of(gm)
+    try:
+        _lower_each(ctx, gm, skip, by_name)
+    finally:
+        _lowering.shape_env = None
+    return by_name, ctx.values
+
+
+def _lower_each(ctx: "LoopLowering", gm: fx.GraphModule, skip: set[str], by_name: dict[str, LoopNode]) -> None:
     for node in gm.graph.nodes:
         if node.op == "placeholder" or node.op == "get_attr":
             ctx.add_buffer(node)
@@ -299,6 +337,11 @@ def lower_loops(gm: fx.GraphModule, skip: set[str]) -> tuple[dict[str, LoopNode]
                 result = rule(ctx, node, bind(node))
             except Unsupported:
                 result = None
+            except Exception as e:  # noqa: BLE001 - a rule's bug costs this node (ATen), not the graph
+                from tilewright.compiler.fallbacks import contain
+
+                contain(e, node.name, "lower", f"lowering {node.target} to a loop node")
+                result = None
         if result is None:
             del ctx.nodes[before:]
             ctx.add_buffer(node)
@@ -306,7 +349,6 @@ def lower_loops(gm: fx.GraphModule, skip: set[str]) -> tuple[dict[str, LoopNode]
         ctx.values[node.name] = result
         for ln in ctx.nodes[before:]:
             by_name[ln.name] = ln
-    return by_name, ctx.values
 
 
 def _float_or_int_outputs(node: fx.Node) -> bool:
@@ -316,5 +358,5 @@ def _float_or_int_outputs(node: fx.Node) -> bool:
         and any(isinstance(v, torch.Tensor) for v in vals)
 
 
-__all__ = ["Buffer", "LoopLowering", "Scalar", "Unsupported", "Value", "View", "bind",
+__all__ = ["is_one", "Buffer", "LoopLowering", "Scalar", "Unsupported", "Value", "View", "bind",
            "broadcast_index", "computation_dtype", "lower_loops", "lowering", "to_sympy"]

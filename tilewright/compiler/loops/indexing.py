@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from tilewright.compiler.graph import TensorMeta
-from tilewright.compiler.loops import Scalar, Unsupported, lowering
+from tilewright.compiler.loops import Scalar, Unsupported, is_one, lowering
 from tilewright.compiler.loops.views import _normalise_start, _sym
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
@@ -216,7 +216,7 @@ def _index(ctx, node, a):
         ind = []
         for k, v in zip(used, idx_vals):
             lead = nb - v.ndim
-            vi = tuple(sympy.Integer(0) if s == 1 else bidx[lead + d] for d, s in enumerate(v.shape))
+            vi = tuple(sympy.Integer(0) if is_one(s) else bidx[lead + d] for d, s in enumerate(v.shape))
             ind.append(_wrapped(v.load(vi), x.shape[k]))
         others = iter(idx[:first] + idx[first + nb:])
         src = [E.indirect_symbol(used.index(d)) if d in used else next(others) for d in range(x.ndim)]

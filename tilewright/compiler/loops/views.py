@@ -7,7 +7,7 @@ import torch
 import torch.fx as fx
 
 from tilewright.compiler.graph import TensorMeta, to_sympy
-from tilewright.compiler.loops import Scalar, Unsupported, View, lowering
+from tilewright.compiler.loops import Scalar, Unsupported, View, is_one, lowering
 from tilewright.ir.index import expand_index, permute_index, reshape_index
 
 aten = torch.ops.aten
@@ -193,7 +193,7 @@ def _broadcast_in_dim(ctx, node, a):
     shape = src.shape
 
     def fn(idx):
-        return tuple(sympy.Integer(0) if shape[k] == 1 else idx[d] for k, d in enumerate(dims))
+        return tuple(sympy.Integer(0) if is_one(shape[k]) else idx[d] for k, d in enumerate(dims))
     return View(src, _out_shape(node), fn)
 
 

@@ -1,0 +1,103 @@
+"""Containing a failure to the kernel that failed: what the pipeline and the run-time calls do
+when one kernel cannot be lowered, fused, chosen, rendered, compiled or launched.
+
+A failure of one kernel costs that kernel only: at compile time its op runs on ATen (or its
+fused group is split, see :mod:`tilewright.compiler.schedule`), at run time the kernel's size
+bucket switches to its ATen form for that call and the later calls of that bucket, while every
+other kernel and bucket keeps its generated code. Each contained failure warns once (one line;
+the traceback goes to the ``tilewright.compiler`` log) and is recorded as a
+:class:`KernelFallback` in the report of the graph it happened in
+(``GraphReport.kernel_fallbacks``), so ``tilewright.launch_report`` shows it. With
+``config.strict`` set, the failure is raised instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+from tilewright._config import config
+
+log = logging.getLogger("tilewright.compiler")
+
+STAGES = ("lower", "fuse", "select", "render", "compile", "launch", "run")
+"""Where a kernel can fail: the pipeline's stages at compile time; ``launch`` its first call
+at the compiled sizes, ``run`` a later call (a new size bucket tuned or launched)."""
+
+
+@dataclass
+class KernelFallback:
+    """One contained failure: ``kernel`` (the wrapper's kernel name, or the FX node's name for a
+    ``lower``/``fuse`` failure), the ``stage`` it failed at, the ``bucket`` (size name -> bucket
+    size) it costs at run time (None: every bucket), ``error`` (``Type: first line``) and
+    ``runs`` (what runs instead)."""
+
+    kernel: str
+    stage: str
+    error: str
+    bucket: dict[str, int] | None = None
+    runs: str = "ATen"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        where = "" if not self.bucket else " at " + ",".join(f"{k}={v}" for k, v in self.bucket.items())
+        return f"{self.kernel}{where} on {self.runs} ({self.stage}: {self.error})"
+
+
+class RerunGraph(Exception):
+    """Raised by a kernel that failed after it may have written part of its in-place output
+    (a scatter into its target): the compiled graph's call is rerun from its inputs, the
+    kernel's bucket now on ATen (:func:`tilewright.compiler.backend._run_or_fall_back`)."""
+
+
+class LoopBuildFailure(Exception):
+    """A loop kernel of one loop node could not be built: the pipeline lowers again with the
+    FX nodes ``fx_names`` left to ATen (:func:`tilewright.compiler.pipeline.fuse`)."""
+
+    def __init__(self, fx_names: set[str], error: BaseException):
+        super().__init__(f"{', '.join(sorted(fx_names))}: {first_line(error)}")
+        self.fx_names = set(fx_names)
+        self.error = error
+
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def recording(sink: list) -> Iterator[None]:
+    """Record the failures contained inside the block (this thread) into ``sink``."""
+    prev = getattr(_state, "sink", None)
+    _state.sink = sink
+    try:
+        yield
+    finally:
+        _state.sink = prev
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else '-'}"
+
+
+def contain(error: BaseException, kernel: str, stage: str, what: str, *, sink: list | None = None,
+            bucket: dict[str, int] | None = None, runs: str = "ATen") -> KernelFallback:
+    """Record that ``kernel`` failed at ``stage`` (``what`` says what it did, for the warning)
+    and runs on ``runs`` instead; raises ``error`` under ``config.strict``. ``sink`` (default:
+    the :func:`recording` block's) gets the :class:`KernelFallback`."""
+    if config.strict:
+        raise error
+    fb = KernelFallback(kernel, stage, first_line(error), dict(bucket) if bucket else None, runs)
+    target = sink if sink is not None else getattr(_state, "sink", None)
+    if target is not None:
+        target.append(fb)
+    msg = f"tilewright: {what} for {kernel} failed ({fb.error}); that kernel runs on {runs}" + (
+        "" if not bucket else " for sizes in " + ",".join(f"{k}={v}" for k, v in bucket.items()))
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)  # one line; the traceback only in the log
+    log.info("%s", msg, exc_info=error)
+    return fb
