@@ -193,6 +193,56 @@ def test_a_run_time_failure_at_a_later_size_costs_that_bucket_for_that_kernel(mo
     _generated(report)
 
 
+def test_a_kernel_whose_aten_form_fails_too_runs_its_graph_ops(monkeypatch, inputs):
+    """The last resort of a loop kernel: its generated kernel and its ATen form both fail at
+    launch; its FX nodes run as the graph had them, and the rest stays generated."""
+    from tilewright.kernels.build import TemplateKernelFactory
+
+    _inject_at(monkeypatch, "launch")
+    real, real_rescue = TemplateKernelFactory.build, KernelCall.rescue
+    armed = []  # the ATen form fails when the run-time rescue builds it, not in the tuner's checks
+
+    def rescue(self, *args, **kwargs):
+        armed.append(True)
+        return real_rescue(self, *args, **kwargs)
+
+    def build(self, problem, candidate, target):
+        launch = real(self, problem, candidate, target)
+        if armed and "sigmoid" in problem.describe() and candidate.template_id.startswith("aten."):
+            def failing(*args, **kwargs):
+                raise RuntimeError("injected ATen-form failure")
+            return failing
+        return launch
+    monkeypatch.setattr(TemplateKernelFactory, "build", build)
+    monkeypatch.setattr(KernelCall, "rescue", rescue)
+    (report,), _ = _run(*inputs, calls=[8, 8])
+    assert report.fallback is None
+    _generated(report)
+    assert [(f.stage, f.runs) for f in report.kernel_fallbacks] == [
+        ("launch", "ATen"), ("launch", "its ATen ops as the graph had them")], report.kernel_fallbacks
+
+
+def _cumsum_loss(x):
+    return (x.cumsum(1) * x).sum()
+
+
+def test_cumsum_backward_keeps_its_graph_compiled():
+    """cumsum's backward reads a flipped view (negative strides), which the kernels' ATen forms
+    could not run: that costs its kernels (their graph ops run), not the backward graph."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    _cumsum_loss(x.double()).backward()
+    ref, x.grad = x.grad.clone(), None
+    with tilewright.config.patch(strict=False), collect_reports() as reports, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(_cumsum_loss, backend="tilewright")
+        for _ in range(2):
+            compiled(x).backward()
+            assert _rel(x.grad, ref) < 1e-5
+            x.grad = None
+    assert {r.kind for r in reports} == {"forward", "backward"}
+    assert all(r.fallback is None for r in reports), [r.fallback for r in reports]
+
+
 def test_strict_mode_raises_a_run_time_failure(monkeypatch, inputs):
     _inject_at(monkeypatch, "launch")
     with tilewright.config.patch(force_backend="triton", strict=True), \

@@ -62,6 +62,10 @@ class KernelCall:
         self._aten_keys: set[tuple[int, ...]] = set()  # buckets switched to ATen at run time
         self.fallbacks: list = []  # where run-time fallbacks are recorded (the graph's report)
         self._bound_key: tuple[int, ...] | None = None  # the bucket the pipeline compiled
+        # the last resort when the kind's ATen form fails too (a loop kernel: its FX nodes run
+        # as the graph had them; compiler/fallbacks.py fx_ops_launcher), made when first needed
+        self.last_resort: Any = None
+        self._last_keys: set[tuple[int, ...]] = set()
         self._lock = threading.Lock()
         self._fast: Launcher | None = None
         self._kind = kind_of(problem)
@@ -173,7 +177,7 @@ class KernelCall:
         chosen = self.selections.get(key)
         if key in self._aten_keys or (key in self._launchers and chosen is not None
                                       and chosen.winner.template_id == aten.id):
-            raise error  # ATen's own form failed: not a generated kernel's failure
+            return self._last_resort(key, sizes, error, inplace)  # ATen's own form failed
         full = sizes if sizes is not None else self._sizes_of(self.problem)
         problem = bucket_problem(self.problem, full)
         candidate = Candidate.of(aten.id, aten.source_hash)
@@ -187,6 +191,44 @@ class KernelCall:
             self.selections[key] = selection
             self._launchers[key] = launch
             self._aten_keys.add(key)
+            if self._fast is not None:
+                self._fast = launch
+        if inplace:
+            raise RerunGraph(f"{self.name} failed after it may have written its output") from error
+        return launch
+
+    def recover(self, sizes: dict[str, int] | None, error: BaseException, args: tuple,
+                kwargs: Mapping[str, Any] | None = None, *, inplace: bool = False) -> Any:
+        """Run the call again after its launcher raised ``error``: on each fallback
+        :meth:`rescue` gives in turn (the ATen form, then the last resort) until one runs;
+        raises what :meth:`rescue` raises when none is left."""
+        while True:
+            launch = self.rescue(sizes, error, inplace=inplace)
+            try:
+                return launch(*args, **(kwargs or {}))
+            except Exception as e:  # noqa: BLE001 - the next fallback, or rescue raises
+                error = e
+
+    def _last_resort(self, key: tuple[int, ...], sizes: dict[str, int] | None, error: BaseException,
+                     inplace: bool) -> Launcher:
+        """The bucket's ATen form failed as well: its last resort (see ``last_resort``), or
+        ``error`` (where there is none, or it failed too: then the input is at fault, or the
+        graph-level fallback takes the call)."""
+        from tilewright.compiler.fallbacks import RerunGraph, contain
+
+        if self.last_resort is None or key in self._last_keys:
+            raise error
+        try:
+            launch = self.last_resort()
+        except Exception:  # noqa: BLE001 - no last resort for this kernel
+            raise error from None
+        bucket_sizes = {d: v for d, v in zip(self.dims, key) if d in self.problem.dynamic}
+        contain(error, self.name, "launch" if key == self._bound_key else "run",
+                f"running its ATen form ({self.problem.describe()})", sink=self.fallbacks,
+                bucket=bucket_sizes or None, runs="its ATen ops as the graph had them")
+        with self._lock:
+            self._launchers[key] = launch
+            self._last_keys.add(key)
             if self._fast is not None:
                 self._fast = launch
         if inplace:

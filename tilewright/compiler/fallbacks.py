@@ -101,3 +101,71 @@ def contain(error: BaseException, kernel: str, stage: str, what: str, *, sink: l
     warnings.warn(msg, RuntimeWarning, stacklevel=3)  # one line; the traceback only in the log
     log.info("%s", msg, exc_info=error)
     return fb
+
+
+class NoOpsFallback(Exception):
+    """A fused kernel's FX nodes cannot be run on their own (a value they read is not one of
+    the kernel's inputs or size symbols)."""
+
+
+def fx_ops_launcher(f: Any, gm: Any) -> Any:
+    """The last resort of a loop kernel (:class:`~tilewright.compiler.graph.FusedNode` ``f`` of
+    graph ``gm``) whose own ATen form failed too: its FX nodes, the ATen ops the graph had
+    before fusion, run as they are. Called like the kernel's launcher: ``launch(*inputs,
+    *sizes, outs=None)`` -> a tuple of its outputs (written into ``outs``' non-None entries,
+    the scatter targets, when given).
+
+    Raises:
+        NoOpsFallback: the nodes read a value that is neither an input of the kernel nor one of
+            its size symbols.
+    """
+    import torch
+    import torch.fx as fx
+
+    from tilewright.compiler.graph import to_sympy
+
+    by_name = {n.name: n for n in gm.graph.nodes}
+    args = list(f.args)
+    symbols = list(f.symbols)
+    needed: set[str] = set()
+    sym_inputs: dict[str, int] = {}  # a SymInt placeholder -> its index among the sizes
+    stack = list(f.outputs)
+    while stack:
+        v = stack.pop()
+        if v in needed or v in args or v in sym_inputs:
+            continue
+        node = by_name.get(v)
+        if node is None:
+            raise NoOpsFallback(f"{v} is no node of the graph")
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            expr = to_sympy(val) if isinstance(val, torch.SymInt) else None
+            if expr is None or expr not in symbols:
+                raise NoOpsFallback(f"{v} is an input of the graph the kernel does not take")
+            sym_inputs[v] = symbols.index(expr)
+            continue
+        if node.op not in ("call_function", "get_attr"):
+            raise NoOpsFallback(f"{v} is a {node.op} node")
+        needed.add(v)
+        stack.extend(n.name for n in node.all_input_nodes)
+    graph = fx.Graph()
+    env: dict[Any, Any] = {}
+    for name in args:
+        env[by_name[name]] = graph.placeholder(f"in_{name}")
+    sizes = [graph.placeholder(f"size_{k}") for k in range(len(symbols))]
+    for name, k in sym_inputs.items():
+        env[by_name[name]] = sizes[k]
+    for node in gm.graph.nodes:
+        if node.name in needed:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[by_name[o]] for o in f.outputs))
+    module = fx.GraphModule(gm, graph)
+    n_in = len(args)
+
+    def launch(*call_args: Any, outs: Any = None) -> tuple:
+        res = module(*call_args[:n_in], *(int(s) for s in call_args[n_in:n_in + len(symbols)]))
+        if outs is not None:
+            res = tuple(o.copy_(r) if o is not None else r for o, r in zip(outs, res))
+        return tuple(res)
+    launch.broadcasts = False  # type: ignore[attr-defined]
+    return launch

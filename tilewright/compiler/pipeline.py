@@ -15,6 +15,7 @@ rendered kernels and wrapper into a folder of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import itertools
 import json
@@ -33,9 +34,9 @@ from tilewright.autotune.select import Selection
 from tilewright.compiler.prebuild import start_builds
 from tilewright.compiler.dispatch import KernelCall
 from tilewright.compiler.dispatches import traced
-from tilewright.compiler.fallbacks import LoopBuildFailure, contain, recording
+from tilewright.compiler.fallbacks import LoopBuildFailure, contain, fx_ops_launcher, recording
 from tilewright.compiler.fuse import fuse_epilogues
-from tilewright.compiler.graph import KernelGraph, Node
+from tilewright.compiler.graph import FusedNode, KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.programs import attach_programs
 from tilewright.compiler.race import raced
@@ -193,8 +194,10 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], kind: str, report: G
         fuse(kg, gm, report)
     kernels = kernel_nodes(kg)  # (node, its kind) of every kernel, in graph order
     calls = {n.name: make_call(n, kind) for n, kind in kernels}
-    for call in calls.values():  # a run-time failure of a bucket is reported with the graph
-        call.fallbacks = report.kernel_fallbacks
+    for n, _ in kernels:  # a run-time failure of a bucket is reported with the graph
+        calls[n.name].fallbacks = report.kernel_fallbacks
+        if isinstance(n, FusedNode):
+            calls[n.name].last_resort = functools.partial(fx_ops_launcher, n, gm)
     # a failure in any of the next three stages costs one kernel, which then runs on ATen
     choices: dict[str, tuple[Any, Selection]] = {}
     with stage("select"), pool_scope():  # isolated tuning shares one worker pool per graph

@@ -223,7 +223,7 @@ class ProblemKind:
             try:
                 return launch(*args)
             except Exception as e:  # noqa: BLE001 - costs this bucket (KernelCall.rescue)
-                return call.rescue(self.call_sizes(problem, args), e)(*args)
+                return call.recover(self.call_sizes(problem, args), e, args)
         return invoke
 
     # -- reports and names ----------------------------------------------------------------------

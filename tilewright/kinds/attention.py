@@ -131,7 +131,7 @@ class AttentionKind(ProblemKind):
             try:
                 outs = launch(*args)
             except Exception as e:  # noqa: BLE001 - costs this bucket (KernelCall.rescue)
-                outs = call.rescue(self.call_sizes(problem, args), e)(*args)
+                outs = call.recover(self.call_sizes(problem, args), e, args)
             return outs[0] if single else (*outs, *extra)
         return invoke
 

@@ -299,7 +299,7 @@ class LoopKind(ProblemKind):
                     outs = launch(*args)
             except Exception as e:  # noqa: BLE001 - costs this bucket (KernelCall.rescue)
                 # a scatter may have written part of its target: the graph's call reruns
-                outs = call.rescue(sizes, e, inplace=scatters)(*args)
+                outs = call.recover(sizes, e, args, inplace=scatters)
             return outs[0] if single else outs
         return invoke
 
