@@ -21,7 +21,6 @@ import itertools
 import json
 import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
