@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from tilewright._config import config
 from tilewright.compiler.fallbacks import LoopBuildFailure, contain
-from tilewright.compiler.fusion import BuiltKernel, build_kernel, combine
+from tilewright.compiler.fusion import BuiltKernel, FusionError, build_kernel, combine
 from tilewright.compiler.traffic import is_free
 from tilewright.compiler.graph import ExternNode, FusedNode, KernelGraph, LoopNode, Node, TensorMeta, produced
 from tilewright.ir import dtypes
@@ -243,6 +243,8 @@ class Scheduler:
         try:
             built = build_kernel(members, self._stored_after_merge(a, b, members), self.metas, self.inline)
         except Exception as e:  # noqa: BLE001 - FusionError, or a bug: either costs this merge only
+            if config.strict and not isinstance(e, FusionError):
+                raise
             log.debug("not fusing %s and %s: %s: %s", a.key, b.key, type(e).__name__, e)
             self.failed.add(frozenset((a.gid, b.gid)))
             return None
@@ -326,6 +328,8 @@ class Scheduler:
             try:
                 built = combine([self.built_kernel(a), self.built_kernel(b)])
             except Exception as e:  # noqa: BLE001 - costs this combination only
+                if config.strict and not isinstance(e, FusionError):
+                    raise
                 log.debug("not combining %s and %s: %s: %s", a.key, b.key, type(e).__name__, e)
                 built = None
             if built is None or len(built.args) + len(built.outputs) > MAX_BUFFERS:
