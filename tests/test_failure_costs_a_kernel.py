@@ -394,3 +394,19 @@ def test_a_gather_scatter_model_called_at_new_sizes_keeps_its_graph_compiled():
     for r in reports:
         for fb in r.kernel_fallbacks:
             assert fb.stage == "run" and fb.bucket and fb.runs == "ATen"
+
+
+@pytest.mark.slow
+def test_qwen3_moe_use_cache_false_compiles_whole_and_matches_eager():
+    from tilewright.demo import models
+
+    model = models.build_qwen3_moe(torch.bfloat16).eval()
+    ids = models.qwen3_moe_inputs()
+    step = lambda i: model(input_ids=i, use_cache=False).logits  # noqa: E731
+    with torch.no_grad(), collect_reports() as reports:
+        exact = models.qwen3_moe_float64(model)(input_ids=ids, use_cache=False).logits
+        ref = step(ids)
+        out = torch.compile(step, backend="tilewright")(ids)
+    _no_fallback(reports)
+    noise = _rel(ref, exact)  # bf16's own rounding
+    assert _rel(out, exact) < 1.3 * noise + 1e-3 and _rel(out, ref) < 2e-2
