@@ -410,3 +410,39 @@ def test_qwen3_moe_use_cache_false_compiles_whole_and_matches_eager():
     _no_fallback(reports)
     noise = _rel(ref, exact)  # bf16's own rounding
     assert _rel(out, exact) < 1.3 * noise + 1e-3 and _rel(out, ref) < 2e-2
+
+
+def _scatter_model(x, idx, src):
+    return torch.zeros(8, 4, dtype=src.dtype).index_put((idx,), src * 2.0, accumulate=True) + x
+
+
+def test_a_scatter_that_fails_after_writing_part_of_its_target_reruns_the_call(monkeypatch):
+    """A scatter kernel writes into its target in place: one that fails after writing some of
+    it must not leave its ATen form to add to what it wrote (the graph's call reruns)."""
+    real = KernelCall.bind
+
+    def bind(self, problem, launch):
+        if "index_put" in self.problem.describe() and not launch.rendered.template_id.startswith("aten."):
+            def failing(*args, outs=None, **kwargs):
+                for o in outs or ():
+                    if o is not None:
+                        o.add_(100.0)  # half a kernel's work, then the failure
+                raise RuntimeError("injected scatter failure")
+            return real(self, problem, failing)
+        return real(self, problem, launch)
+    monkeypatch.setattr(KernelCall, "bind", bind)
+    g = torch.Generator().manual_seed(0)
+    x, src = torch.randn(8, 4, generator=g), torch.randn(12, 4, generator=g)
+    idx = torch.randint(0, 8, (12,), generator=g)
+    with tilewright.config.patch(force_backend="triton", strict=False, graph_race="off"), \
+            collect_reports() as reports, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(_scatter_model, backend="tilewright")
+        for _ in range(2):
+            assert _rel(compiled(x, idx, src), _scatter_model(x.double(), idx, src.double())) < 1e-6
+    (report,) = reports
+    assert report.fallback is None
+    fallbacks = report.kernel_fallbacks  # each scatter kernel once, at its first call
+    assert fallbacks and {(f.stage, f.runs) for f in fallbacks} == {("launch", "ATen")}, fallbacks
+    assert len({f.kernel for f in fallbacks}) == len(fallbacks)
+    assert sum("injected scatter failure" in str(c.message) for c in caught) == len(fallbacks)
