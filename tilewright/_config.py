@@ -184,6 +184,14 @@ class Config:
         5, "TILEWRIGHT_GRAPH_RACE_ROUNDS",
         "Timed calls of each side of the graph race (after one untimed call of each); the side "
         "with the faster fastest call wins; 0 runs no race, as graph_race 'off' does.")
+    index_checks: bool = _setting(
+        True, "TILEWRIGHT_INDEX_CHECKS",
+        "Bounds-check every gathered or scattered index a generated kernel reads through "
+        "(embedding, gather, index_select, x[i], scatter_add, index_put, ...) unless it is "
+        "proven in range (an iota, a clamp, a modulo, a mask): out of range the kernel raises "
+        "eager's error on the CPU and stops with a device assert on a GPU. Off: no checks (an "
+        "out-of-range index reads or writes outside its buffer); bench/index_checks.py measures "
+        "their cost. Integer division by zero is checked on the CPU either way.")
     strict: bool = _setting(
         False, "TILEWRIGHT_STRICT",
         "Raise compiler errors instead of falling back to running the graph in ATen "

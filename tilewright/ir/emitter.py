@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tilewright.ir.expr import Node, toposort
+from tilewright.ir.ops import OPS
 
 
 class ExprEmitter:
@@ -25,14 +26,18 @@ class ExprEmitter:
         load, index, acc, reduce, scan: hooks returning the code of those nodes; ``load(node)``,
             ``reduce(node, operand_code)`` and ``scan(node, operand_code)`` may emit statements
             through :meth:`line` first.
+        check: called as ``check(node)`` once a math op's value is named (in ``names``): the
+            statements that check it (an integer division's divisor against 0), or None.
         prefix: of the names it makes (``t0``, ``t1``, ...).
         indent: of the first statement.
     """
 
     def __init__(self, *, load: Callable[[Node], str], index: Callable[[Node], str] | None = None,
                  acc: Callable[[Node], str] | None = None, reduce: Callable[[Node, str], str] | None = None,
-                 prefix: str = "t", indent: str = "", scan: Callable[[Node, str], str] | None = None):
+                 prefix: str = "t", indent: str = "", scan: Callable[[Node, str], str] | None = None,
+                 check: Callable[[Node], None] | None = None):
         self.hooks = {"load": load, "index": index, "acc": acc, "reduce": reduce, "scan": scan}
+        self.check = check
         self.prefix = prefix
         self.lines: list[str] = []
         self.indent = indent
@@ -94,6 +99,8 @@ class ExprEmitter:
             name = self.fresh()
             self.line(self.declare(name, n, code))
             self.names[n] = name
+            if self.check is not None and n.op in OPS:
+                self.check(n)
         return self.names[root]
 
     def _code(self, n: Node) -> str:

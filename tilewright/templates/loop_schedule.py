@@ -41,6 +41,7 @@ import sympy
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
+from tilewright.ir.bounds import guard_divisions
 from tilewright.ir.emitter import ExprEmitter
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, toposort
 from tilewright.ir.index import code, unflatten
@@ -73,7 +74,8 @@ class LoopSchedule:
     floordiv = "//"
 
     def __init__(self, kernel: LoopKernel, persistent: bool = False):
-        self.k = kernel
+        # a division whose value nothing keeps divides by 1 (a cat's other lanes read 0)
+        self.k = kernel = guard_divisions(kernel)
         self.reduction = kernel.kind == "reduction"
         self.persistent = persistent
         self.xvars, self.rvars = kernel.x_vars, kernel.r_vars

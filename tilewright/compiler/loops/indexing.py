@@ -144,9 +144,17 @@ def _select_backward(ctx, node, a):
 
 
 def _wrapped(ind: E.Node, size: sympy.Expr) -> E.Node:
-    """A gathered index with negative values counted from the end (as torch indexing)."""
+    """A gathered index with negative values counted from the end: only where eager counts
+    them so (advanced indexing ``x[i]``, ``index_put``); ``embedding``, ``gather`` and
+    ``index_select`` raise for them, so they take :func:`_plain`. What is still outside the dim
+    after wrapping is the kernel's bounds check's to report (:mod:`tilewright.ir.bounds`)."""
     ind = E.cast(ind, "i64")
     return E.where(E.op("lt", ind, E.const(0, "i64")), ind + E.cast(E.index(size), "i64"), ind)
+
+
+def _plain(ind: E.Node, size: sympy.Expr) -> E.Node:
+    """A gathered index as it is: -1 is out of range (the kernel's bounds check raises)."""
+    return E.cast(ind, "i64")
 
 
 def _gathered(ctx, x):
@@ -164,7 +172,7 @@ def _embedding(ctx, node, a):
         raise Unsupported("embedding weight of rank != 2")
 
     def body(idx):
-        ind = _wrapped(ids.load(idx[:-1]), w.shape[0])
+        ind = _plain(ids.load(idx[:-1]), w.shape[0])
         return w.load((E.indirect_symbol(0), idx[-1]), indirect=(ind,))
     return ctx.loop(node, body)
 
@@ -176,7 +184,7 @@ def _gather_along(ctx, node, a, index_at):
     dim = a["dim"] % max(x.ndim, 1)
 
     def body(idx):
-        ind = _wrapped(index.load(index_at(idx, dim, index)), x.shape[dim])
+        ind = _plain(index.load(index_at(idx, dim, index)), x.shape[dim])
         src = idx[:dim] + (E.indirect_symbol(0),) + idx[dim + 1:]
         return x.load(src, indirect=(ind,))
     return ctx.loop(node, body)

@@ -14,8 +14,9 @@ write with duplicate indices leaves one of the values, which torch also leaves u
 Integer atomics and max/min are deterministic; float sums by atomics are not (their order
 varies), so under ``torch.use_deterministic_algorithms(True)`` a float accumulation stays ATen.
 Products (``prod``, ``multiply``) have no atomic and stay ATen. Negative indices count from the
-end in ``index_put`` (Python's rule, as eager; the other ops refuse them, as eager); indices out of
-range are never written (the kernel masks them; its torch form raises IndexError as eager does).
+end in ``index_put`` (Python's rule, as eager; the other ops refuse them, as eager); an index out
+of range is never written: the kernel checks it and raises as eager does (a device assert on a
+GPU; :mod:`tilewright.ir.bounds`, ``config.index_checks``).
 """
 
 from __future__ import annotations
@@ -331,7 +332,8 @@ def _histc(ctx, node, a):
         v = E.cast(x.load(it), cdt)
         inside = E.op("logical_and", E.op("ge", v, E.const(lo, cdt)), E.op("le", v, E.const(hi, cdt)))
         pos = E.cast((v - E.const(lo, cdt)) * E.const(bins, cdt) / E.const(hi - lo, cdt), "i64")
-        pos = E.op("minimum", pos, E.const(bins - 1, "i64"))
+        # clamped at both ends (inside, pos >= 0 already): a range the bounds analysis proves
+        pos = E.op("maximum", E.op("minimum", pos, E.const(bins - 1, "i64")), E.const(0, "i64"))
         return inside, pos
 
     def value_fn(it):

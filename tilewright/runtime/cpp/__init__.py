@@ -49,6 +49,7 @@ from typing import Callable
 
 from tilewright._config import config
 from tilewright.errors import EnvironmentMismatchError, KernelCompileError
+from tilewright.runtime.status import ERR_MESSAGES, raise_status  # noqa: F401 - the launchers' statuses
 
 log = logging.getLogger("tilewright.runtime")
 
@@ -410,20 +411,6 @@ def _build_launch_extension() -> Callable[..., int] | None:
 def launcher() -> Callable[..., int]:
     """``call(address, *ints) -> status``: the C extension, or ctypes where it cannot build."""
     return _build_launch_extension() or _ctypes_call
-
-
-ERR_MESSAGES = {
-    1: (RuntimeError, "ZeroDivisionError: integer division or remainder by zero"),
-    2: (IndexError, "index out of range in self (a gathered index outside its dim)"),
-    3: (MemoryError, "no memory for the kernel's row buffers"),
-}
-"""Kernel status -> the exception the launcher raises (as torch raises for the same input)."""
-
-
-def raise_status(status: int, op: str) -> None:
-    """Raise what a kernel's non-zero ``status`` means (see :data:`ERR_MESSAGES`)."""
-    cls, text = ERR_MESSAGES.get(status, (RuntimeError, f"unknown kernel status {status}"))
-    raise cls(f"{text} (tilewright C++ kernel {op})")
 
 
 def ctypes_launcher() -> Callable[..., int]:

@@ -25,6 +25,7 @@ import sympy
 import torch
 
 from tilewright.ir import dtypes
+from tilewright.ir.bounds import checks_enabled, guard_divisions, proven_in_range, var_ranges
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import affine, code
 from tilewright.ir.kernel import LoopKernel, Store
@@ -60,7 +61,9 @@ class TorchExpr:
     def __init__(self, kernel: LoopKernel, prefix: str = "", reference: bool = False,
                  static: list[str] | None = None):
         self.prefix = prefix  # for the temporaries of one part of a combo kernel
-        self.k = kernel
+        # the candidate divides by 1 only where a quotient is not used (so torch raises eager's
+        # ZeroDivisionError for a real zero divisor); the reference never raises (below)
+        self.k = kernel if reference else guard_divisions(kernel)
         self.reference = reference
         self.compute = REFERENCE if reference else NATIVE  # dtype name -> torch dtype held in
         self.lines: list[str] = []
@@ -169,7 +172,7 @@ class TorchExpr:
             return self._scan(n.arg, a[0])
         if n.op == "acc":
             raise ValueError("a loop kernel has no accumulator")
-        if n.op in _INT_DIVISIONS and dtypes.is_int(n.dtype):
+        if n.op in _INT_DIVISIONS and dtypes.is_int(n.dtype) and self.reference:
             # lanes a masked load skips read 0 (a combo kernel's other parts, a cat's other
             # inputs): torch raises on an integer 0 divisor where a kernel computes garbage that
             # nothing stores, so those lanes divide by 1 (a real x // 0 is undefined either way)
@@ -187,6 +190,8 @@ class TorchExpr:
             size, stride, off = view
             return f"{name}.as_strided({size}, {stride}, {off}){conv}"
         extra = {indirect_symbol(k): self.names[v] for k, v in enumerate(indirect)}
+        if indirect and checks_enabled():
+            self._check_gathered(name, idx, indirect, extra, mask)
         # offsets through iotas only (and a mask of them) depend on the sizes and strides alone
         static = not indirect and (mask_node is None or self.is_static(mask_node))
         offs = self.fresh()
@@ -199,6 +204,26 @@ class TorchExpr:
         # load to int64 (then no longer a condition: a masked_fill whose mask comes from a cat)
         zero = "False" if n.dtype == "bool" else "0"
         return f"torch.where({mask}, {flat}[{offs}]{conv}, {zero})"
+
+    def _check_gathered(self, name: str, idx, indirect, extra: dict, mask: str | None) -> None:
+        """A gather's data-dependent dim indices checked against their dims (IndexError, as
+        eager's) where the load reads (``mask``), unless proven in range: a flat offset out of
+        its dim would read another row, or wrap from the end, without an error."""
+        buf = self.k.buffer(name)
+        syms = {indirect_symbol(k): v for k, v in enumerate(indirect)}
+        for d, (e, size) in enumerate(zip(idx, buf.shape)):
+            if not sympy.sympify(e).free_symbols & set(syms):
+                continue
+            if e in syms and proven_in_range(syms[e], size, var_ranges(self.k)):
+                continue
+            at, top = self.fresh(), code(size, self.sizes)
+            self.line(f"{at} = torch.as_tensor({self.index_tensor(e, extra)}, device=device)")
+            bad = f"(({at} < 0) | ({at} >= {top}))"
+            if mask is not None:
+                bad = f"({bad} & {mask})"
+            self.line(f"if {bad}.any():")
+            self.line(f"    raise IndexError(f'index {{int({at}.broadcast_to(torch.broadcast_shapes({at}.shape, {bad}.shape))[{bad}][0])}} "
+                      f"is out of bounds for dimension {d} with size {{{top}}}')")
 
     def _cast(self, x: str, src: str, dst: str) -> str:
         """Code for the cast, or ``x`` itself when it changes nothing (the value is held in the

@@ -341,8 +341,8 @@ class TritonExpr(ExprEmitter):
     def __init__(self, *, interpreted: bool, load: Callable[[Node], str],
                  index: Callable[[Node], str] | None = None, acc: Callable[[Node], str] | None = None,
                  reduce: Callable[[Node, str], str] | None = None, prefix: str = "t",
-                 scan: Callable[[Node, str], str] | None = None):
-        super().__init__(load=load, index=index, acc=acc, reduce=reduce, prefix=prefix, scan=scan)
+                 scan: Callable[[Node, str], str] | None = None, check: Callable[[Node], None] | None = None):
+        super().__init__(load=load, index=index, acc=acc, reduce=reduce, prefix=prefix, scan=scan, check=check)
         self.interpreted = interpreted
 
     def literal(self, value: object, dtype: str) -> str:

@@ -17,7 +17,8 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, load_indirect, load_mask
+from tilewright.ir.bounds import INT_DIVISIONS, checks_enabled, proven_in_range, var_ranges
+from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
 from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
@@ -33,6 +34,9 @@ from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr
 from tilewright.templates.triton.descriptors import MIN_DESC_RBLOCK, DescriptorPlan, plan_descriptors
 
 INT32_MAX = 2**31 - 1
+# what a kernel with bounds checks is compiled with: Triton keeps tl.device_assert only with
+# debug on, and debug alone would also add its int32 overflow asserts (torch's integers wrap)
+ASSERT_OPTIONS = {"debug": True, "sanitize_overflow": False}
 
 # reduction kind -> (identity as a function of the compute dtype, combine of two partials)
 _IDENTITY = {
@@ -114,11 +118,71 @@ class _Body(RowOpsHooks, LoopSchedule):
         self.scan_helpers = False
         self.welford: dict[int, tuple[str, str]] = {}
         self.extremes: dict[tuple[str, int], tuple[str, str]] = {}  # a row's (cummax, its index)
+        self.index_checks = checks_enabled()
+        self.reported = False  # the body checks something: the kernel takes ``tw_err`` / asserts
+        self._ranges: dict = {}
         super().__init__(kernel, persistent)
+        self.extents = var_ranges(self.k)
 
     def make_emitter(self) -> TritonExpr:
+        # integer division by zero: an error on the CPU (eager's), none on a GPU (eager's CUDA
+        # kernels divide by zero without a trap or an error: the value is undefined there too)
         return TritonExpr(interpreted=self.interpreted, load=self._load, index=self._index,
-                          reduce=self.reduce_inline, scan=self.scan_value)
+                          reduce=self.reduce_inline, scan=self.scan_value,
+                          check=self._check_division if self.interpreted else None)
+
+    # -- checks -----------------------------------------------------------------------------------
+    def report(self, bad: str, status: int, message: str) -> None:
+        """Fail the launch where ``bad`` (a block of lanes) holds. On a GPU a device assert (the
+        kernel is launched with ``debug=True``, eager's CUDA kernels assert too). Under the
+        interpreter ``tl.device_assert`` does nothing unless the kernel is built with debug and
+        even then only checks the condition's truth as a whole, so the check is explicit there:
+        the lanes store ``status`` into ``tw_err``, a one-element buffer the launcher reads after
+        the launch and raises eager's error for (:func:`tilewright.runtime.status.raise_status`)."""
+        self.reported = True
+        if self.interpreted:
+            name = self.e.fresh()
+            self.e.line(f"{name} = {bad}")
+            self.e.line(f"tl.store(tw_err + {name}.to(tl.int32) * 0, {status}, mask={name})")
+        else:
+            self.e.line(f"tl.device_assert(~({bad}), '{message}')")
+
+    def _check_division(self, n: Node) -> None:
+        if n.op not in INT_DIVISIONS or not dtypes.is_int(n.dtype):
+            return
+        divisor = n.src[1]
+        if divisor.op == "const" and divisor.arg != 0:
+            return
+        has_x, has_r = self.node_deps(n)
+        lanes = self._mask(has_x, has_r)
+        zero = f"({self.e.names[divisor]} == 0)"
+        self.report(f"{zero} & {lanes}" if lanes else zero, 1, "integer division by zero")
+
+    def _index_guard(self, n: Node, idx, mask: str | None) -> str | None:
+        """For a gather (a load whose index reads data): the condition that every data-dependent
+        dim index is inside its dim, reported where the load's own lanes break it; None when
+        there is nothing to check (no gathered dim, all proven in range, checks off)."""
+        indirect = load_indirect(n)
+        if not indirect or not self.index_checks:
+            return None
+        names = self.load_names(n)
+        buf = self.k.buffer(n.arg[0])
+        syms = {indirect_symbol(k): v for k, v in enumerate(indirect)}
+        conds = []
+        for e, size in zip(idx, buf.shape):
+            used = sympy.sympify(e).free_symbols & set(syms)
+            if not used:
+                continue
+            if e in syms and proven_in_range(syms[e], size, self.extents, self._ranges):
+                continue
+            at, top = code(e, names), code(size, self.names)
+            conds.append(f"(({at}) >= 0) & (({at}) < {top})")
+        if not conds:
+            return None
+        ok = self.e.fresh()
+        self.e.line(f"{ok} = {' & '.join(conds)}")
+        self.report(f"~{ok} & {mask}" if mask else f"~{ok}", 2, "index out of bounds")
+        return ok
 
     # -- values -----------------------------------------------------------------------------------
     def _mask(self, has_x: bool, has_r: bool) -> str | None:
@@ -140,6 +204,10 @@ class _Body(RowOpsHooks, LoopSchedule):
             has_r = has_r or self.node_deps(v)[1]
         mask = self._mask(has_x, has_r)
         own = load_mask(n)
+        ok = self._index_guard(n, idx, f"({mask} & {self.e.names[own]})" if own is not None and mask else
+                               self.e.names[own] if own is not None else mask)
+        if ok is not None:  # nothing read outside the buffer, checked or not
+            mask = f"{mask} & {ok}" if mask else ok
         if own is not None:  # a masked load (cat, pad): only where the mask holds
             own_code = self.e.names[own]
             mask = f"{mask} & {own_code}" if mask else own_code
@@ -379,12 +447,14 @@ class _TritonLoops(TemplateSpec):
         scans = body.scan_helpers or (desc_body is not None and desc_body.scan_helpers)
         if scans and target.interpreted:
             body.e.helpers_used.add("_log1p")  # the logaddexp combine's log1p
+        checked = body.reported or (desc_body is not None and desc_body.reported)
         helpers = body.e.helpers() + (_COMBINE_HELPERS if combine else "") + (
             SCAN_HELPERS.replace("LOG1P", "_log1p" if target.interpreted else "libdevice.log1p") if scans else "")
         source = self.render_jinja(
             problem_text=problem.describe(), params_text=self.space.encode(params), target=target.name,
             kernel_name=kernel_name, reduction=problem.kind == "reduction", persistent=persistent,
             interpreted=target.interpreted, index_64=needs_int64(problem),
+            err_flag=checked and target.interpreted, asserts=checked and not target.interpreted,
             helpers=helpers,
             inputs=[b.name for b in k.inputs], outputs=[{
                 "name": b.name, "dtype": str(dtypes.TORCH[b.dtype]), "init": b.init,
@@ -399,7 +469,7 @@ class _TritonLoops(TemplateSpec):
             desc_body=desc_lines if desc_body is not None else None, desc_condition=desc_condition,
             rblock_floor=MIN_DESC_RBLOCK if desc_body is not None else 1,
         )
-        aot = None if target.interpreted else self.aot_spec(problem, params, kernel_name, strides, sizes)
+        aot = None if target.interpreted else self.aot_spec(problem, params, kernel_name, strides, sizes, checked)
         return RenderedKernel(template_id=self.id, params=dict(params), target=target.name, source=source,
                               name=f"triton_{problem.kind}", interpret=target.interpreted, aot=aot,
                               meta={"kind": problem.kind, "descriptors": desc_body is not None})
@@ -470,7 +540,7 @@ class _TritonLoops(TemplateSpec):
         return per_thread * d.itemsize >= 8
 
     def aot_spec(self, problem: LoopProblem, params: Params, kernel_name: str, strides: list[str],
-                 sizes: list[str]) -> AotSpec:
+                 sizes: list[str], asserts: bool = False) -> AotSpec:
         k = problem.kernel
         pointers = {b.name: POINTER[b.dtype] for b in k.inputs + k.outputs}
         sizes_at = problem.size_map
@@ -503,6 +573,8 @@ class _TritonLoops(TemplateSpec):
         options: dict[str, Any] = {"num_warps": params["num_warps"], "num_stages": 1}
         if params.get("PDL"):
             options["launch_pdl"] = True
+        if asserts:  # the bounds checks' device asserts (Triton drops them without debug)
+            options.update(ASSERT_OPTIONS)
         return AotSpec(kernel_name, "triton", pointers, constexprs, tuple(divisible), options,
                        int_type="i64" if needs_int64(problem) else "i32")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sympy
 
 from tilewright.ir import dtypes
+from tilewright.ir.bounds import proven_in_range, var_ranges
 from tilewright.ir.expr import Node, indirect_symbol
 from tilewright.ir.index import code, offset
 from tilewright.runtime.targets import Target
@@ -170,8 +171,9 @@ class RowOpsHooks:
     # -- statements -------------------------------------------------------------------------------
     def write_scatter(self, s, buf, node: Node, value: str) -> None:
         """A store through data-dependent indices: masked to the buffer's range (an index out of
-        it is never written; ``tl.device_assert`` says so where asserts are on), an atomic where
-        it accumulates."""
+        it is never written) and, unless proven in range or ``config.index_checks`` is off,
+        reported (:meth:`report`: eager's error on the CPU, a device assert on a GPU); an
+        atomic where it accumulates."""
         names = dict(self.names)
         for k, v in enumerate(s.indirect):
             names[indirect_symbol(k)] = self.e.emit(v)
@@ -185,7 +187,10 @@ class RowOpsHooks:
                   for e, n in zip(s.index, buf.shape) if sympy.sympify(e).free_symbols & syms]
         inside = self.e.fresh()
         self.e.line(f"{inside} = {' & '.join(checks) if checks else 'True'}")
-        self.e.line(f"tl.device_assert({inside} | ~({mask}), 'scatter index out of bounds')")
+        proven = all(e in syms and proven_in_range(s.indirect[int(str(e)[3:])], n, var_ranges(self.k))
+                     for e, n in zip(s.index, buf.shape) if sympy.sympify(e).free_symbols & syms)
+        if checks and self.index_checks and not proven:
+            self.report(f"~{inside} & {mask}", 2, "scatter index out of bounds")
         block = "[XBLOCK, RBLOCK]" if r_store else "[XBLOCK, 1]" if self.reduction else "[XBLOCK]"
         ptr, val = self.e.fresh(), self.e.fresh()
         self.e.line(f"{ptr} = tl.broadcast_to({buf.name} + ({code(offset(s.index, strides), names)}), {block})")

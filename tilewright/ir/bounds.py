@@ -1,0 +1,237 @@
+"""Which data-dependent indices a kernel must check, and which integer divisions can meet a
+zero divisor that matters: the facts every emitter's bounds and division checks share.
+
+A gather (``embedding``, ``gather``, ``index_select``, ``x[i]``) reads through an index that is
+data, a scatter writes through one; an index outside its dim reads or writes memory the kernel
+does not own. Eager raises (IndexError, or RuntimeError "index ... is out of bounds"); so does a
+generated kernel, by a check before the access, unless the index is *proven* in range: an iota
+(``index`` of the loop's own variables), a clamp (``minimum``/``maximum``), a Python modulo by a
+positive size, a ``where`` whose condition bounds it, and sums and casts of those
+(:func:`proven_in_range`, an interval analysis in sympy over the kernel's sizes, as Inductor's
+``ValueRanges`` decide its ``check_bounds``). ``config.index_checks`` turns the checks off.
+
+An integer division by zero raises on a CPU (RuntimeError "ZeroDivisionError", as eager); a
+lane whose result nothing keeps (a ``where`` chose the other side, as a ``cat`` or ``pad`` of a
+quotient does for lanes outside its part, where the masked loads read 0) must not: the
+condition under which a division's value is used is :func:`live_conditions`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import sympy
+
+from tilewright.ir import dtypes
+from tilewright.ir import expr as E
+from tilewright.ir.expr import Node
+
+Range = tuple[sympy.Expr | None, sympy.Expr | None]  # inclusive (lo, hi); None: unbounded
+INT_DIVISIONS = ("floordiv", "truncdiv", "mod", "fmod")
+
+
+def var_ranges(kernel) -> dict[sympy.Symbol, sympy.Expr]:
+    """Each loop variable of a :class:`~tilewright.ir.kernel.LoopKernel` -> its extent."""
+    out = dict(zip(kernel.x_vars, kernel.ranges))
+    out.update(zip(kernel.r_vars, kernel.reduction_ranges))
+    return out
+
+
+def _le(a: sympy.Expr | None, b: sympy.Expr | None) -> bool:
+    """Whether ``a <= b`` is proven (sizes are positive integers)."""
+    if a is None or b is None:
+        return False
+    if isinstance(a, sympy.Max):
+        return all(_le(x, b) for x in a.args)
+    if isinstance(b, sympy.Min):
+        return all(_le(a, x) for x in b.args)
+    if isinstance(a, sympy.Min):
+        return any(_le(x, b) for x in a.args)
+    if isinstance(b, sympy.Max):
+        return any(_le(a, x) for x in b.args)
+    return bool(sympy.simplify(b - a).is_nonnegative)
+
+
+def _index_range(e: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr]) -> Range:
+    """Bounds of an integer index expression: affine in the loop variables (each in
+    ``[0, extent - 1]``), or a ``Mod`` by a positive size."""
+    e = sympy.sympify(e)
+    if isinstance(e, sympy.Mod) and e.args[1].is_positive:
+        return sympy.Integer(0), e.args[1] - 1
+    lo = hi = e
+    for v in e.free_symbols & set(extents):
+        c = sympy.diff(e, v)
+        if c.free_symbols & set(extents) or not c.is_number:
+            return None, None
+        top = extents[v] - 1
+        lo, hi = lo.subs(v, 0 if c >= 0 else top), hi.subs(v, top if c >= 0 else 0)
+    if e.has(sympy.floor, sympy.Mod, sympy.ceiling):
+        return None, None
+    return lo, hi
+
+
+def _facts(cond: Node, x: Node, negate: bool = False) -> Range:
+    """Bounds of ``x`` that ``cond`` (or its negation) implies: ``x >= c``, ``x < c`` and their
+    conjunctions (the mask a bounds-checking ``where`` uses)."""
+    lo = hi = None
+    if cond.op == "logical_and" and not negate:
+        for c in cond.src:
+            l2, h2 = _facts(c, x)
+            lo, hi = lo if l2 is None else l2, hi if h2 is None else h2
+        return lo, hi
+    if cond.op == "logical_not":
+        return _facts(cond.src[0], x, not negate)
+    if cond.op not in ("ge", "gt", "lt", "le") or len(cond.src) != 2:
+        return None, None
+    a, b = cond.src
+    if _strip(a) is not _strip(x) or b.op not in ("const", "index"):
+        return None, None
+    c = sympy.sympify(b.arg if b.op == "index" else b.arg)
+    op = {"ge": "lt", "gt": "le", "lt": "ge", "le": "gt"}[cond.op] if negate else cond.op
+    return {"ge": (c, None), "gt": (c + 1, None), "lt": (None, c - 1), "le": (None, c)}[op]
+
+
+def _strip(n: Node) -> Node:
+    while n.op == "cast" and dtypes.is_int(n.dtype) and dtypes.is_int(n.src[0].dtype):
+        n = n.src[0]
+    return n
+
+
+def value_range(n: Node, extents: dict[sympy.Symbol, sympy.Expr], memo: dict | None = None) -> Range:
+    """Inclusive bounds of an integer value, ``None`` where unknown (a load is data: unknown)."""
+    memo = {} if memo is None else memo
+    if n in memo:
+        return memo[n]
+
+    def rng(m: Node) -> Range:
+        return value_range(m, extents, memo)
+
+    out: Range = (None, None)
+    if n.op == "const" and isinstance(n.arg, (int, bool)):
+        out = (sympy.Integer(int(n.arg)), sympy.Integer(int(n.arg)))
+    elif n.op == "index":
+        out = _index_range(n.arg, extents)
+    elif n.op == "cast" and n.dtype == "bool":
+        out = (sympy.Integer(0), sympy.Integer(1))
+    elif n.op == "cast" and dtypes.is_int(n.dtype) and (dtypes.is_int(n.src[0].dtype) or n.src[0].dtype == "bool"):
+        out = rng(n.src[0]) if n.src[0].dtype != "bool" else (sympy.Integer(0), sympy.Integer(1))
+    elif n.op in ("add", "sub") and dtypes.is_int(n.dtype):
+        (al, ah), (bl, bh) = rng(n.src[0]), rng(n.src[1])
+        if n.op == "add":
+            out = (None if al is None or bl is None else al + bl, None if ah is None or bh is None else ah + bh)
+        else:
+            out = (None if al is None or bh is None else al - bh, None if ah is None or bl is None else ah - bl)
+    elif n.op in ("minimum", "maximum") and dtypes.is_int(n.dtype):
+        (al, ah), (bl, bh) = rng(n.src[0]), rng(n.src[1])
+        if n.op == "minimum":  # below whichever bound is known; above only if both are
+            out = (None if al is None or bl is None else sympy.Min(al, bl),
+                   ah if bh is None else bh if ah is None else sympy.Min(ah, bh))
+        else:
+            out = (al if bl is None else bl if al is None else sympy.Max(al, bl),
+                   None if ah is None or bh is None else sympy.Max(ah, bh))
+    elif n.op == "mod" and dtypes.is_int(n.dtype):  # Python's modulo: the divisor's sign
+        bl, bh = rng(n.src[1])
+        if bl is not None and bh is not None and _le(sympy.Integer(1), bl):
+            out = (sympy.Integer(0), bh - 1)
+    elif n.op == "where":
+        cond, a, b = n.src
+        (al, ah), (bl, bh) = rng(a), rng(b)
+        fl, fh = _facts(cond, a)
+        al, ah = fl if fl is not None else al, fh if fh is not None else ah
+        gl, gh = _facts(cond, b, negate=True)
+        bl, bh = gl if gl is not None else bl, gh if gh is not None else bh
+        out = (None if al is None or bl is None else sympy.Min(al, bl),
+               None if ah is None or bh is None else sympy.Max(ah, bh))
+    memo[n] = out
+    return out
+
+
+def proven_in_range(n: Node, size: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr],
+                    memo: dict | None = None) -> bool:
+    """Whether integer value ``n`` is proven to lie in ``[0, size)`` at every point of a kernel
+    whose loop variables span ``extents``."""
+    lo, hi = value_range(n, extents, memo)
+    return _le(sympy.Integer(0), lo) and _le(hi, sympy.sympify(size) - 1)
+
+
+def checks_enabled() -> bool:
+    """``config.index_checks``: whether kernels check the indices not proven in range."""
+    from tilewright._config import config
+
+    return bool(config.index_checks)
+
+
+def live_conditions(roots: Iterable[Node], used: dict[Node, Node] | None = None) -> dict[Node, Node | None]:
+    """For every node under ``roots``: the condition under which its value is used (None:
+    always), from the ``where`` nodes above it (a node reached by several paths is used where
+    any of them uses it); ``used``: roots used only under a condition (a combo kernel part's
+    store mask). A division whose divisor is 0 only where it is not used (the lanes a ``cat``'s
+    other part fills) is no error."""
+    roots = list(roots)
+    order = E.toposort(roots)
+    live: dict[Node, Node | None | bool] = {}
+    for r in roots:
+        cond = (used or {}).get(r)
+        if r not in live:
+            live[r] = cond
+        elif live[r] is not None:
+            live[r] = None if cond is None else E.op("logical_or", live[r], cond)
+    for n in reversed(order):
+        if n not in live:
+            continue
+        # a reduction's operand is computed in the row's own pass, before any condition above
+        # the reduction exists there: it counts as always used (no reported error is lost)
+        here = None if n.op in ("reduce", "scan") else live[n]
+
+        def give(m: Node, cond: Node | None, here=here) -> None:
+            both = here if cond is None else cond if here is None else E.op("logical_and", here, cond)
+            if m not in live:
+                live[m] = both
+            elif live[m] is not None:
+                live[m] = None if both is None else E.op("logical_or", live[m], both)
+
+        if n.op == "where":
+            c, a, b = n.src
+            give(c, None)
+            give(a, c)
+            give(b, E.op("logical_not", c))
+        else:
+            for s in n.src:
+                give(s, None)
+    return live  # type: ignore[return-value]
+
+
+def int_divisions(roots: Iterable[Node]) -> list[Node]:
+    """The integer divisions and remainders under ``roots`` (what can divide by zero)."""
+    return [n for n in E.toposort(list(roots)) if n.op in INT_DIVISIONS and dtypes.is_int(n.dtype)]
+
+
+def guard_divisions(kernel):
+    """``kernel`` with each integer division's divisor replaced by 1 where its value is not
+    used (:func:`live_conditions`), so that a division by zero that an emitter reports (the C++
+    error flag, the interpreter's, torch's own error in the torch form) is always one eager
+    meets too; the kernel itself where nothing changes."""
+    import dataclasses
+
+    roots = kernel.roots()
+    divs = int_divisions(roots)
+    if not divs:
+        return kernel
+    live = live_conditions(roots, {s.value: s.mask for s in kernel.stores if s.mask is not None})
+    guarded = {d: live.get(d) for d in divs if live.get(d) is not None}
+    if not guarded:
+        return kernel
+
+    def fn(n: Node, src: tuple[Node, ...]) -> Node | None:
+        cond = guarded.get(n)
+        if cond is None:
+            return None
+        a, b = src
+        return E.op(n.op, a, E.where(cond, b, E.const(1, b.dtype)))
+
+    new = iter(E.rewrite(roots, fn))
+    stores = [dataclasses.replace(s, value=next(new)) for s in kernel.stores]
+    stores = [dataclasses.replace(s, mask=next(new)) if s.mask is not None else s for s in stores]
+    stores = [dataclasses.replace(s, indirect=tuple(next(new) for _ in s.indirect)) for s in stores]
+    parts = tuple(guard_divisions(p) for p in kernel.parts)
+    return dataclasses.replace(kernel, stores=tuple(stores), parts=parts)
