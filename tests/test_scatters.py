@@ -123,7 +123,7 @@ def test_values_computed_before_a_scatter_fuse_into_its_kernel():
     assert sum(r.extern_ops for r in reports) == 0
 
 
-def test_out_of_range_indices_are_never_written_by_the_kernel_and_raise_in_the_torch_form(cpu):
+def test_out_of_range_indices_are_never_written_by_the_kernel_and_raise_in_both_forms(cpu):
     from tilewright.autotune.kinds import LoopInputs
     from tilewright.kernels.build import TemplateKernelFactory
 
@@ -142,9 +142,16 @@ def test_out_of_range_indices_are_never_written_by_the_kernel_and_raise_in_the_t
             tensors[k] = bad if b.dtype == "i64" else v
     t = get_template("triton.pointwise")
     launch = factory.compile(t.render(scatter, t.space.complete({"XBLOCK": 16}), cpu))
-    (out,) = launch(*tensors)
+    # the kernel raises as eager (issue 27: it used to drop them silently) and writes only the
+    # in-range rows, checks on or off
+    out = x.clone()
+    with pytest.raises(IndexError, match="index out of range"):
+        launch(*tensors, outs=(out,))
     want = x.clone()
     want[[0, 2, 4]] += v[[0, 2, 4]]
+    assert torch.equal(out, want), "only the in-range rows change"
+    with tilewright.config.patch(index_checks=False):
+        (out,) = factory.compile(t.render(scatter, t.space.complete({"XBLOCK": 16}), cpu))(*tensors)
     assert torch.equal(out, want), "only the in-range rows change"
     aten = get_template("aten.pointwise")
     with pytest.raises(IndexError, match="out of bounds"):

@@ -189,8 +189,8 @@ class Config:
         "Bounds-check every gathered or scattered index a generated kernel reads through "
         "(embedding, gather, index_select, x[i], scatter_add, index_put, ...) unless it is "
         "proven in range (an iota, a clamp, a modulo, a mask): out of range the kernel raises "
-        "eager's error on the CPU and stops with a device assert on a GPU. Off: no checks (an "
-        "out-of-range index reads or writes outside its buffer); bench/index_checks.py measures "
+        "eager's error on the CPU and stops with a device assert on a GPU. Off: no checks (an index "
+        "out of range may read or write outside its buffer); bench/index_checks.py measures "
         "their cost. Integer division by zero is checked on the CPU either way.")
     strict: bool = _setting(
         False, "TILEWRIGHT_STRICT",

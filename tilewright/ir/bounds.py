@@ -70,31 +70,54 @@ def _index_range(e: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr]) -> Rang
     return lo, hi
 
 
-def _facts(cond: Node, x: Node, negate: bool = False) -> Range:
-    """Bounds of ``x`` that ``cond`` (or its negation) implies: ``x >= c``, ``x < c`` and their
-    conjunctions (the mask a bounds-checking ``where`` uses)."""
-    lo = hi = None
-    if cond.op == "logical_and" and not negate:
+def _facts(cond: Node, negate: bool = False) -> dict[Node, Range]:
+    """Bounds ``cond`` (or its negation) implies, by the node compared: ``x >= c``, ``x < c``
+    with ``c`` a constant or a size, and their conjunctions (a bounds-checking ``where``, or
+    the negative-index wrap ``where(x < 0, x + n, x)``)."""
+    if cond.op in ("logical_and", "bitwise_and") and cond.dtype == "bool" and not negate:
+        out: dict[Node, Range] = {}
         for c in cond.src:
-            l2, h2 = _facts(c, x)
-            lo, hi = lo if l2 is None else l2, hi if h2 is None else h2
-        return lo, hi
+            for x, (lo, hi) in _facts(c).items():
+                plo, phi = out.get(x, (None, None))
+                out[x] = (lo if lo is not None else plo, hi if hi is not None else phi)
+        return out
     if cond.op == "logical_not":
-        return _facts(cond.src[0], x, not negate)
+        return _facts(cond.src[0], not negate)
     if cond.op not in ("ge", "gt", "lt", "le") or len(cond.src) != 2:
-        return None, None
+        return {}
     a, b = cond.src
-    if _strip(a) is not _strip(x) or b.op not in ("const", "index"):
-        return None, None
-    c = sympy.sympify(b.arg if b.op == "index" else b.arg)
+    if b.op not in ("const", "index") or not dtypes.is_int(a.dtype):
+        return {}
+    c = sympy.sympify(b.arg)
     op = {"ge": "lt", "gt": "le", "lt": "ge", "le": "gt"}[cond.op] if negate else cond.op
-    return {"ge": (c, None), "gt": (c + 1, None), "lt": (None, c - 1), "le": (None, c)}[op]
+    return {_strip(a): {"ge": (c, None), "gt": (c + 1, None), "lt": (None, c - 1), "le": (None, c)}[op]}
+
+
+def _narrowed(base: Range, fact: Range) -> Range:
+    lo = fact[0] if base[0] is None else base[0] if fact[0] is None else sympy.Max(base[0], fact[0])
+    hi = fact[1] if base[1] is None else base[1] if fact[1] is None else sympy.Min(base[1], fact[1])
+    return lo, hi
 
 
 def _strip(n: Node) -> Node:
     while n.op == "cast" and dtypes.is_int(n.dtype) and dtypes.is_int(n.src[0].dtype):
         n = n.src[0]
     return n
+
+
+def _truth(cond: Node, rng) -> bool | None:
+    """Whether a comparison of integers is proven true or false from their ranges (None: not)."""
+    if cond.op not in ("lt", "le", "gt", "ge") or not all(dtypes.is_int(x.dtype) for x in cond.src):
+        return None
+    (al, ah), (bl, bh) = rng(cond.src[0]), rng(cond.src[1])
+    strict = cond.op in ("lt", "gt")
+    lo_a, hi_a, lo_b, hi_b = (al, ah, bl, bh) if cond.op in ("lt", "le") else (bl, bh, al, ah)
+    # a < b (a <= b): true when hi_a < lo_b (<=), false when lo_a >= hi_b (>)
+    if _le(hi_a + 1 if strict and hi_a is not None else hi_a, lo_b):
+        return True
+    if _le(hi_b, lo_a - 1 if not strict and lo_a is not None else lo_a):
+        return False
+    return None
 
 
 def value_range(n: Node, extents: dict[sympy.Symbol, sympy.Expr], memo: dict | None = None) -> Range:
@@ -121,6 +144,14 @@ def value_range(n: Node, extents: dict[sympy.Symbol, sympy.Expr], memo: dict | N
             out = (None if al is None or bl is None else al + bl, None if ah is None or bh is None else ah + bh)
         else:
             out = (None if al is None or bh is None else al - bh, None if ah is None or bl is None else ah - bl)
+    elif n.op == "mul" and dtypes.is_int(n.dtype):  # by a constant (an iota's step)
+        for x, c in ((n.src[0], n.src[1]), (n.src[1], n.src[0])):
+            if c.op == "const" and not isinstance(c.arg, float):
+                lo, hi = rng(x)
+                k = int(c.arg)
+                lo, hi = (None if lo is None else lo * k, None if hi is None else hi * k)
+                out = (lo, hi) if k >= 0 else (hi, lo)
+                break
     elif n.op in ("minimum", "maximum") and dtypes.is_int(n.dtype):
         (al, ah), (bl, bh) = rng(n.src[0]), rng(n.src[1])
         if n.op == "minimum":  # below whichever bound is known; above only if both are
@@ -133,13 +164,21 @@ def value_range(n: Node, extents: dict[sympy.Symbol, sympy.Expr], memo: dict | N
         bl, bh = rng(n.src[1])
         if bl is not None and bh is not None and _le(sympy.Integer(1), bl):
             out = (sympy.Integer(0), bh - 1)
+    elif n.op == "where" and _truth(n.src[0], rng) is not None:  # one side never taken (x < 0 for x >= 0)
+        out = rng(n.src[1] if _truth(n.src[0], rng) else n.src[2])
     elif n.op == "where":
+        # each side under what the condition says of the values it compares (a fresh memo:
+        # the nodes above them narrow too)
         cond, a, b = n.src
-        (al, ah), (bl, bh) = rng(a), rng(b)
-        fl, fh = _facts(cond, a)
-        al, ah = fl if fl is not None else al, fh if fh is not None else ah
-        gl, gh = _facts(cond, b, negate=True)
-        bl, bh = gl if gl is not None else bl, gh if gh is not None else bh
+
+        def side(x: Node, negate: bool) -> Range:
+            facts = _facts(cond, negate)
+            if not facts:
+                return rng(x)
+            sub = {m: _narrowed(rng(m), f) for m, f in facts.items()}
+            return value_range(x, extents, sub)
+
+        (al, ah), (bl, bh) = side(a, False), side(b, True)
         out = (None if al is None or bl is None else sympy.Min(al, bl),
                None if ah is None or bh is None else sympy.Max(ah, bh))
     memo[n] = out

@@ -37,6 +37,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
+from tilewright.ir.bounds import checks_enabled, proven_in_range, var_ranges
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import code as py_code
 from tilewright.ir.index import offset
@@ -150,6 +151,7 @@ class _Body(LoopSchedule):
         super().__init__(_rewritten(kernel, self.buffered))
         self.nodes = toposort(self.k.roots())
         self.dep_r = self._depends(self.rvars)
+        self.extents = var_ranges(self.k)
         if self.buffered:
             self._plan_buffers()
 
@@ -177,17 +179,24 @@ class _Body(LoopSchedule):
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
         names = dict(self.names)
         own = load_mask(n)
-        for k, v in enumerate(load_indirect(n)):  # gathered indices: checked against their dim
-            dims = [d for d, i in enumerate(idx) if i == indirect_symbol(k)]
+        syms = {}
+        for k, v in enumerate(load_indirect(n)):
             value = f"int64_t({self.e.names[v]})"
             if own is not None:  # a masked-off lane's index may be anything: it reads nothing
                 value = f"({self.e.names[own]} ? {value} : int64_t(0))"
-            if dims:
-                checked = self.e.fresh()
-                self.e.helpers_used.add("tw_index")
-                self.e.line(f"const int64_t {checked} = tw_index({value}, {ccode(buf.shape[dims[0]], self.names)}, tw_err);")
-                value = checked
             names[indirect_symbol(k)] = value
+            syms[indirect_symbol(k)] = v
+        idx = list(idx)
+        for d, e in enumerate(idx):  # gathered dims: checked against their dim, not read out of it
+            if not sympy.sympify(e).free_symbols & set(syms) or not checks_enabled():
+                continue
+            if e in syms and proven_in_range(syms[e], buf.shape[d], self.extents):
+                continue  # an iota, a clamp, a modulo
+            checked = self.e.fresh()
+            self.e.helpers_used.add("tw_index")
+            self.e.line(f"const int64_t {checked} = tw_index({ccode(e, names)}, {ccode(buf.shape[d], self.names)}, tw_err);")
+            idx[d] = sympy.Symbol(checked, integer=True)
+            names[idx[d]] = checked
         off = ccode(offset(idx, strides), names)
         value = self.e.load_value(f"{name}[{off}]", buf.dtype)
         ct = dtypes.compute_type(n.dtype)

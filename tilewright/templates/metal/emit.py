@@ -116,6 +116,14 @@ def index_code(e: sympy.Expr, names: dict[sympy.Symbol, str] | None = None) -> s
 
 # helper name -> MSL source; placed once before the kernel by the template
 HELPERS: dict[str, str] = {
+    "tw_index": """
+// a gathered index checked against its dim: out of range the kernel reports IndexError through
+// tw_err (the launcher raises it, as eager does) and reads element 0 instead of memory it does
+// not own (every lane that fails writes the same value: no atomic needed)
+inline long tw_index(long i, long size, device int* err) {
+    if (i < 0 || i >= size) { err[0] = 2; return 0; }
+    return i;
+}""",
     "tw_max": """
 // torch.maximum: NaN wins (metal::fmax would return the other operand)
 inline float tw_max(float a, float b) { return (isnan(a) || a > b) ? a : b; }""",

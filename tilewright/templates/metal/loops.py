@@ -26,7 +26,8 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, load_indirect, load_mask
+from tilewright.ir.bounds import checks_enabled, proven_in_range, var_ranges
+from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
 from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel, Store
 from tilewright.problem import LoopProblem
@@ -89,7 +90,24 @@ class _Body(LoopSchedule):
         buf = self.k.buffer(name)
         indirect = load_indirect(n)
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
-        off = index_code(offset(idx, strides), self.load_names(n))
+        names = self.load_names(n)
+        idx = list(idx)
+        syms = {indirect_symbol(k): v for k, v in enumerate(indirect)}
+        for d, e in enumerate(idx):  # gathered dims: checked against their dim, not read out of it
+            if not sympy.sympify(e).free_symbols & set(syms) or not checks_enabled():
+                continue
+            if e in syms and proven_in_range(syms[e], buf.shape[d], var_ranges(self.k)):
+                continue  # an iota, a clamp, a modulo
+            checked = self.e.fresh()
+            self.e.helpers_used.add("tw_index")
+            at = f"long({index_code(e, names)})"
+            if load_mask(n) is not None:  # a masked-off lane's index may be anything: it reads nothing
+                at = f"({self.e.names[load_mask(n)]} ? {at} : 0L)"
+            self.e.line(f"const {self.idx} {checked} = static_cast<{self.idx}>("
+                        f"tw_index({at}, long({index_code(buf.shape[d], self.names)}), tw_err));")
+            idx[d] = sympy.Symbol(checked, integer=True)
+            names[idx[d]] = checked
+        off = index_code(offset(idx, strides), names)
         value = f"{name}[{off}]"
         if buf.dtype != "bool":
             value = f"static_cast<{ctype(n.dtype)}>({value})"
@@ -361,6 +379,9 @@ class _MetalLoops(TemplateSpec):
         args += [f"device {MSL_TYPE[b.dtype]}* {b.name} [[buffer({len(k.inputs) + i})]]"
                  for i, b in enumerate(k.outputs)]
         args.append(f"constant long* meta [[buffer({len(buffers)})]]")
+        err_flag = "tw_index" in body.e.helpers_used  # gathers report an index out of range here
+        if err_flag:
+            args.append(f"device int* tw_err [[buffer({len(buffers) + 1})]]")
         if reduction:
             args += ["uint xid [[threadgroup_position_in_grid]]", "uint tid [[thread_position_in_threadgroup]]",
                      "uint ntg [[threads_per_threadgroup]]", "uint lane [[thread_index_in_simdgroup]]",
@@ -383,6 +404,7 @@ class _MetalLoops(TemplateSpec):
                       "shape": [code(s, names) for s in b.shape], "stride": [code(s, names) for s in b.stride]}
                      for b in k.outputs],
             xnumel=code(k.xnumel, names), rnumel=code(k.rnumel, names), threads=threads, grid_cap=cap,
+            err_flag=err_flag,
         )
         grid, group = launch_geometry(problem.kind, problem.xnumel, threads, target)
         return RenderedKernel(

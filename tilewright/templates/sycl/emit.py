@@ -58,6 +58,43 @@ template <typename T> static inline T tw_floordiv(T a, T b) {
   return fl;
 }
 ''',
+    "tw_int_div": '''
+// integer division and remainder that never trap (the OpenCL CPU device runs x86 code: a
+// division by zero or MIN / -1 would be SIGFPE): by zero the kernel reports ZeroDivisionError
+// (as eager's CPU kernels raise) through tw_err and the value is 0; MIN / -1 wraps (as torch)
+static inline void tw_report(int64_t *err, int64_t status) {
+  sycl::atomic_ref<int64_t, sycl::memory_order::relaxed, sycl::memory_scope::device> flag(*err);
+  flag.store(status);
+}
+template <typename T> static inline T tw_idiv_trunc(T a, T b, int64_t *err) {
+  if (b == T(0)) { tw_report(err, 1); return T(0); }
+  if (T(-1) < T(0) && b == T(-1)) return T(uint64_t(0) - uint64_t(a));
+  return T(a / b);
+}
+template <typename T> static inline T tw_idiv_floor(T a, T b, int64_t *err) {
+  if (b == T(0)) { tw_report(err, 1); return T(0); }
+  if (T(-1) < T(0) && b == T(-1)) return T(uint64_t(0) - uint64_t(a));
+  const T q = T(a / b);
+  return T(q - T((a % b != 0) && ((a < 0) != (b < 0))));
+}
+template <typename T> static inline T tw_imod(T a, T b, int64_t *err) {
+  if (b == T(0)) { tw_report(err, 1); return T(0); }
+  if (T(-1) < T(0) && b == T(-1)) return T(0);
+  const T r = T(a % b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? T(r + b) : r;
+}
+template <typename T> static inline T tw_ifmod(T a, T b, int64_t *err) {
+  if (b == T(0)) { tw_report(err, 1); return T(0); }
+  if (T(-1) < T(0) && b == T(-1)) return T(0);
+  return T(a % b);
+}
+// a gathered index checked against its dim: out of range the kernel reports IndexError (as
+// eager raises) and reads element 0 instead of memory it does not own
+static inline int64_t tw_index(int64_t i, int64_t size, int64_t *err) {
+  if (i < 0 || i >= size) { tw_report(err, 2); return 0; }
+  return i;
+}
+''',
     "tw_erfinv": '''
 // Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision
 template <typename T> static inline T tw_erfinv(T xin) {
@@ -124,12 +161,14 @@ def _is_f(dt: str) -> bool:
 def _floordiv(a: str, b: str, dt: str) -> str:
     if _is_f(dt):
         return f"tw_floordiv({a}, {b})"
-    return f"{CTYPE[dt]}({a} / {b} - (({a} % {b} != 0) && (({a} < 0) != ({b} < 0))))"
+    return f"tw_idiv_floor<{CTYPE[dt]}>({a}, {b}, tw_err)"
 
 
 def _mod(a: str, b: str, dt: str) -> str:
     # Python's remainder: the result has the divisor's sign
-    r = f"sycl::fmod({a}, {b})" if _is_f(dt) else f"({a} % {b})"
+    if not _is_f(dt):
+        return f"tw_imod<{CTYPE[dt]}>({a}, {b}, tw_err)"
+    r = f"sycl::fmod({a}, {b})"
     return f"({r} != 0 && (({r} < 0) != ({b} < 0)) ? {CTYPE[dt]}({r} + {b}) : {CTYPE[dt]}({r}))"
 
 
@@ -153,10 +192,13 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
     "sub": (_BIN("-"), ()),
     "mul": (lambda a, b, dt: f"({a} && {b})" if dt == "bool" else f"{CTYPE[dt]}({a} * {b})", ()),
     "truediv": (_BIN("/"), ()),
-    "floordiv": (_floordiv, ("tw_floordiv",)),
-    "truncdiv": (lambda a, b, dt: f"sycl::trunc({a} / {b})" if _is_f(dt) else f"{CTYPE[dt]}({a} / {b})", ()),
-    "mod": (_mod, ()),
-    "fmod": (lambda a, b, dt: f"sycl::fmod({a}, {b})" if _is_f(dt) else f"{CTYPE[dt]}({a} % {b})", ()),
+    # integer division and remainder read the kernel's error flag ``tw_err``
+    "floordiv": (_floordiv, ("tw_floordiv", "tw_int_div")),
+    "truncdiv": (lambda a, b, dt: f"sycl::trunc({a} / {b})" if _is_f(dt)
+                 else f"tw_idiv_trunc<{CTYPE[dt]}>({a}, {b}, tw_err)", ("tw_int_div",)),
+    "mod": (_mod, ("tw_int_div",)),
+    "fmod": (lambda a, b, dt: f"sycl::fmod({a}, {b})" if _is_f(dt) else f"tw_ifmod<{CTYPE[dt]}>({a}, {b}, tw_err)",
+             ("tw_int_div",)),
     "pow": (lambda a, b, dt: f"sycl::pow({a}, {b})", ()),
     "maximum": (_maxmin(">"), ()),
     "minimum": (_maxmin("<"), ()),

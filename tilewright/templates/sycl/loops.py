@@ -37,7 +37,8 @@ import sympy
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.expr import Node, load_mask
+from tilewright.ir.bounds import checks_enabled, proven_in_range, var_ranges
+from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
 from tilewright.ir.index import offset
 from tilewright.ir.index import code as py_code
 from tilewright.ir.kernel import LoopKernel
@@ -86,7 +87,23 @@ class _Body(LoopSchedule):
         name, idx, _ = n.arg
         buf = self.k.buffer(name)
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
-        off = ccode(offset(idx, strides), self.load_names(n, "int64_t({})"))
+        names = self.load_names(n, "int64_t({})")
+        idx = list(idx)
+        syms = {indirect_symbol(k): v for k, v in enumerate(load_indirect(n))}
+        for d, e in enumerate(idx):  # gathered dims: checked against their dim, not read out of it
+            if not sympy.sympify(e).free_symbols & set(syms) or not checks_enabled():
+                continue
+            if e in syms and proven_in_range(syms[e], buf.shape[d], var_ranges(self.k)):
+                continue  # an iota, a clamp, a modulo
+            checked = self.e.fresh()
+            self.e.helpers_used.add("tw_int_div")  # tw_index lives with the division helpers
+            at = ccode(e, names)
+            if load_mask(n) is not None:  # a masked-off lane's index may be anything: it reads nothing
+                at = f"({self.e.names[load_mask(n)]} ? int64_t({at}) : int64_t(0))"
+            self.e.line(f"const int64_t {checked} = tw_index({at}, {ccode(buf.shape[d], self.names)}, tw_err);")
+            idx[d] = sympy.Symbol(checked, integer=True)
+            names[idx[d]] = checked
+        off = ccode(offset(idx, strides), names)
         value = self.e.load_value(f"{name}[{off}]", buf.dtype)
         ct = dtypes.compute_type(n.dtype)
         if buf.dtype != n.dtype and dtypes.compute_type(buf.dtype) != ct:
@@ -256,6 +273,10 @@ class _SyclLoops(TemplateSpec):
         out_names = {b.name for b in k.outputs}
         params_c = [f"{'' if b.name in out_names else 'const '}{STORAGE[b.dtype]} *__restrict__ {b.name}"
                     for b in buffers]
+        # the kernel's checks (gathered indices, integer division by zero) report here
+        err_flag = "tw_int_div" in body.e.helpers_used
+        if err_flag:
+            params_c.append("int64_t *__restrict__ tw_err")
         strides = [f"{b.name}_s{d}" for b in buffers for d in range(len(b.shape))]
         sizes = [s.name for s in k.size_symbols()]
         kernel_name = f"tw_sycl_{problem.kind}"
@@ -268,7 +289,7 @@ class _SyclLoops(TemplateSpec):
             outputs=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),
                       "shape": [py_code(s, names) for s in b.shape],
                       "stride": [py_code(s, names) for s in b.stride]} for b in k.outputs],
-            buffers=[b.name for b in buffers],
+            buffers=[b.name for b in buffers], err_flag=err_flag,
             xnumel=py_code(k.xnumel, names), rnumel=py_code(k.rnumel, names),
         )
         return RenderedKernel(template_id=self.id, params=dict(params), target=target.name, source=source,
