@@ -255,3 +255,43 @@ def test_compiled_models_raise_eagers_error_for_a_bad_index_or_a_zero_divisor(ba
             compiled = torch.compile(fn, backend="tilewright", dynamic=False)
             with pytest.raises(exc, match=match):
                 compiled(*args)
+
+
+def test_flydsl_refuses_a_gather_it_cannot_check_unless_checks_are_off():
+    # FlyDSL kernels have no device assert or error flag written: an unproven gather is
+    # refused with its reason (it runs on Triton or ATen); a proven one renders
+    gfx950 = get_target("gfx950")
+    flydsl = get_template("flydsl.pointwise")
+    gather = _gather_problem("embedding")
+    (mod,) = loop_problems(lambda w, i: w[i % 5] * 2, W, _index((4,), None))
+    why = flydsl.supports(gather, gfx950)
+    assert not why and "not proven in range" in why.reason
+    assert flydsl.supports(mod, gfx950)
+    with tilewright.config.patch(index_checks=False):
+        assert flydsl.supports(gather, gfx950)
+
+
+@pytest.mark.slow
+def test_the_gpu_build_keeps_the_assert_and_drops_it_with_checks_off(tmp_path):
+    # compile-only (no GPU needed): Triton drops tl.device_assert unless built with debug; the
+    # sm_90a build of a checked gather must call __assertfail, the unchecked one must not
+    from tilewright.runtime.aot import CompileJob, compile_jobs
+    from tilewright.runtime.targets import triton_can_target
+
+    sm90 = get_target("cuda:sm_90a")
+    if triton_can_target(sm90) is not None:
+        pytest.skip(str(triton_can_target(sm90)))
+    triton = get_template("triton.pointwise")
+    problem = _gather_problem("embedding")
+    jobs = []
+    for checks in (True, False):
+        with tilewright.config.patch(index_checks=checks):
+            r = triton.render(problem, triton.space.complete({}), sm90)
+        jobs.append(CompileJob(f"checks_{checks}", r.source, r.aot.to_json(), sm90.triton))
+    results = {r.name: r for r in compile_jobs(jobs, tmp_path, workers=1, timeout_s=300)}
+    ptx = {}
+    for name, r in results.items():
+        assert r.ok, r.error
+        ptx[name] = (tmp_path / r.artifacts["ptx"]).read_text()
+    assert "__assertfail" in ptx["checks_True"]
+    assert "__assertfail" not in ptx["checks_False"]

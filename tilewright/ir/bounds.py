@@ -274,3 +274,21 @@ def guard_divisions(kernel):
     stores = [dataclasses.replace(s, indirect=tuple(next(new) for _ in s.indirect)) for s in stores]
     parts = tuple(guard_divisions(p) for p in kernel.parts)
     return dataclasses.replace(kernel, stores=tuple(stores), parts=parts)
+
+
+def unproven_gathers(kernel) -> list[Node]:
+    """The loads of ``kernel`` with a data-dependent dim index not proven in range: what a
+    language without a check (no device assert, no error flag) cannot run safely."""
+    extents, memo, out = var_ranges(kernel), {}, []
+    for n in E.toposort(kernel.roots()):
+        ind = E.load_indirect(n) if n.op == "load" else ()
+        if not ind:
+            continue
+        syms = {E.indirect_symbol(k): v for k, v in enumerate(ind)}
+        shape = kernel.buffer(n.arg[0]).shape
+        for e, size in zip(n.arg[1], shape):
+            if sympy.sympify(e).free_symbols & set(syms) and not (
+                    e in syms and proven_in_range(syms[e], size, extents, memo)):
+                out.append(n)
+                break
+    return out

@@ -43,6 +43,7 @@ import sympy
 import torch
 
 from tilewright.ir import dtypes
+from tilewright.ir.bounds import checks_enabled, unproven_gathers
 from tilewright.ir.expr import Node, load_mask
 from tilewright.ir.index import CodePrinter, code, static_or_hint
 from tilewright.ir.kernel import LoopKernel
@@ -100,6 +101,11 @@ def problem_refusal(problem: LoopProblem) -> str | None:
                 return f"{n.arg} reductions are not written for FlyDSL (sum, prod, max, min are)"
             if dtypes.compute_type(n.src[0].dtype) != "fp32":
                 return f"{n.arg} of {n.src[0].dtype}: FlyDSL reductions here combine fp32 values"
+    if checks_enabled() and unproven_gathers(k):
+        # no device assert here and no error flag written: a gather whose index is not proven in
+        # range would read outside its buffer without a word (eager's GPU kernels assert)
+        return ("a gather through indices not proven in range: FlyDSL kernels have no bounds check "
+                "written (Triton's assert); config.index_checks=False lets it render")
     return check_nodes(k.nodes())
 
 
