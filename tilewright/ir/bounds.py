@@ -49,7 +49,8 @@ def _le(a: sympy.Expr | None, b: sympy.Expr | None) -> bool:
         return any(_le(x, b) for x in a.args)
     if isinstance(b, sympy.Max):
         return any(_le(a, x) for x in b.args)
-    return bool(sympy.simplify(b - a).is_nonnegative)
+    d = b - a
+    return bool(d.is_nonnegative if d.is_nonnegative is not None else sympy.simplify(d).is_nonnegative)
 
 
 def _index_range(e: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr]) -> Range:
@@ -58,6 +59,8 @@ def _index_range(e: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr]) -> Rang
     e = sympy.sympify(e)
     if isinstance(e, sympy.Mod) and e.args[1].is_positive:
         return sympy.Integer(0), e.args[1] - 1
+    if e.has(sympy.floor, sympy.Mod, sympy.ceiling):
+        return None, None
     lo = hi = e
     for v in e.free_symbols & set(extents):
         c = sympy.diff(e, v)
@@ -65,8 +68,6 @@ def _index_range(e: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr]) -> Rang
             return None, None
         top = extents[v] - 1
         lo, hi = lo.subs(v, 0 if c >= 0 else top), hi.subs(v, top if c >= 0 else 0)
-    if e.has(sympy.floor, sympy.Mod, sympy.ceiling):
-        return None, None
     return lo, hi
 
 
