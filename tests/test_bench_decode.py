@@ -93,3 +93,15 @@ def test_bench_run_routes_the_decode_suite(tmp_path, monkeypatch, capsys):
     assert seen["device"] == "cpu" and seen["cases"] == ("decode.llama.step",)
     assert seen["time_budget_s"] == 30 and seen["out"] == out and seen["inductor"] is True
     assert "suite decode" in capsys.readouterr().out
+
+
+def test_the_one_line_summary_names_each_sides_ratio_and_the_replays():
+    from tilewright.perf.decode_suite import decode_summary
+
+    doc = {"results": [
+        {"id": "decode.llama.step", "paired": {"tilewright": 0.9, "tilewright-cudagraphs": 0.31},
+         "cudagraphs": [{"graph": "inference 0", "status": "on", "replays": 40}]},
+        {"id": "decode.qwen3.step", "error": "RuntimeError: boom"}], "skipped": ["decode.qwen3.prefill"]}
+    head, detail = decode_summary(doc)
+    assert head == "1/3 cases"
+    assert detail == "llama.step: tw 0.90x, tw+CG 0.31x (40 replays); failed: decode.qwen3.step"

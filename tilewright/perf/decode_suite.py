@@ -209,3 +209,21 @@ def decode_results_table(doc: dict[str, Any]) -> Any:
                        else f"{g['graph']}: {g.get('reason', '')[:40]}" for g in r.get("cudagraphs", []))
         table.add_row(r["id"], *cells, race or "-", cg or "-")
     return table
+
+
+def decode_summary(doc: dict[str, Any]) -> tuple[str, str]:
+    """(headline, detail) of a results document in one line each, for a device check's table:
+    the cases measured, and per case each side's paired time over eager's (x eager) and the
+    CUDA-graph replays of the tilewright side."""
+    rows = doc.get("results", [])
+    ok = [r for r in rows if not r.get("error") and "paired" in r]
+    head = f"{len(ok)}/{len(rows) + len(doc.get('skipped', []))} cases"
+    short = {"tilewright": "tw", "tilewright-race-off": "tw race-off", "tilewright-cudagraphs": "tw+CG",
+             "inductor": "ind", "inductor-cudagraphs": "ind+CG"}
+    parts = []
+    for r in ok:
+        sides = ", ".join(f"{short.get(s, s)} {x:.2f}x" for s, x in r["paired"].items())
+        replays = sum(g.get("replays", 0) for g in r.get("cudagraphs", []))
+        parts.append(f"{r['id'].removeprefix('decode.')}: {sides}" + (f" ({replays} replays)" if replays else ""))
+    errors = [r["id"] for r in rows if r not in ok]
+    return head, "; ".join(parts) + (f"; failed: {', '.join(errors)}" if errors else "")
