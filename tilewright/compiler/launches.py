@@ -78,16 +78,6 @@ class LaunchReport:
                 "aten": self.aten, "eager": self.eager, "graphs": [g.to_json() for g in self.graphs]}
 
 
-def _note(g: GraphReport) -> str:
-    notes = [f"fell back to ATen: {g.fallback}"] if g.fallback else []
-    cg = g.cudagraphs
-    if cg and cg.get("status") == "refused":
-        notes.append(f"no CUDA graphs: {cg['reason']}")
-    elif cg:
-        notes.append(f"CUDA graphs: {cg['recordings']} recorded, {cg['replays']} replays")
-    return "; ".join(notes)
-
-
 def launch_report(model: Callable[..., Any], *args: Any, train: bool = False, **kwargs: Any) -> LaunchReport:
     """Compile ``model`` with ``backend="tilewright"``, call it once on ``args``/``kwargs``
     and report the kernel launches per call of every graph compiled.
@@ -129,11 +119,18 @@ def launch_report(model: Callable[..., Any], *args: Any, train: bool = False, **
 
 def _note(g: GraphReport) -> str:
     if g.fallback:
-        return f"fell back to ATen: {g.fallback}"
-    if g.kernel_fallbacks:
-        return f"{len(g.kernel_fallbacks)} kernel fallback(s): " + "; ".join(
-            k.describe() for k in g.kernel_fallbacks)
-    return ""
+        notes = [f"fell back to ATen: {g.fallback}"]
+    elif g.kernel_fallbacks:
+        notes = [f"{len(g.kernel_fallbacks)} kernel fallback(s): " + "; ".join(
+            k.describe() for k in g.kernel_fallbacks)]
+    else:
+        notes = []
+    cg = g.cudagraphs
+    if cg and cg.get("status") == "refused":
+        notes.append(f"no CUDA graphs: {cg['reason']}")
+    elif cg:
+        notes.append(f"CUDA graphs: {cg['recordings']} recorded, {cg['replays']} replays")
+    return "; ".join(notes)
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
