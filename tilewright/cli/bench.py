@@ -38,27 +38,49 @@ def results_table(doc: dict) -> Table:
 
 
 def model_results_table(doc: dict) -> Table:
-    """One row per case of a model suite (``cpu``): steady state and first call of each."""
+    """One row per case of a model suite (``cpu``): steady state and first call of each. Two
+    tilewright sides: ``race off`` is the generated graph itself on every call (what the gate
+    judges), ``default`` is what a user gets, the graph race on (the race may keep eager's ops
+    for a graph: ``race`` says which side won each graph)."""
     env = doc["env"]
     table = Table(title=f"suite {doc['suite']} on {env['device']} ({env['target']}), torch "
                         f"{env['versions']['torch']}; eager = PyTorch op by op, "
-                        f"{doc['settings'].get('cpu_threads')} thread(s)")
-    for col in ("case", "eager ms", "tilewright ms", "vs eager", "Inductor ms", "vs Inductor",
-                "ATen calls (eager)", "1st call s", "Inductor 1st s", "1st vs Inductor", "choice"):
+                        f"{doc['settings'].get('cpu_threads')} thread(s); {_load_text(doc)}")
+    for col in ("case", "eager ms", "race off ms", "vs eager", "vs Inductor", "default ms",
+                "vs eager", "race", "Inductor ms", "ATen calls off/default (eager)", "1st call s",
+                "Inductor 1st s", "load", "choice"):
         table.add_column(col, overflow="fold")
     for r in doc["results"]:
-        tw, at, ind = (r.get("impls", {}).get(k, {}) for k in ("tilewright", "aten", "inductor"))
-        ratio = (r.get("paired_vs_aten") or {}).get("ratio")
-        vs_ind = (r.get("paired_vs_inductor") or {}).get("ratio")
-        calls = f"{tw.get('dispatches', '-')} ({at.get('dispatches', '-')})"
-        table.add_row(r["id"], _f(at.get("ms")), _f(tw.get("ms")), _f(ratio, ".3f"), _f(ind.get("ms")),
-                      _f(vs_ind, ".3f"), calls, _f(tw.get("first_call_s"), ".1f"),
-                      _f(ind.get("first_call_s"), ".1f"), _f(r.get("first_call_vs_inductor"), ".2f"),
+        tw, off, at, ind = (r.get("impls", {}).get(k, {})
+                            for k in ("tilewright", "tilewright_race_off", "aten", "inductor"))
+
+        def ratio(key: str) -> str:
+            return _f((r.get(key) or {}).get("ratio"), ".3f")
+        won = ",".join(sorted({g.get("winner", "?") for g in r.get("race") or []})) or "-"
+        calls = f"{off.get('dispatches', '-')}/{tw.get('dispatches', '-')} ({at.get('dispatches', '-')})"
+        load = r.get("load") or {}
+        table.add_row(r["id"], _f(at.get("ms")), _f(off.get("ms")), ratio("race_off_paired_vs_aten"),
+                      ratio("race_off_paired_vs_inductor"), _f(tw.get("ms")), ratio("paired_vs_aten"),
+                      won, _f(ind.get("ms")), calls, _f(tw.get("first_call_s"), ".1f"),
+                      _f(ind.get("first_call_s"), ".1f"),
+                      ("busy " if load.get("busy") else "") + _f(load.get("running_share"), ".2f"),
                       r.get("choice", r.get("error", "-"))[:60])
     return table
 
 
+def _load_text(doc: dict) -> str:
+    """The machine's load while the suite ran, in words (older files recorded none)."""
+    env, rows = doc["env"], doc["results"]
+    loads = [x for x in (env.get("load_per_cpu_start"), env.get("load_per_cpu_end")) if x is not None]
+    if not loads:
+        return "load not recorded"
+    busy = sum(bool((r.get("load") or {}).get("busy")) for r in rows)
+    return (f"load {max(loads):.1f} per CPU ({env.get('cpus', '?')} CPUs), {busy}/{len(rows)} "
+            f"cases timed on a busy machine")
+
+
 def cmd_run_models(args: argparse.Namespace) -> int:
+    from tilewright.perf.compare import parse_percent
     from tilewright.perf.cpu_suite import run_model_suite
 
     with console.status(f"bench {args.suite} on cpu") as status:
@@ -67,6 +89,7 @@ def cmd_run_models(args: argparse.Namespace) -> int:
                               time_budget_s=args.time_budget_s,
                               cases=tuple(args.cases.split(",")) if args.cases else None,
                               fresh_process={"process": True, "inline": False}.get(args.first_call),
+                              inject_slowdown=parse_percent(args.inject_slowdown),
                               on_progress=lambda name, row: status.update(f"done {name}"))
     console.print(model_results_table(doc))
     if doc["skipped"]:
@@ -157,7 +180,8 @@ def compare_table(cmp) -> Table:
              "noisy": "yellow"}
     for r in cmp.rows:
         threshold = "-" if r.threshold is None else f"{r.threshold:.1%} ({r.threshold_source})"
-        table.add_row(r.id, r.metric or "-", _f(r.base), _f(r.new),
+        metric = (r.metric or "-") + (f"; {r.side}" if r.side else "")
+        table.add_row(r.id, metric, _f(r.base), _f(r.new),
                       "-" if r.change is None else f"{r.change:+.1%}", threshold,
                       *((f"{_f(r.base_ms)} → {_f(r.new_ms)}",) if ms else ()),
                       f"{_f(r.base_speedup, '.2f')} → {_f(r.new_speedup, '.2f')}",
@@ -187,6 +211,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         console.print(f"{cmp.count('noisy')} problems changed by more than the floor but within "
                       "their noise: not failed, not resolved either (rerun, or raise "
                       "TILEWRIGHT_BENCH_REP / TILEWRIGHT_BENCH_BUDGET_MS)", style="yellow")
+    busy = sum(r.busy for r in cmp.rows)
+    if busy:
+        console.print(f"{busy} problems were timed on a busy machine in one of the two runs: a change "
+                      "within the busy allowance reads noisy; rerun both on a quiet machine to "
+                      "gate them to the floor", style="yellow")
     counts = ", ".join(f"{v} {cmp.count(v)}"
                        for v in ("regression", "error", "missing", "improvement", "same", "noisy"))
     gm = cmp.geomean_speedup("new")
@@ -203,7 +232,10 @@ side in the same run, between BASE and NEW: whatever slows the whole machine bet
 (another job on a shared host, clocks) slows ATen alike and cancels, so two runs of unchanged
 code pass on a busy machine while a real slowdown of tilewright still fails. A problem fails
 when its ratio grew by more than max(--max-regression, 3 x the two runs' combined standard
-error of the ratio). --metric absolute compares tilewright's median ms (threshold:
+error of the ratio). Model suites (cpu, cpu-ci) are judged on their race-off side (the
+generated graph itself, TILEWRIGHT_GRAPH_RACE=off) where both files have it; a row timed on a
+busy machine in either file (its thread ran under 85% of the wall time, or load above one per
+CPU) reads noisy, not failed, for a change within the busy allowance (40%). --metric absolute compares tilewright's median ms (threshold:
 max(--max-regression, 2 x the larger relative spread)); it also sees ATen/torch getting slower,
 but needs a quiet machine (a dedicated GPU). Every row prints the metric and threshold its
 verdict used."""

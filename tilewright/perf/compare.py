@@ -13,6 +13,19 @@ Two metrics, per problem present in both files:
   median)`` of the two measurements. It also catches ATen (torch) getting slower, but only a
   quiet machine (a dedicated GPU) keeps run-to-run drift below the threshold.
 
+Model suites (``cpu``, ``cpu-ci``) time two tilewright sides: the default one (the graph race
+on: a compiled CPU graph that loses to eager's ops runs eager's ops) and the generated graph
+itself (``tilewright_race_off``, ``race_off_paired_vs_aten``). The gate judges the race-off
+side wherever both files have it: with the race on, a generated kernel that got slower and
+then lost the race would read as "about eager" and pass. Each row says which side it judged.
+
+A model-suite row timed on a busy machine (:mod:`tilewright.perf.load`: its timed thread ran
+less than 85% of the wall time, or the load average was above one per CPU) in either file is
+also weighed against :data:`~tilewright.perf.load.BUSY_NOISE`: the ratio of unchanged code
+moves by that much between a quiet and a busy run, which no within-run standard error shows.
+Such a change reads ``noisy``; a larger one still fails. Quiet against quiet, the standard
+errors alone set the noise, so a 10% regression fails.
+
 Either way a change is a *regression* when it exceeds ``max_regression`` (the floor) and also
 the noise, i.e. ``change > max(max_regression, noise)``; an *improvement* when below minus
 both; otherwise *same* (or *noisy* when it passed the floor but not the noise). A problem
@@ -32,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tilewright.errors import TilewrightError
+from tilewright.perf.load import BUSY_NOISE, row_busy
 from tilewright.perf.run import FORMAT
 
 
@@ -67,13 +81,18 @@ class Row:
     new_speedup: float | None = None
     base_choice: str = ""
     new_choice: str = ""
+    side: str = ""  # model suites: "race off" (the generated graph) or "default" (race on)
+    busy: bool = False  # either run timed this row on a busy machine (perf.load)
 
     @property
     def threshold_source(self) -> str:
-        """What set the threshold: ``floor`` (max_regression) or ``noise`` ("" without one)."""
+        """What set the threshold: ``floor`` (max_regression), ``noise`` or ``busy`` (the busy
+        machine's allowance); "" without one."""
         if self.threshold is None or self.noise is None:
             return ""
-        return "noise" if self.noise >= self.threshold else "floor"
+        if self.noise < self.threshold:
+            return "floor"
+        return "busy" if self.busy and self.noise == BUSY_NOISE else "noise"
 
 
 @dataclass
@@ -138,19 +157,33 @@ def load_results(path: Path | str, suite: str | None = None, arch: str | None = 
     return doc
 
 
+RACE_OFF = "tilewright_race_off"  # perf.cpu_suite's name of the race-off side
+
+
 def _impl(row: dict[str, Any], impl: str) -> tuple[float | None, float | None]:
     m = row.get("impls", {}).get(impl, {})
     return m.get("ms"), m.get("spread_ms")
 
 
-def _ratio(row: dict[str, Any]) -> tuple[float, float, bool] | None:
+def _side(b: dict[str, Any], n: dict[str, Any] | None) -> tuple[str, str]:
+    """(field prefix, side label) the gate judges for a baseline row and a new one: the
+    race-off side when both have it, else the default one ("" label outside model suites)."""
+    if n is not None and all(r.get("race_off_paired_vs_aten") or _impl(r, RACE_OFF)[0] for r in (b, n)):
+        return "race_off_", "race off"
+    if any(RACE_OFF in r.get("impls", {}) for r in (b, n) if r is not None):
+        return "", "race on (one file has no race-off time)"
+    return "", ""
+
+
+def _ratio(row: dict[str, Any], prefix: str = "") -> tuple[float, float, bool] | None:
     """(tilewright / ATen, its relative uncertainty, paired?) of a results row, or None when
     it has no ATen time. Rows from before paired timing get the ratio of the two medians,
-    weighed with their relative spreads combined (a spread, not a standard error: cautious)."""
-    paired = row.get("paired_vs_aten") or {}
+    weighed with their relative spreads combined (a spread, not a standard error: cautious).
+    ``prefix`` "race_off_" reads the race-off side of a model-suite row."""
+    paired = row.get(f"{prefix}paired_vs_aten") or {}
     if paired.get("ratio"):
         return paired["ratio"], paired.get("stderr", 0.0) / paired["ratio"], True
-    (tm, ts), (am, as_) = _impl(row, "tilewright"), _impl(row, "aten")
+    (tm, ts), (am, as_) = _impl(row, RACE_OFF if prefix else "tilewright"), _impl(row, "aten")
     if not (tm and am):
         return None
     return tm / am, math.hypot((ts or 0) / tm, (as_ or 0) / am), False
@@ -164,22 +197,27 @@ def _verdict(change: float, floor: float, noise: float) -> str:
     return "same"
 
 
-def _judge_ratio(b: dict[str, Any], n: dict[str, Any], floor: float, noise_k: float) -> dict | None:
+def _judge_ratio(b: dict[str, Any], n: dict[str, Any], floor: float, noise_k: float,
+                 prefix: str = "", busy: bool = False) -> dict | None:
     """The ratio metric's fields for a row, or None when either run lacks an ATen time."""
-    br, nr = _ratio(b), _ratio(n)
+    br, nr = _ratio(b, prefix), _ratio(n, prefix)
     if br is None or nr is None:
         return None
     change = nr[0] / br[0] - 1
     noise = noise_k * math.hypot(br[1], nr[1])
+    if busy:
+        noise = max(noise, BUSY_NOISE)
     return dict(metric="ratio" if br[2] and nr[2] else "ratio (unpaired)", base=br[0],
                 new=nr[0], change=change, noise=noise, threshold=max(floor, noise),
                 verdict=_verdict(change, floor, noise))
 
 
 def _judge_absolute(bm: float, bs: float | None, nm: float, ns: float | None,
-                    floor: float) -> dict:
+                    floor: float, busy: bool = False) -> dict:
     change = nm / bm - 1
     noise = ABSOLUTE_NOISE * max((bs or 0) / bm, (ns or 0) / nm)
+    if busy:
+        noise = max(noise, BUSY_NOISE)
     return dict(metric="absolute", base=bm, new=nm, change=change, noise=noise,
                 threshold=max(floor, noise), verdict=_verdict(change, floor, noise))
 
@@ -235,20 +273,28 @@ def compare(base: dict[str, Any], new: dict[str, Any],
 
 
 def _row(b: dict[str, Any], n: dict[str, Any] | None, cmp: Comparison, impl: str) -> Row:
+    prefix, side = _side(b, n)
+    if prefix and impl == "tilewright":
+        impl = RACE_OFF
     bm, bs = _impl(b, impl)
-    common: dict[str, Any] = dict(id=b["id"], base_ms=bm, base_speedup=b.get("speedup_vs_aten"),
-                                  base_choice=b.get("choice", ""))
+    common: dict[str, Any] = dict(id=b["id"], base_ms=bm, base_speedup=b.get(f"{prefix}speedup_vs_aten"),
+                                  base_choice=b.get("choice", ""), side=side)
     if n is None:
         return Row(verdict="missing", **common)
     nm, ns = _impl(n, impl)
-    common |= dict(new_ms=nm, new_speedup=n.get("speedup_vs_aten"), new_choice=n.get("choice", ""))
+    busy = bool(row_busy(b) or row_busy(n))
+    common |= dict(new_ms=nm, new_speedup=n.get(f"{prefix}speedup_vs_aten"),
+                   new_choice=n.get("choice", ""), busy=busy)
     if not bm or not nm:
         return Row(verdict="error" if bm else "new", **common)
-    judged = _judge_ratio(b, n, cmp.max_regression, cmp.noise_k) if cmp.metric == "ratio" else None
+    judged = (_judge_ratio(b, n, cmp.max_regression, cmp.noise_k, prefix, busy)
+              if cmp.metric == "ratio" else None)
     if judged is None:
-        judged = _judge_absolute(bm, bs, nm, ns, cmp.max_regression)
+        judged = _judge_absolute(bm, bs, nm, ns, cmp.max_regression, busy)
         if cmp.metric == "ratio":  # say so: this row could not cancel machine drift
             judged["metric"] = "absolute (no ATen time)"
+    if busy:
+        judged["metric"] += ", busy machine"
     return Row(**judged, **common)
 
 

@@ -53,8 +53,9 @@ from tilewright.perf.cpu_cases import (  # noqa: F401 - the cases' names, re-exp
     CI_CASES, DEMO_CASES, KERNEL_CASES, MODEL_SUITES, Case, LlamaBlock, Setup, find_case,
 )
 from tilewright.perf.first_call import FirstCallError, compile_bytecode, first_call_s
+from tilewright.perf.load import LoadProbe, load_per_cpu
 from tilewright.perf.run import (
-    FORMAT, _torch_threads, _write, environment, paired_ratio, time_side_by_side,
+    FORMAT, _torch_threads, _write, check_slowdown, environment, paired_ratio, slowed, time_side_by_side,
 )
 from tilewright.runtime.targets import get_target
 
@@ -123,11 +124,29 @@ def _choices(reports: list) -> str:
     return ", ".join(f"{n} {t}" for t, n in counts.most_common())
 
 
+RACE_OFF = "tilewright_race_off"
+"""The implementation name of the race-off side: the generated graph itself, every call."""
+
+
+def _race_off_backend() -> Callable:
+    """tilewright's backend with the graph race off, as a callable of its own: Dynamo keeps a
+    compiled frame per backend, so this compiles the case again beside the default model
+    instead of reusing its graphs. The backward, compiled at the first backward call, takes the
+    settings of its forward's compile (race off too)."""
+    from tilewright.compiler.backend import tilewright_backend
+
+    def race_off(gm: Any, example_inputs: list, **kwargs: Any) -> Callable:
+        with config.patch(graph_race="off"):
+            return tilewright_backend(gm, example_inputs, **kwargs)
+    return race_off
+
+
 def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path, *,
-               suite: str | None = None) -> dict[str, Any]:
+               suite: str | None = None, inject_slowdown: float = 0.0) -> dict[str, Any]:
     """One row of the results (see the module docstring). With ``suite``, first calls are timed
     each in a fresh process (:mod:`.first_call`, the case found by its name in ``suite``);
-    without, in this one."""
+    without, in this one. ``inject_slowdown`` (tests) makes both tilewright sides' timed calls
+    that much slower (:func:`tilewright.perf.run.slowed`)."""
     from tilewright.compiler.dispatches import counting
     from tilewright.compiler.report import collect_reports
 
@@ -140,45 +159,64 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path, *,
         eager_model = setup.make()
         ref = setup.step(eager_model)
         _first_call(setup, "aot_eager", contextlib.nullcontext)  # Dynamo's one-time costs
-        with collect_reports() as reports, config.patch(cache_dir=str(folder / "tilewright")):
-            tw_model, tw_step, tw_first = _first_call(setup, "tilewright", contextlib.nullcontext)
-            runs = {"aten": [lambda: setup.step(eager_model)], "tilewright": [tw_step]}
-            row["impls"]["tilewright"] = fresh.get("tilewright", {"first_call_s": tw_first}) \
-                | {"rel_err": _rel_err(tw_step(), ref)}
-            for _ in range(3 + 2 * config.graph_race_rounds):  # steady state: the graph race decided
-                tw_step()
-            row["impls"]["aten"] = {"rel_err": 0.0}
-            if inductor:
-                cold = (lambda: _inductor_cold(folder / "inductor")) if suite is not None else _inductor_cold
-                _, ind_step, ind_first = _first_call(setup, "inductor", cold)
-                runs["inductor"] = [ind_step]
-                row["impls"]["inductor"] = fresh.get("inductor", {"first_call_s": ind_first}) \
-                    | {"rel_err": _rel_err(ind_step(), ref)}
-            times, errors = time_side_by_side(runs, torch.device("cpu"), pair=("tilewright", "aten"),
+        with config.patch(cache_dir=str(folder / "tilewright")):
+            with collect_reports() as reports:
+                tw_model, tw_step, tw_first = _first_call(setup, "tilewright", contextlib.nullcontext)
+                for _ in range(3 + 2 * config.graph_race_rounds):  # steady state: the race decided
+                    tw_step()
+            # the same graphs with the race off (the tuning records are the default model's)
+            with collect_reports() as off_reports:
+                _, off_step, _ = _first_call(setup, _race_off_backend(), contextlib.nullcontext)
+        runs = {"aten": [lambda: setup.step(eager_model)], "tilewright": [tw_step], RACE_OFF: [off_step]}
+        row["impls"]["tilewright"] = fresh.get("tilewright", {"first_call_s": tw_first}) \
+            | {"rel_err": _rel_err(tw_step(), ref)}
+        row["impls"][RACE_OFF] = {"rel_err": _rel_err(off_step(), ref)}
+        row["impls"]["aten"] = {"rel_err": 0.0}
+        if inductor:
+            cold = (lambda: _inductor_cold(folder / "inductor")) if suite is not None else _inductor_cold
+            _, ind_step, ind_first = _first_call(setup, "inductor", cold)
+            runs["inductor"] = [ind_step]
+            row["impls"]["inductor"] = fresh.get("inductor", {"first_call_s": ind_first}) \
+                | {"rel_err": _rel_err(ind_step(), ref)}
+        if inject_slowdown:
+            for name in ("tilewright", RACE_OFF):
+                runs[name] = slowed(runs[name], inject_slowdown, torch.device("cpu"))
+        with LoadProbe() as probe:
+            times, errors = time_side_by_side(runs, torch.device("cpu"), pair=(RACE_OFF, "aten"),
                                               clock=thread_ms if cpu_threads == 1 else None)
-            with counting(reports) as ours:
-                tw_step()
-            with counting() as theirs:
-                setup.step(eager_model)
+        with counting(reports) as ours:
+            tw_step()
+        with counting(off_reports) as raw:
+            off_step()
+        with counting() as theirs:
+            setup.step(eager_model)
     for name, ts in times.items():
-        t = timing_summary_plain(ts)
-        row["impls"][name] |= t
+        row["impls"][name] |= timing_summary_plain(ts)
     for name, err in errors.items():
         row["impls"][name] = {"error": err}
     row["impls"]["tilewright"]["dispatches"] = ours.total
+    row["impls"][RACE_OFF]["dispatches"] = raw.total
     row["impls"]["aten"]["dispatches"] = theirs.total
+    row["load"] = probe.summary()
     row["choice"] = _choices(reports)
     row["race"] = [{"graph": f"{r.kind} {r.graph_id}", **r.race} for r in reports if r.race]
     row["graphs"] = len(reports)
-    if "tilewright" in times and "aten" in times:
-        row["paired_vs_aten"] = paired_ratio(times["tilewright"], times["aten"])
-        row["speedup_vs_aten"] = row["impls"]["aten"]["ms"] / row["impls"]["tilewright"]["ms"]
-    if "tilewright" in times and "inductor" in times:
-        row["paired_vs_inductor"] = paired_ratio(times["tilewright"], times["inductor"])
+    _pair(row, times, "tilewright", "")
+    _pair(row, times, RACE_OFF, "race_off_")
     tw_s, ind_s = (row["impls"].get(k, {}).get("first_call_s") for k in ("tilewright", "inductor"))
     if tw_s and ind_s:
         row["first_call_vs_inductor"] = tw_s / ind_s
     return row
+
+
+def _pair(row: dict[str, Any], times: dict[str, list[float]], impl: str, prefix: str) -> None:
+    """``{prefix}paired_vs_aten`` / ``_vs_inductor`` and ``{prefix}speedup_vs_aten`` of one
+    tilewright side (``paired_vs_aten`` for the default one, as the GEMM suites name it)."""
+    if impl in times and "aten" in times:
+        row[f"{prefix}paired_vs_aten"] = paired_ratio(times[impl], times["aten"])
+        row[f"{prefix}speedup_vs_aten"] = row["impls"]["aten"]["ms"] / row["impls"][impl]["ms"]
+    if impl in times and "inductor" in times:
+        row[f"{prefix}paired_vs_inductor"] = paired_ratio(times[impl], times["inductor"])
 
 
 def thread_ms(fn: Callable[[], object]) -> float:
@@ -202,6 +240,7 @@ def timing_summary_plain(times: list[float]) -> dict[str, Any]:
 def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: int = 1,
                     out: Path | None = None, time_budget_s: float | None = None,
                     cases: tuple[str, ...] | None = None, fresh_process: bool | None = None,
+                    inject_slowdown: float = 0.0,
                     on_progress: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
     """Run a model suite (``cpu``, ``cpu-ci``); returns (and writes to ``out`` after every case)
     the results document, in the format of :func:`tilewright.perf.run.run_suite`'s.
@@ -213,18 +252,24 @@ def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: in
         cases: only the cases with these names.
         fresh_process: time each first call in a fresh process (:mod:`.first_call`; default:
             the suite's own default, on for ``cpu``, off for ``cpu-ci``).
+        inject_slowdown: a fraction (tests, ``bench/gate_noise.py``): both tilewright sides'
+            timed calls are made that much slower for real (:func:`tilewright.perf.run.slowed`).
 
     Raises:
         KeyError: an unknown suite.
+        TilewrightError: a negative ``inject_slowdown``.
     """
+    check_slowdown(inject_slowdown, torch.device("cpu"))
     all_cases, default_inductor, default_fresh = MODEL_SUITES[suite]
     inductor = default_inductor if inductor is None else inductor
     fresh_process = default_fresh if fresh_process is None else fresh_process
     doc: dict[str, Any] = {"format": FORMAT, "suite": suite, "created": time.time(), "complete": False,
-                           "env": environment(get_target("cpu"), torch.device("cpu")),
+                           "env": environment(get_target("cpu"), torch.device("cpu"))
+                           | {"load_per_cpu_start": load_per_cpu(), "cpus": os.cpu_count()},
                            "settings": {k: v for k, v in config.as_dict().items() if k.startswith("bench_")}
                            | {"cpu_threads": cpu_threads, "inductor": inductor, "reference": "eager",
                               "clock": "thread CPU time" if cpu_threads == 1 else "wall",
+                              "inject_slowdown": inject_slowdown, "gated": RACE_OFF,
                               "first_call": "a fresh process per case and backend" if fresh_process
                               else "in process, after the earlier cases"},
                            "results": [], "skipped": []}
@@ -240,7 +285,8 @@ def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: in
                 continue
             try:
                 row = bench_case(case, inductor, cpu_threads, Path(tune_dir),
-                                 suite=suite if fresh_process else None)
+                                 suite=suite if fresh_process else None,
+                                 inject_slowdown=inject_slowdown)
             except Exception as e:  # noqa: BLE001 - one case failing is a result
                 row = {"id": case.name, "describe": case.describe, "impls": {},
                        "error": f"{type(e).__name__}: {e}"[:300]}
@@ -250,5 +296,6 @@ def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: in
                 on_progress(case.name, row)
     doc["complete"] = not doc["skipped"]
     doc["seconds"] = time.monotonic() - t0
+    doc["env"]["load_per_cpu_end"] = load_per_cpu()
     _write(out, doc)
     return doc
