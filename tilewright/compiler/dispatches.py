@@ -9,11 +9,16 @@ own, and every *top-level* ATen call (one whose profiler parent is not itself an
 Python called, not what that op called inside) is attributed to the graph whose range holds it.
 That is the count the profiler shows for eager code too, so the two compare: the same model run
 eagerly under :func:`counting` gives eager's figure.
+
+Of those, ``work_per_graph`` keeps the calls that run work (:func:`does_work`): not an
+allocation, and not a view unless it copies inside (``aten::to`` casting, ``reshape`` of a
+non-viewable layout): what a launch report counts as an ATen call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -57,6 +62,38 @@ class DispatchCount:
     total: int = 0
     per_graph: Counter = field(default_factory=Counter)
     per_op: Counter = field(default_factory=Counter)
+    work_per_graph: Counter = field(default_factory=Counter)  # of those, calls that run work
+
+
+# uninitialised allocations: the caching allocator hands out memory, no kernel runs
+_ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                          "empty_permuted"})
+
+
+@functools.lru_cache(maxsize=None)
+def _aliases(op: str) -> bool:
+    """Whether every overload of ``aten::op`` returns views of its inputs (read, not written)."""
+    packet = getattr(torch.ops.aten, op, None)
+    if packet is None:
+        return False
+    try:
+        schemas = [getattr(packet, o)._schema for o in packet.overloads()]
+    except Exception:  # noqa: BLE001 - an op torch cannot describe counts as work
+        return False
+    return bool(schemas) and all(
+        s.returns and all(r.alias_info is not None and not r.alias_info.is_write for r in s.returns)
+        for s in schemas)
+
+
+def does_work(event: Any) -> bool:
+    """Whether a profiler event of an ATen call ran work: not an allocation, and not a view
+    unless an ATen call inside it does work (a cast through ``aten::to``, a copying reshape)."""
+    op = event.name[len("aten::"):] if event.name.startswith("aten::") else event.name
+    if op in _ALLOCATIONS:
+        return False
+    if not _aliases(op):
+        return True
+    return any(does_work(c) for c in event.cpu_children if c.name.startswith("aten::"))
 
 
 def _graph_of(event: Any) -> int:
@@ -101,5 +138,7 @@ def counting(reports: Sequence[Any] = ()) -> Iterator[DispatchCount]:
             result.total += 1
             result.per_graph[_graph_of(e)] += 1
             result.per_op[e.name] += 1
+            if does_work(e):
+                result.work_per_graph[_graph_of(e)] += 1
     for r in reports:
         r.aten_dispatches = result.per_graph.get(r.graph_id, 0)

@@ -82,6 +82,9 @@ class Language:
             thread beside other candidates' prebuilds, so the autotuner overlaps those builds
             with its other work and :attr:`load` then finds them built. Raising is allowed (the
             error is met again, and reported, by :attr:`load`). None: nothing to build ahead.
+        calls_aten: its kernels are calls of PyTorch operators (ATen's own "templates"), not
+            kernels of their own: a launch report counts the ATen calls they make at run time
+            in their place (:func:`tilewright.compiler.launches.launch_report`).
     """
 
     name: str
@@ -94,6 +97,7 @@ class Language:
     load: Callable[[Any], Callable] = load_python_module
     priority: int = 100
     prebuild: Callable[[Any], None] | None = None
+    calls_aten: bool = False
 
     def validate(self) -> None:
         """Raise :class:`RegistrationError` naming the first inconsistent field."""

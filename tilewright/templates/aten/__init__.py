@@ -14,6 +14,7 @@ LANGUAGE = Language(
     target_backends=("cuda", "hip", "cpu", "mps", "xpu"),
     forcing="ATen only: GEMMs through PyTorch's matmul, loop kernels as PyTorch operators",
     priority=0,
+    calls_aten=True,
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (AtenGemm(), AtenPointwise(), AtenReduction(), AtenGroupedGemm(),
                                          AtenAttention(), UnfusedPointwise(), UnfusedReduction()))
