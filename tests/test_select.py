@@ -135,6 +135,25 @@ def test_equal_ranks_tie_break_on_the_candidate_key():
         assert pick_winner([result(n) for n in order]).candidate.param_dict["name"] == "x"
 
 
+def test_a_much_slower_candidate_does_not_tie_through_a_wide_spread():
+    """Issue 29: on a busy CPU an ATen program timed 2.43 ms with a 24 ms spread (preemption)
+    and "tied" with a 0.154 ms C++ kernel, winning on rank: RMSNorm 256x4096 ran 2.5x
+    Inductor's time. Slower than bench_abort_ratio x the best, a candidate cannot tie."""
+    from tilewright.autotune.cache import Record
+    from tilewright.autotune.candidates import Candidate
+    from tilewright.autotune.select import CandidateResult, pick_winner
+
+    def result(template, rank, median, spread):
+        c = Candidate.of(template, "h", {}, rank=rank)
+        return CandidateResult(c, Record(template, "h", {}, "ok", median_ms=median, spread_ms=spread))
+
+    aten = result("aten.unfused_reduction", 0, 2.434, 24.48)
+    cpp = result("cpp.reduction", 1, 0.154, 0.0015)
+    assert pick_winner([aten, cpp]) is cpp
+    close = result("aten.unfused_reduction", 0, 0.3, 0.1)  # within noise and the ratio: ties
+    assert pick_winner([close, cpp]) is close
+
+
 def test_cli_explain_shows_prediction_measurement_and_reason(fresh_cache, capsys):
     from tilewright.cli.main import main
 

@@ -163,8 +163,12 @@ def tied_with_best(results: list[CandidateResult]) -> tuple[CandidateResult | No
     """The fastest checked result and every result within noise of it (itself included).
 
     "Within noise": a median at most max(2 x the larger spread of the two,
-    ``config.bench_tie_pct`` % of the best median) above the best. "aborted" results count:
-    they passed the check and have a (single-run) time, they were only too slow to time again.
+    ``config.bench_tie_pct`` % of the best median) above the best, and at most
+    ``config.bench_abort_ratio`` times the best median (slower than that a candidate "cannot
+    win", as the abort rule says, however wide its spread: on a busy CPU a preempted run gave an
+    ATen program a spread of 24 ms on a 2.4 ms median, which "tied" it with a 0.15 ms C++ kernel
+    and won on rank). "aborted" results count: they passed the check and have a (single-run)
+    time, they were only too slow to time again.
     """
     ok = _timed(results)
     if not ok:
@@ -175,7 +179,9 @@ def tied_with_best(results: list[CandidateResult]) -> tuple[CandidateResult | No
     def noise(r: CandidateResult) -> float:
         return max(2 * max(best.record.spread_ms or 0.0, r.record.spread_ms or 0.0), floor)
 
-    return best, [r for r in ok if r.record.median_ms - best.record.median_ms <= noise(r)]
+    cap = best.record.median_ms * config.bench_abort_ratio
+    return best, [r for r in ok if r.record.median_ms - best.record.median_ms <= noise(r)
+                  and (r is best or r.record.median_ms <= cap)]
 
 
 def pick_winner(results: list[CandidateResult]) -> CandidateResult | None:
