@@ -15,9 +15,9 @@ always runs in the tuning process: it is the fallback and needs no protection.
 Winner: the fastest checked candidate, except that candidates within measurement noise of the
 fastest count as tied, and a tie goes to the lowest policy rank (ATen, then the cost model's
 order; equal ranks by candidate key). "Within noise" means a median difference of at most twice
-the larger of the two spreads (half interquartile ranges), and never less than
-``config.bench_tie_pct`` percent of the best median. Near-equal kernels therefore do not flip
-between processes: the same ranking wins. Beyond that, the winner is picked from the records
+the larger of the two spreads (half interquartile ranges), never less than
+``config.bench_tie_pct`` percent of the best median and never more than ``TIE_CAP`` (25%) of
+it. Near-equal kernels therefore do not flip between processes: the same ranking wins. Beyond that, the winner is picked from the records
 every process stored, and the first decision recorded for a problem stands
 (:meth:`~tilewright.autotune.cache.TuningCache.store`): the ranks of one job that tuned the same
 problem at once run the same kernel.
@@ -154,6 +154,11 @@ def _timed(results: list[CandidateResult]) -> list[CandidateResult]:
             if r.record.status in ("ok", "aborted") and r.record.median_ms is not None]
 
 
+# a median this share above the best's is a slower kernel, not noise: a spread wider than that
+# is interference (preempted runs on a busy CPU), which says nothing about the kernel
+TIE_CAP = 0.25
+
+
 def _order(r: CandidateResult) -> tuple:
     # the documented tie rule: lowest policy rank, then the candidate key (a stable string)
     return (r.candidate.rank, r.candidate.key)
@@ -163,12 +168,12 @@ def tied_with_best(results: list[CandidateResult]) -> tuple[CandidateResult | No
     """The fastest checked result and every result within noise of it (itself included).
 
     "Within noise": a median at most max(2 x the larger spread of the two,
-    ``config.bench_tie_pct`` % of the best median) above the best, and at most
-    ``config.bench_abort_ratio`` times the best median (slower than that a candidate "cannot
-    win", as the abort rule says, however wide its spread: on a busy CPU a preempted run gave an
-    ATen program a spread of 24 ms on a 2.4 ms median, which "tied" it with a 0.15 ms C++ kernel
-    and won on rank). "aborted" results count: they passed the check and have a (single-run)
-    time, they were only too slow to time again.
+    ``config.bench_tie_pct`` % of the best median) above the best, and never more than
+    :data:`TIE_CAP` above it, however wide the spreads: on a busy CPU preempted runs gave ATen
+    programs spreads of 24 ms on a 2.4 ms median and 2.8 ms on 0.93 ms, which "tied" them with
+    C++ kernels of 0.15 ms and 0.58 ms (RMSNorm 256x4096, softmax 1024x1024) and won on rank.
+    "aborted" results count: they passed the check and have a (single-run) time, they were
+    only too slow to time again.
     """
     ok = _timed(results)
     if not ok:
@@ -179,7 +184,7 @@ def tied_with_best(results: list[CandidateResult]) -> tuple[CandidateResult | No
     def noise(r: CandidateResult) -> float:
         return max(2 * max(best.record.spread_ms or 0.0, r.record.spread_ms or 0.0), floor)
 
-    cap = best.record.median_ms * config.bench_abort_ratio
+    cap = best.record.median_ms * (1 + TIE_CAP)
     return best, [r for r in ok if r.record.median_ms - best.record.median_ms <= noise(r)
                   and (r is best or r.record.median_ms <= cap)]
 
