@@ -5,7 +5,9 @@
 
 Each case is one function compiled three ways in this process: eager, ``torch.compile`` with
 Inductor (its C++ backend), and ``torch.compile(backend="tilewright")`` with
-``force_backend="cpp"`` (every loop kernel a ``cpp.*`` template; GEMMs on ATen, as Inductor's
+``force_backend="cpp"`` and the graph race off (``graph_race="off"``: the generated graph runs
+every call; with the race on a graph that lost to eager's ops would time eager's ops under
+tilewright's name) (every loop kernel a ``cpp.*`` template; GEMMs on ATen, as Inductor's
 default CPU GEMMs are). Torch and OpenMP run ``--threads`` threads for all three
 (``OMP_NUM_THREADS`` is set before torch loads, ``torch.set_num_threads`` before anything
 compiles). The three are timed in interleaved rounds, each a short burst of calls (about
@@ -149,7 +151,7 @@ def run(names: list[str], rounds: int, burst_ms: float, quick: bool) -> dict:
         ind_out = inductor(*args)
         ind_first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        with tilewright.config.patch(force_backend="cpp"), collect_reports() as graphs:
+        with tilewright.config.patch(force_backend="cpp", graph_race="off"), collect_reports() as graphs:
             tw = torch.compile(fn, backend="tilewright")
             tw_out = tw(*args)
         tw_first = time.perf_counter() - t0
