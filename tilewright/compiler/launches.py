@@ -61,9 +61,14 @@ class GraphRun:
 
 
 def graph_run(report: GraphReport) -> GraphRun:
-    """The generated kernels per kind of one graph (its ATen calls come from the count)."""
-    winners = [(g.winner, "gemm") for g in report.gemms] + [(k.winner, k.kind) for k in report.kernels]
-    return GraphRun(kernels=dict(Counter(kind for w, kind in winners if not _calls_aten(w))),
+    """The generated kernels per kind of one graph (its ATen calls come from the count); a
+    kernel that fell back to ATen for every size (``GraphReport.kernel_fallbacks``) runs its
+    ATen form, which the count holds, and is no kernel of its own."""
+    on_aten = {f.kernel for f in getattr(report, "kernel_fallbacks", ()) if f.bucket is None}
+    winners = [(g.node, g.winner, "gemm") for g in report.gemms] + \
+        [(k.node, k.winner, k.kind) for k in report.kernels]
+    return GraphRun(kernels=dict(Counter(kind for node, w, kind in winners
+                                         if not _calls_aten(w) and node not in on_aten)),
                     aten_calls=report.aten_dispatches)
 
 
