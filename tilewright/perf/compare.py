@@ -126,7 +126,9 @@ class Comparison:
         if self.metric == "ratio":
             return (f"metric ratio (tilewright ms / ATen ms, timed side by side in each run); "
                     f"regression when the ratio grew by more than max({self.max_regression:.1%}, "
-                    f"{self.noise_k:g} x combined standard error)")
+                    f"{self.noise_k:g} x combined standard error)"
+                    + (f"; model suites: the race-off side, and a row timed on a busy machine in "
+                       f"either run within {BUSY_NOISE:.0%} is noisy" if any(r.side for r in self.rows) else ""))
         return (f"metric absolute (tilewright ms); regression when it grew by more than "
                 f"max({self.max_regression:.1%}, {ABSOLUTE_NOISE:g} x the larger relative spread)")
 
