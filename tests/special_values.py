@@ -47,8 +47,10 @@ def specials(dtype: str) -> list[float | int | bool]:
     if dtypes.is_float(dtype):
         fi = torch.finfo(t)
         sub, tiny = fi.smallest_normal * fi.eps, fi.smallest_normal  # smallest subnormal (2^-p * tiny)
+        # 1/eps + 1: the first odd integer whose + 0.5 rounds (a round() that is floor(x + 0.5)
+        # gives the next even integer: fp32 8388609 -> 8388610)
         return [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), sub, -sub, tiny - sub, tiny, -tiny,
-                fi.max, fi.min, 1.0, -1.0, 0.5, -2.5, 3.0]
+                fi.max, fi.min, 1.0, -1.0, 0.5, -2.5, 3.0, 1.0 / fi.eps + 1.0]
     ii = torch.iinfo(t)
     if ii.min == 0:
         return [0, 1, 2, 7, ii.max - 1, ii.max]
@@ -202,6 +204,8 @@ APPROXIMATE_ULPS = 16
 APPROXIMATE = frozenset({"pow", "atan2", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "rsqrt",
                          "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "sigmoid",
                          "erf", "erfinv"})
+# ops whose value is an integer of the compute type: exact (round(8388609.0) one ulp off is wrong)
+EXACT = frozenset({"floor", "ceil", "trunc", "round"})
 
 
 def _matches(got: torch.Tensor, want: torch.Tensor, ulps: int) -> torch.Tensor:
@@ -223,7 +227,7 @@ def mismatches(case: Case, got: torch.Tensor, xs: list[torch.Tensor], limit: int
     want, ok = case.expected(xs)
     if got.dtype != want.dtype or got.shape != want.shape:
         return [f"dtype/shape {got.dtype}{tuple(got.shape)} != {want.dtype}{tuple(want.shape)}"]
-    ulps = APPROXIMATE_ULPS if case.name in APPROXIMATE else ULPS
+    ulps = APPROXIMATE_ULPS if case.name in APPROXIMATE else 0 if case.name in EXACT else ULPS
     good = _matches(got, want, ulps) | _matches(got, case.expected(xs, exact=False)[0], ulps)
     arity = OPS[case.name].arity if case.name in OPS else 1
     lines: dict[str, None] = {}  # a unary op sees each value many times: say each once

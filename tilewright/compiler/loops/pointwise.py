@@ -88,6 +88,35 @@ def _rounding(ctx, node, a):
     return elementwise(ctx, node, [a["self"]], lambda x: E.op(name, x))
 
 
+@lowering(aten.round.decimals)
+def _round_decimals(ctx, node, a):
+    """torch.round(x, decimals=d) as eager computes it, in the compute type: rint(x * 10^d) /
+    10^d, or for d < 0 rint(x / 10^-d) * 10^-d (so 10^d itself is never a fraction)."""
+    d = int(a.get("decimals", 0))
+    if not dtypes.is_float(dtypes.name_of(node.meta["val"].dtype)):
+        raise Unsupported("round(decimals=...) of an integer tensor")
+    scale = float(10 ** abs(d))
+
+    def fn(x: N) -> N:
+        if d < 0:
+            return E.op("round", x / _c(x, scale)) * _c(x, scale)
+        return E.op("round", x * _c(x, scale)) / _c(x, scale)
+    return elementwise(ctx, node, [a["self"]], fn)
+
+
+@lowering(aten.angle)
+def _angle(ctx, node, a):
+    """torch.angle of a real tensor: pi where x < 0, else 0, and NaN where x is NaN (in the
+    float dtype eager returns: integers give the default float)."""
+    if node.args[0].meta["val"].is_complex():
+        raise Unsupported("angle of a complex tensor")
+
+    def fn(x: N) -> N:
+        zero_or_pi = E.where(E.op("lt", x, _c(x, 0)), _c(x, math.pi), _c(x, 0))
+        return E.where(E.op("isnan", x), x, zero_or_pi)
+    return elementwise(ctx, node, [a["self"]], fn, TO_FLOAT)
+
+
 @lowering(aten.logical_not)
 def _logical_not(ctx, node, a):
     return elementwise(ctx, node, [a["self"]], lambda x: E.op("logical_not", x), operand_dtype="bool")

@@ -6,7 +6,8 @@ once with the host compiler, cached by hash, loaded and called with a low per-ca
 flags that are used instead are each value-preserving: ``-fno-math-errno`` (math calls set no
 ``errno``, so they can be vectorised), ``-fno-trapping-math`` (no FP exceptions are observed)
 and ``-ffp-contract=off`` (no fused multiply-add where the source has a multiply and an add, so
-each op rounds as eager's does). Where glibc's vector math library (libmvec) links, the kernels
+each op rounds as eager's does); ``-fno-builtin-sinf`` and the like for the transcendental
+functions (:data:`NOT_BUILTIN`: g++ rewrites ``sin(atan(x))`` without ``-ffast-math``). Where glibc's vector math library (libmvec) links, the kernels
 declare its SIMD variants (``-DTW_LIBMVEC=1``, ``-lmvec``): a loop calling ``expf`` then calls
 ``_ZGVdN8v_expf`` on 8 lanes at a time (glibc documents them within 4 ulp, special values
 included). A one-time probe per toolchain decides it.
@@ -53,8 +54,17 @@ from tilewright.runtime.status import ERR_MESSAGES, raise_status  # noqa: F401 -
 
 log = logging.getLogger("tilewright.runtime")
 
+# libm functions g++ must not treat as builtins: as builtins, g++ rewrites compositions of them
+# without -ffast-math (g++ 12: sin(atan(x)) -> x / sqrt(x*x + 1), else copysign(1, x), which is
+# +-1 for a NaN input where eager gives NaN); as plain calls they are still vectorised through
+# their ``omp declare simd`` (libmvec) variants. floor, sqrt, fabs and the like stay builtins:
+# they are single instructions and g++ folds nothing inexact through them.
+NOT_BUILTIN = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
+               "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "pow", "atan2", "cbrt",
+               "hypot")
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
-         "-ffp-contract=off", "-fPIC", "-shared", "-w")
+         "-ffp-contract=off", "-fPIC", "-shared", "-w") + tuple(
+    f"-fno-builtin-{name}{suffix}" for name in NOT_BUILTIN for suffix in ("f", ""))
 """Compiler flags of every kernel (see the module docstring for why each value-changing flag is
 absent)."""
 BUILD_TIMEOUT_S = 600

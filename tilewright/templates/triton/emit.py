@@ -89,11 +89,13 @@ def _atan(x):
     "_round": '''
 @triton.jit
 def _round(x):
-    # half to even, as torch.round
-    r = tl.floor(x + 0.5)
-    tie = (r - x) == 0.5
+    # half to even, as torch.round (libdevice's rint). Not floor(x + 0.5): x + 0.5 itself rounds
+    # where x's ulp is 1 (fp32 8388609 + 0.5 is 8388610). x - floor(x) is exact in any float
+    # type, and is NaN at the infinities, where no comparison holds and floor(x) is x.
+    r = tl.floor(x)
+    d = x - r
     odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
-    r = tl.where(tie & odd, r - 1.0, r)
+    r = tl.where((d > 0.5) | ((d == 0.5) & odd), r + 1.0, r)
     return tl.where(r == 0, x * 0.0, r)  # a zero keeps x's sign: round(-0.3) is -0
 ''',
     "_trunc": '''
