@@ -182,6 +182,92 @@ def cases(dtype: str) -> list[Case]:
     return out
 
 
+# -- compositions: two and three float ops in one kernel ------------------------------------------
+# libm, libmvec and SLEEF fast paths, and compilers' rewrites of calls of calls (g++ turns
+# sin(atan(x)) into x / sqrt(x*x + 1) unless the calls are no builtins: +-1 for NaN), only show
+# on compositions; each single op can be right while a pair is wrong
+COMPOSED = ("exp", "expm1", "log", "log1p", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+            "tanh", "erf", "exp2", "log2", "sigmoid", "round", "abs", "neg", "reciprocal")
+COMPOSED_PAIRS = ("sin", "cos", "tan", "atan", "asin", "acos", "sinh", "cosh", "tanh", "exp", "log", "sqrt",
+                  "expm1", "log1p", "erf", "round")
+COMPOSED_TRIPLES = 64
+
+
+def composition_chains(seed: int = 0) -> list[tuple[str, ...]]:
+    """Every ordered pair of :data:`COMPOSED_PAIRS` (the inner op first) and
+    :data:`COMPOSED_TRIPLES` triples of :data:`COMPOSED` drawn with ``seed``."""
+    import random
+
+    rng = random.Random(seed)
+    chains = [(f, g) for f in COMPOSED_PAIRS for g in COMPOSED_PAIRS]
+    chains += [tuple(rng.choice(COMPOSED) for _ in range(3)) for _ in range(COMPOSED_TRIPLES)]
+    return list(dict.fromkeys(chains))
+
+
+def _chain_expected(chain: tuple[str, ...], dtype: str):
+    def expected(xs: list[torch.Tensor], exact: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        v = _compute(xs[0]) if exact else _eager(xs[0])
+        for name in chain:
+            v = OPS[name].torch(v)
+        return v.to(dtypes.TORCH[dtype]), torch.ones(v.shape, dtype=torch.bool)
+    return expected
+
+
+def composition_cases(dtype: str, seed: int = 0) -> list[Case]:
+    """One case per chain of :func:`composition_chains`, named ``"sin(atan(x))"``, computed in
+    the compute type (as a fused kernel computes it) and stored in ``dtype``."""
+    a = E.cast(E.load("in0", X, dtype), dtypes.compute_type(dtype))
+    out = []
+    for chain in composition_chains(seed):
+        v = a
+        for name in chain:
+            v = E.op(name, v)
+        label = "x"
+        for name in chain:
+            label = f"{name}({label})"
+        out.append(Case(label, dtype, E.cast(v, dtype), dtype, _chain_expected(chain, dtype)))
+    return out
+
+
+def composition_batches(dtype: str, max_outputs: int) -> list[list[Case]]:
+    """:func:`composition_cases` packed into kernels of at most ``max_outputs`` in which no two
+    chains start with the same op: a compiler rewrites f(g(x)) only where g(x) has no other use
+    (g++'s sin(atan(x)) is one), so a shared inner value would hide the rewrite."""
+    batches: list[tuple[set[str], list[Case]]] = []
+    for case, chain in zip(composition_cases(dtype), composition_chains()):
+        home = next((b for b in batches if chain[0] not in b[0] and len(b[1]) < max_outputs), None)
+        if home is None:
+            home = (set(), [])
+            batches.append(home)
+        home[0].add(chain[0])
+        home[1].append(case)
+    return [cases for _, cases in batches]
+
+
+def composition_mismatches(case: Case, got: torch.Tensor, xs: list[torch.Tensor], rtol: float = 1e-3,
+                           limit: int = 6) -> list[str]:
+    """Where ``got`` is not the composition's value: NaN, the infinities and the sign of a zero
+    exactly (as float64 or as eager computes it, op by op), finite values within ``rtol`` (a
+    composition amplifies an ulp where an inner result sits on a steep part of the outer op)."""
+    want, _ = case.expected(xs)
+    eager, _ = case.expected(xs, exact=False)
+
+    def same(w: torch.Tensor) -> torch.Tensor:
+        g, w = got.double(), w.double()
+        nan = torch.isnan(g) & torch.isnan(w)
+        cls = (torch.isnan(g) == torch.isnan(w)) & (torch.isinf(g) == torch.isinf(w))
+        cls &= ~torch.isinf(w) | (g == w)
+        cls &= (w != 0) | ((g == 0) & (torch.signbit(g) == torch.signbit(w)))
+        finite = torch.isfinite(w) & torch.isfinite(g)
+        close = (g - w).abs() <= rtol * w.abs() + 1e-6
+        return nan | (cls & (~finite | close))
+    bad = ~(same(want) | same(eager))
+    lines = {f"{case.name} at x={xs[0][i].item()!r}: {got[i].item()!r}, expected {want[i].item()!r}"
+             f" (op by op: {eager[i].item()!r})": None for i in bad.nonzero().flatten().tolist()}
+    out = list(lines)
+    return out[:limit] + ([f"... {len(out)} cases in all"] if len(out) > limit else [])
+
+
 def case_names(dtype: str) -> list[str]:
     return [c.name for c in cases(dtype)]
 

@@ -213,6 +213,22 @@ def test_modelopt_loader_refuses_a_folder_without_modelopt_config(tmp_path):
         mo.read_quant_config(tmp_path)
 
 
+def test_modelopt_loader_says_a_missing_path_does_not_exist(tmp_path):
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        mo.load_modelopt_checkpoint(tmp_path / "no-such-export")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(InvalidInputError, match="is a file"):
+        mo.read_quant_config(tmp_path / "model.safetensors")
+
+
+def test_modelopt_loader_names_a_truncated_shard(tmp_path):
+    write_checkpoint(tmp_path, Mlp())
+    shard = tmp_path / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(InvalidInputError, match=r"model\.safetensors .*truncated or corrupt"):
+        mo.apply_checkpoint(Mlp(), tmp_path)
+
+
 def test_modelopt_exclusion_patterns():
     assert mo.excluded("lm_head", ["lm_head"])
     assert mo.excluded("model.layers.3.mlp.gate", ["model.layers.*.mlp.gate"])

@@ -153,6 +153,42 @@ def test_every_op_of_the_ir_is_covered():
     assert set(OPS) <= covered, f"not covered: {sorted(set(OPS) - covered)}"
 
 
+# -- compositions: pairs and triples of float ops in one kernel ------------------------------------
+@functools.lru_cache(maxsize=None)
+def composition_results(emitter: str, dtype: str) -> dict[str, torch.Tensor | str]:
+    """Every composition of ``dtype`` through ``emitter`` (as :func:`results`)."""
+    e = BY_NAME[emitter]
+    xs = sv.inputs(dtype)
+    out: dict[str, torch.Tensor | str] = {}
+    for chunk in sv.composition_batches(dtype, e.max_outputs):
+        try:
+            got = e.run(sv.problem(dtype, chunk), xs)
+            out |= {c.name: g for c, g in zip(chunk, got)}
+        except Exception as err:  # noqa: BLE001 - reported per composition below
+            out |= {c.name: f"{type(err).__name__}: {str(err)[:400]}" for c in chunk}
+    return out
+
+
+def _composition_params():
+    for e in EMITTERS:
+        marks = [pytest.mark.slow] if e.fast is not None else []  # seconds per build
+        yield pytest.param(e.name, "fp32", marks=marks, id=f"{e.name}-fp32")
+
+
+@pytest.mark.parametrize("emitter,dtype", list(_composition_params()))
+def test_compositions_keep_nan_inf_and_signed_zeros(emitter, dtype):
+    why = BY_NAME[emitter].unavailable()
+    if why:
+        pytest.skip(f"{emitter}: {why}")
+    got = composition_results(emitter, dtype)
+    xs = sv.inputs(dtype)
+    bad = []
+    for case in sv.composition_cases(dtype):
+        g = got[case.name]
+        bad += [f"{case.name}: {g}"] if isinstance(g, str) else sv.composition_mismatches(case, g, xs, limit=2)
+    assert not bad, f"{emitter}, {dtype}: {len(bad)} lines\n" + "\n".join(bad[:40])
+
+
 # -- the tuner's check: a second input set of special values -------------------------------------
 def test_the_check_fails_a_kernel_that_turns_inf_into_nan(monkeypatch):
     from test_loop_kernels import loop_problems
@@ -247,3 +283,48 @@ def test_strided_languages_refuse_scans(template_id, target):
     problem, _ = sv.scan_problem("fp32", ["sum"], 1)
     why = get_template(template_id).supports(problem, get_target(target))
     assert not why and "scan" in why.reason
+
+
+# -- the tuner's check on small tensors, compositions and signed zeros --------------------------------
+def _check(problem, monkeypatch=None, **patch):
+    from tilewright.autotune.candidates import Candidate
+    from tilewright.autotune.evaluate import EvalTask, evaluate, forget_inputs
+    from tilewright.templates.triton import emit
+
+    for op, render in patch.items():
+        monkeypatch.setitem(emit.MATH, op, (render, ()))
+    t = get_template("triton.pointwise")
+    cand = Candidate.of(t.id, t.source_hash, t.space.complete({"XBLOCK": 64}))
+    forget_inputs()
+    return evaluate(EvalTask(problem, cand, "cpu", "cpu"), TemplateKernelFactory(), timed=False).record
+
+
+def test_the_check_puts_every_special_value_into_a_small_tensor():
+    from test_loop_kernels import loop_problems
+
+    from tilewright.kinds.loop import special_loop_inputs
+
+    (problem,) = loop_problems(lambda a: torch.sin(torch.atan(a)), torch.randn(8))
+    for seed in range(4):
+        x = special_loop_inputs(problem, "cpu", seed=seed).tensors[0]
+        assert x.isnan().any() and (x == float("inf")).any() and (x == -float("inf")).any(), x
+        assert ((x == 0) & x.signbit()).any() and ((x == 0) & ~x.signbit()).any(), x
+
+
+def test_the_check_fails_a_composition_that_turns_nan_into_one_on_a_small_tensor(monkeypatch):
+    from test_loop_kernels import loop_problems
+
+    # what g++ made of sin(atan(x)) when the libm calls were builtins: copysign(1, x) for NaN
+    (problem,) = loop_problems(lambda a: torch.sin(torch.atan(a)), torch.randn(8))
+    assert _check(problem).status == "ok"
+    bad = _check(problem, monkeypatch, sin=lambda a, dt: f"tl.where({a} != {a}, 1.0, tl.sin({a}))")
+    assert bad.status == "wrong" and "special values" in bad.reason
+
+
+def test_the_check_fails_a_kernel_that_loses_the_sign_of_zero(monkeypatch):
+    from test_loop_kernels import loop_problems
+
+    (problem,) = loop_problems(lambda a: -a * torch.exp(a), torch.randn(5, 37))
+    assert _check(problem).status == "ok"
+    bad = _check(problem, monkeypatch, neg=lambda a, dt: f"(0.0 - {a})")  # -(+0) is -0, 0 - (+0) is +0
+    assert bad.status == "wrong" and "special values" in bad.reason, bad

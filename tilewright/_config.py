@@ -57,6 +57,13 @@ def _default_cache_dir() -> str:
     return os.path.join(base, "tilewright")
 
 
+def _unknown_setting(name: str, names: Any) -> str:
+    """The message for a setting ``name`` that does not exist, naming the closest one."""
+    close = difflib.get_close_matches(name, list(names), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown setting {name!r}{hint}; known: {', '.join(sorted(names))}"
+
+
 @dataclass
 class Config:
     """Settings for the backend, the autotuner and the runtime.
@@ -204,7 +211,17 @@ class Config:
         self._deferred: dict[str, str] = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
+        """Set a setting (checked against its type and choices).
+
+        Raises:
+            AttributeError: ``name`` is no setting (a misspelt name would otherwise be a new
+                attribute that nothing reads); the message names the closest setting.
+            ConfigError: a value outside the setting's choices.
+        """
         f = self.__dataclass_fields__.get(name)  # type: ignore[attr-defined]
+        if f is None and not name.startswith("_"):
+            raise AttributeError(_unknown_setting(name, self.__dataclass_fields__), name=name,  # type: ignore[attr-defined]
+                                 obj=self)
         if f is not None:
             value = _normalise(f, value)
             _check_value(f, value)
@@ -273,9 +290,7 @@ class Config:
         names = {f.name: f for f in dataclasses.fields(self)}
         for name, value in changes.items():
             if name not in names:
-                close = difflib.get_close_matches(name, names, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"unknown setting {name!r}{hint}; known: {', '.join(sorted(names))}")
+                raise ConfigError(_unknown_setting(name, names))
             _check_value(names[name], _normalise(names[name], value))
         with self._lock:
             old = {name: getattr(self, name) for name in changes}

@@ -46,6 +46,8 @@ def cmd_aot(args: argparse.Namespace) -> int:
         tile = aot.describe_params(k.params)
         status = k.result.status if k.result else "-"
         color = "green" if k.result and k.result.ok else "red"
+        if k.dropped is not None:
+            status, color = "dropped", "yellow"
         if k.verified is None:
             check = "-"
         elif k.verified:
@@ -60,6 +62,8 @@ def cmd_aot(args: argparse.Namespace) -> int:
     for k in report.failed:
         console.print(Text.assemble((f"{k.name}: {k.result.status if k.result else 'not built'} ", "red"),
                                     (k.result.error if k.result else "").strip()[-600:]))
+    for k in report.dropped:
+        console.print(f"{k.name}: left out ({k.dropped})", style="yellow")
     if report.refused:
         console.print(f"{len(report.refused)} (template, target, problem) pairs refused before "
                       "compiling; reasons in manifest.json")
@@ -75,12 +79,14 @@ def cmd_aot(args: argparse.Namespace) -> int:
         console.print(f"{len(report.failed)} kernels failed to build, "
                       f"{len(report.verify_failed)} failed their instruction checks", style="red")
         return 1
-    kinds = [k.kind for k in report.kernels]
+    kinds = [k.kind for k in report.kernels if k.dropped is None]
     by_kind = ", ".join(f"{kinds.count(kind)} {kind}" for kind in dict.fromkeys(kinds))
     # Metal kernels have no instruction check: their build is the host syntax check
     verified = args.verify and any(k.verified is not None for k in report.kernels)
-    console.print(f"all {len(report.kernels)} kernels built"
-                  f"{' and passed their instruction checks' if verified else ''} ({by_kind})", style="green")
+    built = len(report.kernels) - len(report.dropped)
+    console.print(f"all {built} kernels built"
+                  f"{' and passed their instruction checks' if verified else ''} ({by_kind})"
+                  f"{f'; {len(report.dropped)} failed candidates replaced' if report.dropped else ''}", style="green")
     return 0
 
 

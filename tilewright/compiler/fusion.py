@@ -261,7 +261,26 @@ class _Builder:
             index = tuple(self._simplify(sympy.sympify(e).xreplace(subs)) for e in m.scatter.index)
             stores.append((m.name, index, E.cast(value, m.dtype),
                            (tuple(indirect), m.scatter.accumulate, m.scatter.target)))
+        _refuse_reads_of_scatter_targets(stores)
         return _canonical(self.x, self.r, stores, self.members, self.metas)
+
+
+def _refuse_reads_of_scatter_targets(stores: list[tuple]) -> None:
+    """A kernel that scatters into a buffer must not read it: its lanes run in no set order,
+    so a lane can read an element another lane has already scattered into (``y[x] += y[x]``
+    with a repeated index read the sum of a duplicate, not eager's old value). No index is
+    proven conflict-free here, so the read goes to a kernel of its own that runs first.
+
+    Raises:
+        FusionError: a value, index or mask of the kernel loads a scatter's target."""
+    targets = {st[3][2] for st in stores if len(st) > 3}
+    if not targets:
+        return
+    roots = [st[2] for st in stores] + [v for st in stores if len(st) > 3 for v in st[3][0]]
+    for n in E.toposort(roots):
+        if n.op == "load" and n.arg[0] in targets:
+            raise FusionError(f"the kernel scatters into {n.arg[0]} and reads it: a lane could read an element "
+                              "another lane already wrote")
 
 
 # what a lane outside a reduction's row contributes: nothing (argmax/argmin: a value that

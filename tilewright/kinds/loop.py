@@ -81,7 +81,7 @@ def make_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int
 # the second check input set of a loop kernel: every float input has one of these in every
 # SPECIAL_EVERY elements, the rest random normals (a row keeps its scale, so a sum or a norm of
 # it stays finite). No extremes: an fp32 kernel overflows where a float64 reference does not.
-SPECIAL_VALUES = (float("inf"), float("-inf"), float("nan"), 0.0, -0.0, "subnormal", "-subnormal")
+SPECIAL_VALUES = (float("nan"), float("inf"), float("-inf"), -0.0, 0.0, "subnormal", "-subnormal", -float("nan"))
 SPECIAL_EVERY = 5
 
 
@@ -101,8 +101,11 @@ def special_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: 
         sub = fi.smallest_normal * fi.eps * 3  # a subnormal of this dtype
         values = torch.tensor([sub if v == "subnormal" else -sub if v == "-subnormal" else v
                                for v in SPECIAL_VALUES], dtype=torch.float64).to(t.dtype)
-        start = int(torch.randint(0, min(SPECIAL_EVERY, span), (1,), generator=gen))
-        where = torch.arange(start, span, SPECIAL_EVERY)
+        # every value at least once where the tensor has room for them all (a tensor of 8 had
+        # only inf and -inf at a spacing of 5, and a kernel turning NaN into 1 passed), NaN first
+        every = max(1, min(SPECIAL_EVERY, span // len(values)))
+        start = int(torch.randint(0, min(every, span), (1,), generator=gen))
+        where = torch.arange(start, span, every)
         flat[where.to(flat.device)] = values[torch.arange(len(where)) % len(values)].to(flat.device)
         touched = True
     return x if touched else None
@@ -127,9 +130,10 @@ def poisoned_loop_outputs(problem: LoopProblem, device: torch.device | str) -> t
     return tuple(outs)
 
 
-def loop_error(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> float:
+def loop_error(out: torch.Tensor, ref: torch.Tensor, dtype: str, signed_zeros: bool = False) -> float:
     """Relative error of one output. Non-finite reference values (log of a negative input) must
-    be matched exactly (NaN by NaN, inf by the same inf); integer and boolean outputs count the
+    be matched exactly (NaN by NaN, inf by the same inf), and with ``signed_zeros`` a zero of the
+    reference by a zero of the same sign (inf otherwise); integer and boolean outputs count the
     fraction of elements that differ."""
     o, r = out.detach().cpu(), ref.detach().cpu()
     if o.shape != r.shape:
@@ -137,6 +141,10 @@ def loop_error(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> float:
     if not dtypes.is_float(dtype):
         return (o.to(torch.float64) != r.to(torch.float64)).double().mean().item() if o.numel() else 0.0
     o, r = o.double(), r.double()
+    if signed_zeros:
+        zero = r == 0
+        if bool((zero & ((o != 0) | (torch.signbit(o) != torch.signbit(r)))).any()):
+            return float("inf")
     # the usual case in three passes: a finite norm of the reference says every reference value
     # is finite (an inf or NaN makes it inf or NaN), and then a finite norm of the difference
     # says every output value is; otherwise (or where a norm overflows) the exact rule below
@@ -162,13 +170,34 @@ def _loop_run(launch: Callable, x: LoopInputs, outs: tuple[torch.Tensor, ...]) -
     return tuple(launch(*x.tensors, *x.sizes, outs=outs))
 
 
+# ops whose zero has no one sign: torch.maximum(-0.0, 0.0) is either zero, depending on
+# whether its loop ran vectorised (measured, torch 2.13: a length of 4 or of 32 differ)
+_UNSIGNED_ZERO_OPS = frozenset({"maximum", "minimum"})
+
+
+def _pointwise_outputs(kernel: Any) -> set[str]:
+    """The outputs whose every store is element by element (no reduction, scan or scatter)
+    and whose zeros have one sign (a sum's zero depends on its order and its start value; a
+    maximum's on the implementation)."""
+    from tilewright.ir import expr as E
+
+    stores = [s for k in (kernel.parts or (kernel,)) for s in k.stores]
+    out = {s.buffer for s in stores}
+    for s in stores:
+        if s.is_scatter or any(n.is_reduce or n.is_scan or n.op in _UNSIGNED_ZERO_OPS
+                               for n in E.toposort([s.value])):
+            out.discard(s.buffer)
+    return out
+
+
 def _loop_error(problem: LoopProblem, result: Sequence[torch.Tensor], ref: Sequence[torch.Tensor],
                 tf32: bool) -> tuple[float, float]:
     """The worst output's error relative to its own tolerance (returned as (error, tolerance))."""
     worst_err, worst_tol = 0.0, 1.0
+    signed = _pointwise_outputs(problem.kernel)
     for b, o, r in zip(problem.kernel.outputs, result, ref):
         tol = LOOP_TOLERANCE.get(b.dtype, DISCRETE_TOLERANCE)
-        err = loop_error(o, r, b.dtype)
+        err = loop_error(o, r, b.dtype, signed_zeros=b.name in signed)
         if err != err or err / tol > worst_err / worst_tol:
             worst_err, worst_tol = err, tol
     return worst_err, worst_tol

@@ -52,9 +52,16 @@ def read_quant_config(path: str | Path) -> dict[str, Any]:
     missing.
 
     Raises:
-        InvalidInputError: no ModelOpt quantisation config, or one that is not NVFP4.
+        InvalidInputError: ``path`` does not exist or is no folder; no ModelOpt quantisation
+            config, or one that is not NVFP4.
     """
     folder = Path(path)
+    if not folder.exists():
+        raise InvalidInputError(f"{folder} does not exist: pass the folder a ModelOpt export wrote "
+                                "(modelopt.torch.export.export_hf_checkpoint(model, export_dir=...))")
+    if not folder.is_dir():
+        raise InvalidInputError(f"{folder} is a file; a ModelOpt checkpoint is a folder (config.json, "
+                                "hf_quant_config.json and the .safetensors files): pass the folder")
     hf_quant = folder / "hf_quant_config.json"
     if hf_quant.is_file():
         section = json.loads(hf_quant.read_text()).get("quantization", {})
@@ -97,8 +104,10 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint's safetensors files (one file or an indexed set of shards).
 
     Raises:
-        InvalidInputError: no safetensors file in the folder.
+        InvalidInputError: no safetensors file in the folder; a shard that is missing, or
+            truncated or corrupt (safetensors cannot parse it): the message names the file.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(path)
@@ -111,7 +120,15 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
         raise InvalidInputError(f"{folder} holds no .safetensors file")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(load_file(str(folder / f)))
+        shard = folder / f
+        if not shard.is_file():
+            raise InvalidInputError(f"{shard} is missing: the checkpoint's index names it (copy the whole folder)")
+        try:
+            out.update(load_file(str(shard)))
+        except (SafetensorError, OSError, ValueError) as e:
+            size = shard.stat().st_size
+            raise InvalidInputError(f"{shard} ({size} bytes) is truncated or corrupt: safetensors cannot read "
+                                    f"it ({type(e).__name__}: {e}); copy or export it again") from e
     return out
 
 

@@ -122,6 +122,35 @@ class Support:
 
 SUPPORTED = Support(True)
 
+_raised_warned: set[tuple[str, str]] = set()
+
+
+def _support_raised(template: Any, e: Exception) -> Support:
+    """The refusal of a template whose ``supports()`` raised: a bug in it (often someone else's
+    template) costs that template, not the kernel; warned once per template and error."""
+    import warnings
+
+    tid = getattr(template, "id", type(template).__name__)
+    text = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else '-'}"
+    if (tid, text) not in _raised_warned:
+        _raised_warned.add((tid, text))
+        warnings.warn(f"tilewright: template {tid!r} raised in supports() ({text}); it is left out of "
+                      "the candidates of every problem it raises on (fix its problem_support)",
+                      RuntimeWarning, stacklevel=3)
+    return Support(False, f"supports() raised {text}")
+
+
+def _guarded_supports(fn: Any) -> Any:
+    """``fn`` (a ``supports``) returning a refusal where it raises (:func:`_support_raised`)."""
+    @functools.wraps(fn)
+    def supports(self: Any, problem: Any, target: Target) -> Support:
+        try:
+            return fn(self, problem, target)
+        except Exception as e:  # noqa: BLE001 - a broken template refuses, the kernel goes on
+            return _support_raised(self, e)
+    supports._tw_guarded = True  # type: ignore[attr-defined]
+    return supports
+
 
 @dataclass(frozen=True)
 class RenderedKernel:
@@ -331,11 +360,20 @@ class TemplateSpec(ABC):
         """Render another jinja file of this template's folder (a :attr:`launcher`)."""
         return jinja_env(self.folder).get_template(name).render(**context)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("supports")
+        if own is not None and not getattr(own, "_tw_guarded", False):
+            cls.supports = _guarded_supports(own)  # type: ignore[method-assign]
+
     # -- what can run -----------------------------------------------------------------------------
+    @_guarded_supports
     def supports(self, problem: Any, target: Target) -> Support:
         """Can this template run ``problem`` on ``target`` at all (any parameters)? Its
         language's toolchain must be usable here (:meth:`Language.check`), then
-        :meth:`problem_support` decides. Not overridden: implement ``problem_support``."""
+        :meth:`problem_support` decides. Not overridden: implement ``problem_support``.
+        Never raises: a ``problem_support`` (or an overriding ``supports``) that raises is a
+        refusal naming the error, warned once per template and error."""
         if (why := self.language.check()) is not None:
             return Support(False, why)
         return self.problem_support(problem, target)

@@ -104,10 +104,21 @@ def _zero_started_inits(problem: LoopProblem, prog: dict, inputs: list[str]) -> 
     (a zero input adds nothing), and lets it update that input in place as the kernel does."""
     read = {x["in"] for step in prog["steps"] for x in _inputs_read(step)}
     out = []
-    for b in problem.kernel.outputs:
+    for b, j in zip(problem.kernel.outputs, prog["outputs"]):
         k = inputs.index(b.init) if b.init in inputs else None
-        out.append(inputs[k] if k is not None and k not in read else "None")
+        # a scatter from its ``self`` (index_put, scatter_add...) already holds what the input
+        # holds: its program reads ``self`` under its own name where the kernel reads it too
+        # (``y[x] += y[x]``), so the input is unread, and adding it counted y twice
+        from_self = prog["steps"][j]["op"] in _SCATTERS_FROM_SELF
+        out.append(inputs[k] if k is not None and k not in read and not from_self else "None")
     return out
+
+
+# the ops (program step names) of scatters that start from their first argument
+_SCATTERS_FROM_SELF = frozenset({
+    "aten.scatter.value", "aten.scatter.src", "aten.scatter.reduce", "aten.scatter.value_reduce",
+    "aten.scatter_add.default", "aten.scatter_reduce.two", "aten.index_put.default",
+    "aten._unsafe_index_put.default", "aten.index_add.default"})
 
 
 def _inputs_read(step: dict) -> list[dict]:
