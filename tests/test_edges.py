@@ -259,3 +259,60 @@ def test_aot_describes_a_loop_kernel_without_warps():
     # a Helion softmax on FlyDSL (gfx950) has no num_warps: the table raised KeyError
     assert describe_params({"XBLOCK": 1, "RBLOCK": 128}) == "x1 r128"
     assert describe_params({"XBLOCK": 4, "PERSISTENT": True, "num_warps": 8}) == "x4 r-row w8"
+
+
+# -- negative strides and the ATen forms ----------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+def test_index_put_then_add_of_its_flip(mode):
+    # the torch form read x.flip(0) as as_strided(..., stride -1): "Negative strides are not supported"
+    def fn(x, i, v):
+        x = x.clone()
+        x.index_put_((i,), v)
+        x.add_(x.flip(0))
+        return x
+
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(3))
+    i, v = torch.tensor([0, 4]), torch.randn(2, 5, generator=torch.Generator().manual_seed(4))
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend=mode, **FAST):
+        out = torch.compile(fn, backend="tilewright", dynamic=False)(x, i, v)
+    assert torch.allclose(out, fn(x, i, v), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+def test_cumprod_backward_at_zeros(mode):
+    # its backward flips (negative strides in the torch form), takes argmax() of a boolean
+    # (torch refuses) and gathers at each row's argmax (a row load the Triton emitter masked by
+    # the r mask: a pointer of [1, 1] against a mask of [1, RBLOCK])
+    def fn(x):
+        return (torch.cumprod(x, 0) * torch.arange(1.0, 8.0)).sum()
+
+    x0 = torch.randn(7, generator=torch.Generator().manual_seed(5))
+    x0[2] = 0.0
+    x = x0.clone().requires_grad_()
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend=mode, **FAST):
+        torch.compile(fn, backend="tilewright", dynamic=False)(x).backward()
+    ref = x0.double().requires_grad_()
+    fn(ref).backward()
+    assert torch.allclose(x.grad.double(), ref.grad, rtol=1e-5, atol=1e-6), (x.grad, ref.grad)
+
+
+def test_the_torch_form_reads_a_flipped_view_without_negative_strides():
+    from test_loop_kernels import loop_problems
+
+    from tilewright.autotune.candidates import Candidate
+    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.kinds.loop import make_loop_inputs
+    from tilewright.runtime.targets import get_target
+    from tilewright.templates import get_template
+
+    a = torch.randn(5, 9, generator=torch.Generator().manual_seed(6))
+    (problem,) = loop_problems(lambda a: a + a.flip(1) * 2, a)
+    t = get_template("aten.pointwise")
+    launch = TemplateKernelFactory().build(problem, Candidate.of(t.id, t.source_hash), get_target("cpu"))
+    x = make_loop_inputs(problem, "cpu", 0)
+    got = launch(*x.tensors, *x.sizes)
+    out = got[0] if isinstance(got, tuple) else got
+    src = x.tensors[0]
+    assert torch.allclose(out.reshape(src.shape), src + src.flip(1) * 2)

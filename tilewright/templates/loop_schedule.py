@@ -196,9 +196,16 @@ class LoopSchedule:
         return bool(free & set(self.xvars)), bool(free & set(self.rvars))
 
     def node_deps(self, node: Node) -> tuple[bool, bool]:
-        """Whether a value varies along the outer and the reduction variables."""
+        """Whether a value varies along the outer and the reduction variables. A reduction's
+        result is one value per row: what it reads along the row does not make it vary there
+        (a gather at a row's argmax is a row load, masked by ``xmask`` alone)."""
+        if node.is_reduce:
+            return self.node_deps(node.src[0])[0], False
         has_x = has_r = False
-        for m in toposort([node]):
+        for m in toposort([node], stop=lambda m: m.is_reduce):
+            if m.is_reduce:
+                has_x = has_x or self.node_deps(m.src[0])[0]
+                continue
             if m.op == "load":
                 hx, hr = self.deps(m.arg[1])
             elif m.op == "index":

@@ -75,6 +75,7 @@ class TorchExpr:
         self.vars = list(kernel.x_vars) + list(kernel.r_vars)
         self.sizes = {s: s.name for s in kernel.size_symbols()}
         self.full = [code(s, self.sizes) for s in list(kernel.ranges) + list(kernel.reduction_ranges)]
+        self.full_sym = [sympy.sympify(s) for s in list(kernel.ranges) + list(kernel.reduction_ranges)]
         self.iota_used: set[int] = set()
 
     def fresh(self) -> str:
@@ -111,11 +112,16 @@ class TorchExpr:
                 names[v] = self.iota(pos)
         return code(e, names)
 
-    def view_of(self, buf: str, idx: tuple[sympy.Expr, ...]) -> tuple[str, str, str] | None:
-        """(size, stride, offset) code for an ``as_strided`` view reading ``buf`` at ``idx``;
-        None when ``idx`` is not affine in the variables."""
+    def view_of(self, buf: str, idx: tuple[sympy.Expr, ...]) -> tuple[str, str, str, list[int]] | None:
+        """(size, stride, offset, flipped dims) code for an ``as_strided`` view reading ``buf``
+        at ``idx``, to be flipped along the dims listed; None when ``idx`` is not affine in the
+        variables or a variable's coefficients differ in sign. A variable that walks ``buf``
+        backwards (``x.flip(0)``: index ``n - 1 - x``) is a view with the positive stride from
+        its last element, flipped: ``as_strided`` refuses negative strides."""
         sizes, strides = ["1"] * len(self.full), ["0"] * len(self.full)
+        signs: dict[int, set[bool]] = {}
         off = []
+        terms: list[tuple[int, sympy.Expr, str]] = []
         for d, e in enumerate(idx):
             aff = affine(e, self.vars)
             if aff is None:
@@ -125,13 +131,24 @@ class TorchExpr:
             if const != 0:
                 off.append(f"({code(const, self.sizes)}) * {st}")
             for pos, v in enumerate(self.vars):
-                c = coeffs[v]
+                c = sympy.sympify(coeffs[v])
                 if c != 0:
-                    sizes[pos] = self.full[pos]
-                    term = f"({code(c, self.sizes)}) * {st}"
-                    strides[pos] = term if strides[pos] == "0" else f"{strides[pos]} + {term}"
+                    if c.is_negative is None:  # a sign only the sizes decide
+                        return None
+                    signs.setdefault(pos, set()).add(bool(c.is_negative))
+                    terms.append((pos, c, st))
+        if any(len(s) > 1 for s in signs.values()):
+            return None
+        flips = sorted(pos for pos, s in signs.items() if True in s)
+        for pos, c, st in terms:
+            sizes[pos] = self.full[pos]
+            if pos in flips:  # start at the variable's last value, walk forwards, flip after
+                off.append(f"({code(c * (self.full_sym[pos] - 1), self.sizes)}) * {st}")
+                c = -c
+            term = f"({code(c, self.sizes)}) * {st}"
+            strides[pos] = term if strides[pos] == "0" else f"{strides[pos]} + {term}"
         offset = " + ".join([f"{buf}.storage_offset()"] + off)
-        return _tuple(sizes), _tuple(strides), offset
+        return _tuple(sizes), _tuple(strides), offset, flips
 
     def flat_offsets(self, buf: str, idx: tuple[sympy.Expr, ...], extra: dict | None = None) -> str:
         terms = [f"({self.index_tensor(e, extra)}) * {buf}.stride({d})" for d, e in enumerate(idx)]
@@ -187,8 +204,9 @@ class TorchExpr:
         mask = self.names[mask_node] if mask_node is not None else None
         view = None if mask is not None or indirect else self.view_of(name, idx)
         if view is not None:
-            size, stride, off = view
-            return f"{name}.as_strided({size}, {stride}, {off}){conv}"
+            size, stride, off, flips = view
+            flip = f".flip({tuple(flips)})" if flips else ""
+            return f"{name}.as_strided({size}, {stride}, {off}){flip}{conv}"
         extra = {indirect_symbol(k): self.names[v] for k, v in enumerate(indirect)}
         if indirect and checks_enabled():
             self._check_gathered(name, idx, indirect, extra, mask)
@@ -255,6 +273,8 @@ class TorchExpr:
             raise ValueError(f"unknown reduction {kind}")
         # these reduce one dim: flatten the reduction dims into one first, then give each its
         # kept size-1 dim back (the outer dims keep their sizes: a view(-1, -1, 1) cannot say so)
+        if kind in ("argmax", "argmin"):  # torch's argmax refuses booleans: as 0/1 bytes
+            full = f"({full}.to(torch.uint8) if {x}.dtype == torch.bool else {full})"
         r = f"{full}.flatten({self.nx}).{kind}(-1, keepdim=True)"
         return r if self.nr == 1 else f"{r}.unflatten(-1, {_tuple(['1'] * self.nr)})"
 
@@ -328,7 +348,12 @@ class TorchExpr:
             return
         view = self.view_of(s.buffer, s.index)
         if view is not None:
-            size, stride, off = view
+            size, stride, off, flips = view
+            if flips:  # a flip copies: the value is flipped onto the view instead
+                dst = self.fresh()
+                self.line(f"{dst} = {s.buffer}.as_strided({size}, {stride}, {off})")
+                self.line(f"{dst}.copy_(torch.broadcast_to({value}, {dst}.shape).flip({tuple(flips)}))")
+                return
             self.line(f"{s.buffer}.as_strided({size}, {stride}, {off}).copy_({value})")  # broadcasts
             return
         offs = self.fresh()
