@@ -316,3 +316,35 @@ def test_the_torch_form_reads_a_flipped_view_without_negative_strides():
     out = got[0] if isinstance(got, tuple) else got
     src = x.tensors[0]
     assert torch.allclose(out.reshape(src.shape), src + src.flip(1) * 2)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 8, 16), (2, 2, 0, 16)], ids=["batch0", "seq0"])
+def test_sdpa_of_an_empty_batch_or_sequence_under_forced_triton(shape):
+    # a row value stored along an empty row was masked by xmask alone: lane 0 wrote into a
+    # buffer of no elements and the process died (exit 139)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(*shape, generator=gen) for _ in range(3))
+    fn = torch.nn.functional.scaled_dot_product_attention
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend="triton", **FAST):
+        out = torch.compile(lambda q, k, v: fn(q, k, v), backend="tilewright", dynamic=False)(q, k, v)
+    assert out.shape == fn(q, k, v).shape
+
+
+def test_padding_mask_sdpa_backward_under_forced_triton():
+    # the backward's reference raised "invalid index of a 0-dim tensor": the score_mod's
+    # derivative is the constant 1, and the reference indexed it like a score
+    F = torch.nn.functional
+    gen = torch.Generator().manual_seed(8)
+    q0, k0, v0 = (torch.randn(2, 2, 8, 16, generator=gen) for _ in range(3))
+    mask = (torch.arange(8)[None, :] < torch.tensor([8, 5])[:, None])[:, None, None, :]
+    fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+    q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+    torch._dynamo.reset()
+    with tilewright.config.patch(force_backend="triton", **FAST):
+        out = torch.compile(fn, backend="tilewright", dynamic=False)(q, k, v, mask)
+        out.sum().backward()
+    rq, rk, rv = (t.double().requires_grad_() for t in (q0, k0, v0))
+    fn(rq, rk, rv, mask).sum().backward()
+    for got, want in ((q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 2e-5

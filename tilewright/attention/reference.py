@@ -194,7 +194,10 @@ def backward(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: tor
                 delta = delta - (g / LN2 if problem.lse_base == "2" else g)
             ds = p * (dp - delta[..., None])
             if dmod is not None:
-                grad = mods.evaluate(dmod, env | {"score": raw[None]}, reference=reference)[0].to(dt)
+                # a derivative that is a constant (a padding mask's score + where(keep, 0, -inf)
+                # has d/dscore 1) comes back 0-dim: broadcast before taking the batch's slice
+                grad = mods.evaluate(dmod, env | {"score": raw[None]}, reference=reference)
+                grad = torch.broadcast_to(grad, raw[None].shape)[0].to(dt)
                 ds = torch.where(kept, ds * grad, 0)
             dq[b, h0:h1] = problem.scale * ds @ kk
             dk[b].index_add_(0, kv_heads, problem.scale * ds.transpose(-1, -2) @ qq)

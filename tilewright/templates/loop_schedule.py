@@ -183,10 +183,15 @@ class LoopSchedule:
         self.write_store(s, buf, node, self.e.emit(node), guard)
 
     def on_r(self, s: Store) -> bool:
-        """Whether a store's value (or its mask) varies along the row: stored per element."""
+        """Whether a store's value, its mask or where it writes varies along the row: stored
+        per element. A row value written along the row (``sum(...)`` expanded over an empty
+        row: SDPA with batch 0) is per element too; masked by ``xmask`` alone, its lane 0
+        wrote into a buffer of no elements (exit 139)."""
+        r_vars = set(self.k.r_vars)
         return self.reduction and (self.k.depends_on_r(s.value)
                                    or s.mask is not None and self.k.depends_on_r(s.mask)
-                                   or any(self.k.depends_on_r(v) for v in s.indirect))
+                                   or any(self.k.depends_on_r(v) for v in s.indirect)
+                                   or any(sympy.sympify(e).free_symbols & r_vars for e in s.index))
 
     def deps(self, exprs) -> tuple[bool, bool]:
         """Whether index expressions read the outer and the reduction variables."""
