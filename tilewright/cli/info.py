@@ -71,7 +71,9 @@ with tilewright.config.patch(force_backend="triton", autotune=False):
   (`TILEWRIGHT_GRAPH_RACE=OFF` is `off`; paths keep theirs). A `TILEWRIGHT_*` variable that no
   setting reads, a misspelling such as `TILEWRIGHT_GRAPH_RAC`, is ignored with one warning per
   process naming the closest setting (`TILEWRIGHT_FLYDSL_ROCM` is read by the FlyDSL toolchain,
-  docs/flydsl.md).
+  docs/flydsl.md). An attribute that is no setting (`tilewright.config.grpah_race = "off"`)
+  raises `AttributeError` naming the closest one, as `config.patch(grpah_race=...)` raises
+  `ConfigError`.
 
 ## Settings
 
