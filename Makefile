@@ -1,6 +1,7 @@
 # Two entry points on a fresh clone:
 #   make demo   set up .venv if needed, run real models through the backend and check vs eager
 #   make test   set up .venv if needed, run the test suite (all tiers, slow ones included)
+#   make fuzz   the differential fuzzer, long, from a fresh seed (docs/fuzzing.md)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 VENV_FLAGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast setup flydsl-setup clean
+.PHONY: demo test test-fast fuzz setup flydsl-setup clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -49,6 +50,19 @@ test: $(VENV)/.installed flydsl-setup
 
 test-fast: $(VENV)/.installed flydsl-setup
 	$(PY) -m pytest -n 2 -q -m "not slow" $(PYTEST_ARGS)
+
+# the differential fuzzer (tests/fuzz/) for long: FUZZ_EXAMPLES programs per emitter mode
+# (FUZZ_MODES), from the seed FUZZ_SEED (fresh unless given; printed, so a run can be repeated);
+# a find prints its program as a reproducer and stays in .hypothesis/fuzz for the next run
+FUZZ_SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+FUZZ_EXAMPLES ?= 300
+FUZZ_MODES ?= triton,cpp,sycl,auto
+fuzz: $(VENV)/.installed
+	@echo "fuzz seed: $(FUZZ_SEED)  (repeat: make fuzz FUZZ_SEED=$(FUZZ_SEED) FUZZ_MODES=$(FUZZ_MODES) FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
+	FUZZ_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_MODES=$(FUZZ_MODES) $(PY) -m pytest -n 0 -q \
+	  -p no:randomly tests/fuzz/test_fuzz.py -k compiled --hypothesis-seed=$(FUZZ_SEED) \
+	  --hypothesis-show-statistics $(PYTEST_ARGS); rc=$$?; \
+	  echo "fuzz seed: $(FUZZ_SEED)"; exit $$rc
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -495,12 +495,26 @@ def _register_prims() -> None:
             lowering(getattr(prims, name).default)(
                 lambda ctx, node, a, op=op, kind=kind: elementwise(ctx, node, [a["self"], a["other"]],
                                                                   lambda x, y: E.op(op, x, y), kind))
+    # on integers, floor/ceil/trunc leave them as they are, and the float-valued ones stay ATen:
+    # their meta says int64 where eager's prims.exp(int64) returns fp32, so no kernel can match
+    # both (fuzzer find: an int64 operand reached the kernel's exp)
     for name in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin",
                  "cos", "tan", "tanh", "erf", "sign", "reciprocal", "floor", "ceil", "trunc",
                  "bitwise_not", "asin", "acos", "atan", "sinh", "cosh"):
-        if hasattr(prims, name):
-            lowering(getattr(prims, name).default)(
-                lambda ctx, node, a, op=name: elementwise(ctx, node, [a["self"]], lambda x: E.op(op, x)))
+        if not hasattr(prims, name):
+            continue
+
+        def rule(ctx, node, a, op=name):
+            if not dtypes.is_float(dtypes.name_of(node.meta["val"].dtype)):
+                if op in FLOAT_ONLY:
+                    return elementwise(ctx, node, [a["self"]], lambda x: x)  # integers are already whole
+                if op not in _INTEGER_PRIMS:
+                    raise Unsupported(f"prims.{op} of an integer tensor")
+            return elementwise(ctx, node, [a["self"]], lambda x: E.op(op, x))
+        lowering(getattr(prims, name).default)(rule)
+
+
+_INTEGER_PRIMS = {"neg", "abs", "sign", "bitwise_not"}
 
 
 _register_prims()

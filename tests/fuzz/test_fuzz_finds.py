@@ -1,0 +1,72 @@
+"""What the differential fuzzer found (tests/fuzz/test_fuzz.py), each as the minimal program it
+shrank to, under the modes it failed in. Each failed before its fix; ``check`` judges it the
+way the fuzzer does (fuzz_oracle.py).
+
+A new find: paste the reproducer the fuzzer printed (its ``def f`` and ``inputs``) into a test
+here, named after what went wrong.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fuzz_oracle import check, unavailable
+from fuzz_program import make_input
+
+aten, prims = torch.ops.aten, torch.ops.prims
+inf, nan = float("inf"), float("nan")
+
+
+def _modes(*modes):
+    return pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.skipif(
+        bool(unavailable(m)), reason=f"{m}: {unavailable(m)}")) for m in modes])
+
+
+@_modes("triton", "cpp", "auto")
+def test_float_valued_prims_of_an_integer_tensor_stay_aten(mode):
+    # prims.exp(int64): the meta says int64, eager returns fp32; the kernel computed exp of an
+    # int64 (the interpreter: "Expected dtype ['fp32', 'fp64'] but got int64"), no candidate
+    # worked and the strict compile failed. Now it stays ATen, as aot_eager runs it
+    def f(x0, x1):
+        v0 = aten.t.default(x0)
+        v1 = prims.exp.default(v0)
+        v2 = prims.sin.default(x1)
+        return (v1, v2)
+
+    inputs = [make_input([1, -2, 3, 0, 7, -8], (2, 3), torch.int64, "transposed"),
+              make_input([5, -1, 2147483647], (3,), torch.int32)]
+    check(f, inputs, mode=mode)
+
+
+@_modes("triton", "cpp", "auto")
+def test_prims_ceil_of_an_integer_tensor_is_the_integer(mode):
+    # prims.ceil(int64) went to the kernel as ceil of an int64 (the interpreter refused it, the
+    # strict compile failed): integers are already whole
+    def f(x0, x1):
+        v0 = aten.expand.default(x0, [-1, 7, -1])
+        v1 = prims.ceil.default(x1)
+        v2 = aten.select_backward.default(v0, [4, 7, 1, 1], 2, 0)
+        return (v2, v1)
+
+    inputs = [make_input([0.5, -0.0, inf, 3.0], (4, 1, 1), torch.float32),
+              make_input([3, -9223372036854775807, 0, 8], (2, 2), torch.int64, "transposed")]
+    check(f, inputs, mode=mode)
+
+
+@_modes("cpp", "triton", "auto")
+def test_a_dynamic_reshape_size_prints_as_c_division_in_cpp(mode):
+    # reshape (s0, s1, 1) -> (7, 1, 5) gives a stride s0*s1//7: torch's FloorDiv reached the C++
+    # printer as Python's "//", a comment in C++, and the kernel did not build (every candidate
+    # failed, the strict compile too)
+    def f(x0):
+        v0 = aten.reshape.default(x0, [7, 1, 5])
+        v1 = aten.select_backward.default(v0, [1, 7, 1, 5], 0, 0)
+        return (v1,)
+
+    inputs = [make_input([inf, 2.3828125, -65504.0, 1.7724609375, -3.724609375, 6.103515625e-05, -0.0, 1.0, 4.0,
+                          0.0, -3.6328125, -5.960464477539063e-08, 1.0, 0.79296875, -0.0, -2.98828125, 1.0458984375,
+                          -65504.0, 6.103515625e-05, -3.72265625, 0.92578125, -inf, 3.38671875, 65504.0, 0.0, -0.0,
+                          1.3623046875, 0.9375, 2.1171875, -65504.0, -1.0068359375, 2.357421875, -1.0, -inf, 0.0],
+                         (5, 7, 1), torch.float16)]
+    check(f, inputs, mode=mode, dynamic=True)
