@@ -70,3 +70,33 @@ def test_a_dynamic_reshape_size_prints_as_c_division_in_cpp(mode):
                           1.3623046875, 0.9375, 2.1171875, -65504.0, -1.0068359375, 2.357421875, -1.0, -inf, 0.0],
                          (5, 7, 1), torch.float16)]
     check(f, inputs, mode=mode, dynamic=True)
+
+
+@_modes("triton", "auto")
+def test_an_atomic_scatter_through_one_index_runs_in_the_interpreter(mode):
+    # index_add with a one-element index: the index was loaded once (a scalar) and the
+    # interpreter's comparisons of it made an int32 mask, which its atomics refused ("mask has
+    # unsupported dtype"): no Triton candidate worked and the strict compile failed
+    def f(x0, x1, x2):
+        v0 = aten.index_add.default(x0, 1, x1, x2, alpha=2)
+        return (v0,)
+
+    inputs = [make_input([1.0, 1.1754943508222875e-38, nan, 0.0], (4, 2), torch.float32, "expanded1"),
+              make_input([1], (1,), torch.int64),
+              make_input([1.0, -0.0, 0.5, nan], (4, 1), torch.float32, "transposed")]
+    check(f, inputs, mode=mode)
+
+
+@_modes("cpp", "auto")
+def test_a_scan_in_a_combo_kernel_is_refused_by_the_cpp_loops(mode):
+    # an empty cumsum grouped with an unrelated pointwise op in one combo kernel: the C++
+    # template judged only the combo's own nodes, accepted it, and its build raised "_Body has
+    # no scans" (no candidate left, the strict compile failed); it now sees the parts' scan
+    def f(x0, x1):
+        v0 = aten.lerp.Tensor(x0, x0, x0)
+        v1 = aten.cumsum.default(x1, -1, dtype=torch.int32)
+        return (v1, v0)
+
+    inputs = [make_input([32752.0], (1,), torch.float16, "strided"),
+              make_input([], (7, 0, 2), torch.float16, "transposed")]
+    check(f, inputs, mode=mode)

@@ -52,11 +52,13 @@ def strided_scan_refusal(kernel: LoopKernel) -> str | None:
     """Why a language whose lanes walk a row with a stride (SYCL, Metal, FlyDSL: each lane sums
     every WG-th element, then the work-group combines; C++: 16 lanes a step) cannot render
     ``kernel``: a scan needs the row in order (a lane-parallel scan, not written for them yet),
-    a scatter atomics; None when it has neither."""
-    if any(n.is_scan for n in kernel.nodes()):
+    a scatter atomics; None when it has neither. A combo kernel is judged by its parts too (a
+    scan in one part passed unseen and the C++ build raised "has no scans": fuzzer find)."""
+    kernels = [kernel, *getattr(kernel, "parts", ())]
+    if any(n.is_scan for k in kernels for n in k.nodes()):
         return ("scans (cumsum, cummax, ...) need the row in order and this language's lanes walk a row "
                 "with a stride: the kernel runs on Triton or its torch form")
-    if kernel.scatters() or any(b.init for b in kernel.outputs):
+    if any(k.scatters() or any(b.init for b in k.outputs) for k in kernels):
         return ("scatters (index_put, scatter_add, ...) write through data-dependent indices with atomics, "
                 "not written for this language yet: the kernel runs on Triton or its torch form")
     return None

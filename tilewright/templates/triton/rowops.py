@@ -174,11 +174,15 @@ class RowOpsHooks:
         it is never written) and, unless proven in range or ``config.index_checks`` is off,
         reported (:meth:`report`: eager's error on the CPU, a device assert on a GPU); an
         atomic where it accumulates."""
+        r_store = self.on_r(s)
+        block = "[XBLOCK, RBLOCK]" if r_store else "[XBLOCK, 1]" if self.reduction else "[XBLOCK]"
         names = dict(self.names)
         for k, v in enumerate(s.indirect):
-            names[indirect_symbol(k)] = self.e.emit(v)
+            # as a block: an index loaded once is a scalar, and the interpreter's comparisons of
+            # one made an int32 mask its atomics refused ("mask has unsupported dtype")
+            names[indirect_symbol(k)] = self.e.fresh()
+            self.e.line(f"{names[indirect_symbol(k)]} = tl.broadcast_to({self.e.emit(v)}, {block})")
         strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
-        r_store = self.on_r(s)
         mask = "xmask & rmask" if r_store else "xmask"
         if s.mask is not None:
             mask = f"{mask} & ({self.e.emit(s.mask)})"
@@ -191,7 +195,6 @@ class RowOpsHooks:
                      for e, n in zip(s.index, buf.shape) if sympy.sympify(e).free_symbols & syms)
         if checks and self.index_checks and not proven:
             self.report(f"~{inside} & {mask}", 2, "scatter index out of bounds")
-        block = "[XBLOCK, RBLOCK]" if r_store else "[XBLOCK, 1]" if self.reduction else "[XBLOCK]"
         ptr, val = self.e.fresh(), self.e.fresh()
         self.e.line(f"{ptr} = tl.broadcast_to({buf.name} + ({code(offset(s.index, strides), names)}), {block})")
         self.e.line(f"{val} = tl.broadcast_to({self.e.store_value(value, node.dtype, buf.dtype)}, {block})")
