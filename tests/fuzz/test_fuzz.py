@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
@@ -54,3 +55,51 @@ def test_every_lowering_rule_is_fuzzed_or_says_why_not():
 def test_every_exclusion_names_its_issue_and_owner():
     for e in EXCLUSIONS:
         assert e.issue and e.owner and e.why, e
+
+
+# -- the oracle can fail: each kind of disagreement is caught ------------------------------------
+def _judge(out, eager, exact=None, tol=1e-4):
+    from fuzz_oracle import compare
+    compare([out], [eager], [[exact if exact is not None else eager]], tol, [0.0])
+
+
+def test_the_oracle_catches_nan_inf_and_signed_zero_differences():
+    from fuzz_oracle import SpecialMismatch
+    ref = torch.tensor([1.0, float("nan"), float("inf"), -0.0])
+    _judge(ref.clone(), ref)
+    for k, bad in enumerate([0.0, 2.0, float("-inf"), 0.0]):
+        out = ref.clone()
+        out[k] = bad
+        with pytest.raises(SpecialMismatch):
+            _judge(out, ref)
+
+
+def test_the_oracle_accepts_either_eager_or_the_exact_value_and_nothing_else():
+    from fuzz_oracle import SpecialMismatch, WrongValue
+    eager = torch.tensor([float("inf"), 1.0], dtype=torch.float16)  # (x * 2) / 2 overflowed in fp16
+    exact = torch.tensor([60000.0, 1.0], dtype=torch.float64)
+    _judge(torch.tensor([60000.0, 1.0], dtype=torch.float16), eager, exact, tol=1e-2)
+    _judge(eager.clone(), eager, exact, tol=1e-2)
+    with pytest.raises(SpecialMismatch):
+        _judge(torch.tensor([float("nan"), 1.0], dtype=torch.float16), eager, exact, tol=1e-2)
+    with pytest.raises(WrongValue):
+        _judge(torch.tensor([50000.0, 1.0], dtype=torch.float16), eager, exact, tol=1e-2)
+    with pytest.raises(WrongValue):
+        _judge(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.01]))
+    with pytest.raises(WrongValue):
+        _judge(torch.tensor([3, 4]), torch.tensor([3, 5]))
+
+
+def test_the_oracle_catches_wrong_dtypes_shapes_and_missing_errors():
+    from fuzz_oracle import MissingError, WrongMeta, check
+    with pytest.raises(WrongMeta):
+        _judge(torch.ones(3, dtype=torch.float64), torch.ones(3))
+    with pytest.raises(WrongMeta):
+        _judge(torch.ones(1, 3), torch.ones(3))
+
+    def raises_in_eager_only(x):
+        if torch.compiler.is_compiling():
+            return x + 1
+        raise IndexError("eager refuses")
+    with pytest.raises(MissingError):
+        check(raises_in_eager_only, [torch.ones(3)], "auto")

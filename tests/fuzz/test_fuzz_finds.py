@@ -100,3 +100,16 @@ def test_a_scan_in_a_combo_kernel_is_refused_by_the_cpp_loops(mode):
     inputs = [make_input([32752.0], (1,), torch.float16, "strided"),
               make_input([], (7, 0, 2), torch.float16, "transposed")]
     check(f, inputs, mode=mode)
+
+
+@_modes("triton", "cpp", "auto")
+def test_an_op_eager_has_no_kernel_for_raises_compiled_too(mode):
+    # threshold of a bool tensor: eager raises NotImplementedError ("threshold_cpu" not
+    # implemented for 'Bool'), the loop kernel computed a value; an op eager has no kernel for
+    # on these dtypes now stays ATen, which raises as eager does
+    def f(x0):
+        v0 = aten.all.dim(x0, -1, False)
+        v1 = aten.threshold.default(v0, 2, -1)
+        return (v1,)
+
+    check(f, [make_input([2.0, -0.0, 3.4028234663852886e+38, nan], (2, 2), torch.float32)], mode=mode)

@@ -332,7 +332,7 @@ def _lower_each(ctx: "LoopLowering", gm: fx.GraphModule, skip: set[str], by_name
         rule = RULES.get(node.target)
         before = len(ctx.nodes)
         result = None
-        if rule is not None and _float_or_int_outputs(node):
+        if rule is not None and _float_or_int_outputs(node) and not _eager_lacks_kernel(node):
             try:
                 result = rule(ctx, node, bind(node))
             except Unsupported:
@@ -349,6 +349,54 @@ def _lower_each(ctx: "LoopLowering", gm: fx.GraphModule, skip: set[str], by_name
         ctx.values[node.name] = result
         for ln in ctx.nodes[before:]:
             by_name[ln.name] = ln
+
+
+_LACKS: dict[tuple, bool] = {}
+
+
+def _eager_lacks_kernel(node: fx.Node) -> bool:
+    """Whether eager has no CPU kernel for ``node``'s op on its operands' dtypes ("threshold_cpu"
+    not implemented for 'Bool'): the node then stays ATen, which raises as eager does, instead
+    of a loop kernel computing a value eager refuses to (fuzzer find). Asked once per op and
+    dtypes, of one-element tensors shaped like the operands (all dims 1), for CPU graphs."""
+    def tiny(x: Any) -> Any:
+        if isinstance(x, fx.Node):
+            val = x.meta.get("val")
+            return torch.zeros((1,) * val.dim(), dtype=val.dtype) if isinstance(val, torch.Tensor) else val
+        if isinstance(x, (list, tuple)):
+            return type(x)(tiny(v) for v in x)
+        return x
+
+    def key(x: Any) -> Any:
+        if isinstance(x, fx.Node):
+            val = x.meta.get("val")
+            return (str(val.dtype), val.dim()) if isinstance(val, torch.Tensor) else ("node", type(val).__name__)
+        if isinstance(x, (list, tuple)):
+            return tuple(key(v) for v in x)
+        return (type(x).__name__, x if isinstance(x, (bool, str, torch.dtype)) else None)
+
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    if any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in vals):
+        return False  # asked of the CPU's kernels only: a GPU's cover other dtypes
+    try:
+        k = (node.target, key(node.args), tuple(sorted((n, key(v)) for n, v in node.kwargs.items())))
+        hash(k)
+    except TypeError:
+        return False
+    if k not in _LACKS:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        try:
+            # real tensors: under the compile's fake mode the meta kernel answers, and it has no
+            # dtype gaps
+            with unset_fake_temporarily(), torch.no_grad():
+                node.target(*tiny(node.args), **{n: tiny(v) for n, v in node.kwargs.items()})
+            _LACKS[k] = False
+        except NotImplementedError as e:
+            _LACKS[k] = "not implemented for" in str(e)
+        except Exception:  # noqa: BLE001 - another complaint about the tiny operands: not our question
+            _LACKS[k] = False
+    return _LACKS[k]
 
 
 def _float_or_int_outputs(node: fx.Node) -> bool:
