@@ -334,13 +334,16 @@ class LoopKind(ProblemKind):
 
     # -- reports and names ----------------------------------------------------------------------
     def report(self, node: Any, call: Any) -> Any:
-        from tilewright.compiler.report import KernelReport  # the compiler imports the registry
+        from tilewright.compiler.report import KernelReport, candidate_reports  # the compiler imports the registry
 
         sel = next(iter(call.selections.values()))
         p = node.problem
+        # the candidates too: a generated kernel the tuner's check caught shows (the fuzzer
+        # counts it as a find even where ATen saved the answer)
         return KernelReport(node=node.name, kind=p.kind, op=p.op, members=len(node.members),
                             winner=sel.winner.name, reason=sel.reason, bytes=p.min_bytes,
-                            tune_seconds=sel.seconds, problem=p.describe(), problem_json=p.to_json())
+                            tune_seconds=sel.seconds, problem=p.describe(), problem_json=p.to_json(),
+                            candidates=candidate_reports(sel))
 
     def aot_label(self, problem: LoopProblem) -> str:
         # the op label is free text, so the hash names it
