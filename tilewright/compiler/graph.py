@@ -30,30 +30,10 @@ from tilewright.problem import EpilogueInput, EpilogueOp
 
 
 def to_sympy(x: Any) -> sympy.Expr:
-    """An int or SymInt as a sympy expression, in sympy's own functions (``floor``, ``Mod``)."""
+    """An int or SymInt as a sympy expression."""
     if isinstance(x, torch.SymInt):
-        return plain_sympy(x.node.expr)
+        return x.node.expr
     return sympy.Integer(int(x))
-
-
-def plain_sympy(e: sympy.Expr) -> sympy.Expr:
-    """``e`` with torch's integer functions (``FloorDiv``, ``CleanDiv``, ``ModularIndexing``,
-    ``PythonMod``, ``Mod``) written as sympy's ``floor`` and ``Mod``: the index printers know
-    those (a dynamic ``reshape``'s ``s0*s1//7`` printed as Python's ``//`` into C++, where it
-    starts a comment: the C++ kernel did not build; fuzzer find). Sizes are non-negative, so
-    the floored and truncated remainders agree."""
-    from torch.utils._sympy import functions as F
-
-    kinds = tuple(getattr(F, n) for n in ("FloorDiv", "CleanDiv", "ModularIndexing", "PythonMod", "Mod")
-                  if hasattr(F, n))
-    if not e.has(*kinds):
-        return e
-    for name, fn in (("FloorDiv", lambda a, b: sympy.floor(a / b)), ("CleanDiv", lambda a, b: sympy.floor(a / b)),
-                     ("ModularIndexing", lambda x, d, m: sympy.Mod(sympy.floor(x / d), m)),
-                     ("PythonMod", sympy.Mod), ("Mod", sympy.Mod)):
-        if hasattr(F, name):
-            e = e.replace(getattr(F, name), fn)
-    return e
 
 
 # what a data-dependent size (unbacked: nonzero, a boolean mask) counts as in estimates; it is
