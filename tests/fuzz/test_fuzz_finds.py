@@ -58,7 +58,8 @@ def test_prims_ceil_of_an_integer_tensor_is_the_integer(mode):
 def test_a_dynamic_reshape_size_prints_as_c_division_in_cpp(mode):
     # reshape (s0, s1, 1) -> (7, 1, 5) gives a stride s0*s1//7: torch's FloorDiv reached the C++
     # printer as Python's "//", a comment in C++, and the kernel did not build (every candidate
-    # failed, the strict compile too)
+    # failed, the strict compile too). Found here and fixed on main at once by 264cf56 (the
+    # CodePrinter prints FloorDiv)
     def f(x0):
         v0 = aten.reshape.default(x0, [7, 1, 5])
         v1 = aten.select_backward.default(v0, [1, 7, 1, 5], 0, 0)
