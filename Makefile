@@ -56,7 +56,7 @@ test-fast: $(VENV)/.installed flydsl-setup
 # a find prints its program as a reproducer and stays in .hypothesis/fuzz for the next run
 FUZZ_SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 FUZZ_EXAMPLES ?= 300
-FUZZ_MODES ?= triton,cpp,sycl,auto
+FUZZ_MODES ?= triton,cpp,auto
 fuzz: $(VENV)/.installed
 	@echo "fuzz seed: $(FUZZ_SEED)  (repeat: make fuzz FUZZ_SEED=$(FUZZ_SEED) FUZZ_MODES=$(FUZZ_MODES) FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
 	FUZZ_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_MODES=$(FUZZ_MODES) $(PY) -m pytest -n 0 -q \

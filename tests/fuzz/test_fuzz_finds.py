@@ -114,3 +114,18 @@ def test_an_op_eager_has_no_kernel_for_raises_compiled_too(mode):
         return (v1,)
 
     check(f, [make_input([2.0, -0.0, 3.4028234663852886e+38, nan], (2, 2), torch.float32)], mode=mode)
+
+
+@_modes("triton", "cpp", "auto", "sycl")
+def test_cumprod_with_a_dtype_converts_before_it_multiplies(mode):
+    # cumprod(bf16, dtype=fp16): eager converts to fp16 first (-3.39e38 is -inf there, and
+    # -inf * 0 is NaN); the scan multiplied the bf16 values in fp32 and converted the result,
+    # -0.0 at the end of the row (found under sycl, where the scan's ATen form ran it)
+    def f(x0):
+        v0 = aten.cumprod.default(x0, 1, dtype=torch.float16)
+        v1 = aten.cumsum.default(x0, 1, dtype=torch.float16)
+        return (v0, v1)
+
+    inputs = [make_input([-1.15625, -3.3895313892515355e+38, -0.8671875, 0.0, -0.73046875, -2.109375,
+                          -3.3895313892515355e+38, -2.28125], (2, 4), torch.bfloat16, "strided")]
+    check(f, inputs, mode=mode)

@@ -31,17 +31,24 @@ def _row(ctx, a):
     return x, a["dim"] % x.ndim
 
 
-def _scan(ctx, node, x, dim, kind, meta=None, name=None, compute=None):
+def _scan(ctx, node, x, dim, kind, meta=None, name=None, compute=None, convert=False):
+    """``convert``: the operand is converted to the output dtype first (cumsum/cumprod with a
+    ``dtype``: eager converts, then scans; bf16 -3.4e38 is -inf in fp16, and -inf * 0 is NaN
+    where the product kept in fp32 gave -0.0: fuzzer find)."""
     meta = meta or TensorMeta.of(node)
     out = dtypes.name_of(meta.dtype)
     cdt = compute or dtypes.compute_type(out)
-    return ctx.scan(node, x.shape, dim, lambda src: E.scan(kind, E.cast(x.load(src), cdt)), meta=meta, name=name)
+
+    def operand(src):
+        v = x.load(src)
+        return E.cast(E.cast(v, out) if convert and x.dtype != out else v, cdt)
+    return ctx.scan(node, x.shape, dim, lambda src: E.scan(kind, operand(src)), meta=meta, name=name)
 
 
 @lowering(aten.cumsum.default, aten.cumprod.default)
 def _cumsum(ctx, node, a):
     x, dim = _row(ctx, a)
-    return _scan(ctx, node, x, dim, "sum" if node.target == aten.cumsum.default else "prod")
+    return _scan(ctx, node, x, dim, "sum" if node.target == aten.cumsum.default else "prod", convert=True)
 
 
 @lowering(aten.logcumsumexp.default)
