@@ -26,7 +26,7 @@ def _examples(default: int) -> int:
     return int(os.environ.get("FUZZ_EXAMPLES", default))
 
 
-settings.register_profile("fuzz-ci", deadline=None, max_examples=_examples(10), derandomize=True,
+settings.register_profile("fuzz-ci", deadline=None, max_examples=_examples(20), derandomize=True,
                           database=None, suppress_health_check=_SLOW_OK, print_blob=True,
                           phases=[Phase.explicit, Phase.generate])  # no shrinking: bounded
 settings.register_profile("fuzz", deadline=None, max_examples=_examples(300), database=_DB,
