@@ -126,6 +126,8 @@ def _generic_arg(a) -> str | None:
         return "dims"
     if t in ("float", "float?") and n == "correction":
         return "correction"
+    if t == "int" and n == "decimals":
+        return "decimals"
     return None
 
 
@@ -177,6 +179,8 @@ def draw_generic(draw, b, op) -> tuple[list, dict]:
             v = None if t.endswith("?") and not internal and draw(st.integers(0, 3)) == 0 else dims
         elif rule == "correction":
             v = draw(st.sampled_from([0.0, 1.0]))
+        elif rule == "decimals":
+            v = draw(st.sampled_from([0, 1, 2, -1, 3]))
         else:
             raise AssertionError(f"{op}: {n}")
         if a.kwarg_only:
