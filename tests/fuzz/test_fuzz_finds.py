@@ -129,3 +129,16 @@ def test_cumprod_with_a_dtype_converts_before_it_multiplies(mode):
     inputs = [make_input([-1.15625, -3.3895313892515355e+38, -0.8671875, 0.0, -0.73046875, -2.109375,
                           -3.3895313892515355e+38, -2.28125], (2, 4), torch.bfloat16, "strided")]
     check(f, inputs, mode=mode)
+
+
+@_modes("triton", "auto")
+def test_atan2_of_a_0d_tensor_and_a_row_runs_in_the_interpreter(mode):
+    # atan2(0-d, row): the 0-d operand was loaded once (a scalar), the interpreter kept its
+    # comparisons as int32 and "&" with a float test failed ("ufunc 'bitwise_and' not
+    # supported"): no Triton candidate, the strict compile failed. Found through prims.atan2
+    def f(x0, x1):
+        return (prims.atan2.default(x0, x1), aten.atan2.default(x0, x1))
+
+    for dtype in (torch.float16, torch.float32):
+        check(f, [make_input([0.0], (), dtype, "offset"),
+                  make_input([-inf, nan, inf, 0.0, 1.52587890625e-05, 0.2178955078125], (1, 6), dtype)], mode=mode)

@@ -154,7 +154,10 @@ def _pow(a, b):
 def _atan2(y, x):
     # C99 atan2 with its special cases: the angle of |y|/|x| in [0, pi/2], reflected for a
     # negative x (-0 included) and negated for a negative y (-0 included); two infinities give
-    # pi/4, two zeros 0, a NaN operand NaN
+    # pi/4, two zeros 0, a NaN operand NaN. Both as one shape first: a 0-d operand loaded
+    # once is a scalar, whose comparisons the interpreter keeps as int32, and "&" of those with
+    # a float test failed ("ufunc 'bitwise_and' not supported": fuzzer find)
+    y, x = tl.broadcast(y, x)
     ny = (y < 0) | ((y == 0) & (1.0 / y < 0))
     nx = (x < 0) | ((x == 0) & (1.0 / x < 0))
     ay, ax = tl.abs(y), tl.abs(x)
