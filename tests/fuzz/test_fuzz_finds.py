@@ -142,3 +142,28 @@ def test_atan2_of_a_0d_tensor_and_a_row_runs_in_the_interpreter(mode):
     for dtype in (torch.float16, torch.float32):
         check(f, [make_input([0.0], (), dtype, "offset"),
                   make_input([-inf, nan, inf, 0.0, 1.52587890625e-05, 0.2178955078125], (1, 6), dtype)], mode=mode)
+
+
+@_modes("triton", "cpp", "auto")
+def test_elu_of_zeros_keeps_their_sign_with_a_negative_alpha(mode):
+    # elu(+0, alpha=-1.5) took the exponential side: expm1(0) * alpha * scale is -0.0 where
+    # eager's is +0.0
+    def f(x0):
+        v0 = aten.constant_pad_nd.default(x0, [1, 1, 2, 0], 3)
+        v1 = aten.elu.default(v0, -1.5, 0.001, 100.0)
+        return (v1,)
+
+    check(f, [make_input([6.103515625e-05, 2.0712335109710693, 0.0, -0.0, -inf], (1, 5), torch.float32,
+                         "transposed")], mode=mode)
+
+
+@_modes("triton", "cpp", "auto")
+def test_argmin_of_a_bool_tensor_raises_as_eager(mode):
+    # eager raises "argmin(): does not support bool input"; the kernel returned an index
+    def f(x0):
+        v0 = aten.all.dims(x0, [0], True)
+        v1 = aten.argmin.default(v0, None, True)
+        return (v1,)
+
+    check(f, [make_input([True, False, False, True, True, True, True, True, False], (3, 3, 3), torch.bool,
+                         "expanded1")], mode=mode)

@@ -266,7 +266,9 @@ def _elu(ctx, node, a):
 
     def fn(x: N) -> N:
         neg = _c(x, alpha) * E.op("expm1", x * _c(x, in_scale))
-        return E.where(E.op("gt", x, _c(x, 0)), x, neg) * _c(x, scale)
+        # zeros take the linear side, as eager's: elu(+0) is +0 and elu(-0) is -0 even for a
+        # negative alpha, where expm1(0) * alpha is -0 (fuzzer find)
+        return E.where(E.op("ge", x, _c(x, 0)), x, neg) * _c(x, scale)
     return elementwise(ctx, node, [a["self"]], fn, TO_FLOAT)
 
 

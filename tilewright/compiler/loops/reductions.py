@@ -85,6 +85,10 @@ def _amax(ctx, node, a):
 def _argmax(ctx, node, a):
     x = ctx.value(a["self"])
     kind = "argmax" if node.target == aten.argmax.default else "argmin"
+    if x.dtype == "bool":
+        # eager refuses ("argmin(): does not support bool input"): ATen raises it (fuzzer find:
+        # the kernel returned an index)
+        raise Unsupported(f"{kind} of a bool tensor, which eager refuses")
     return _reduce(ctx, node, x, _dims(a["dim"], x.ndim), a["keepdim"], kind)
 
 
