@@ -55,15 +55,27 @@ class Capture:
     shape: tuple[int, ...]
     dtype: str
     bounds: tuple[int, int] | None = None
+    # per dim, the problem size it follows ("B", "H", "Sq", "Skv") when that size is dynamic
+    # (an SDPA mask of (B, 1, Sq, Skv) in a decode loop), None for a fixed extent; () when
+    # every extent is fixed. A problem moved to a bucket resizes such dims with it.
+    dims: tuple[str | None, ...] = ()
 
     def to_json(self) -> dict:
         return {"shape": list(self.shape), "dtype": self.dtype,
-                **({"bounds": list(self.bounds)} if self.bounds else {})}
+                **({"bounds": list(self.bounds)} if self.bounds else {}),
+                **({"dims": list(self.dims)} if any(self.dims) else {})}
 
     @staticmethod
     def from_json(d: dict) -> "Capture":
         b = d.get("bounds")
-        return Capture(tuple(d["shape"]), d["dtype"], tuple(b) if b else None)
+        return Capture(tuple(d["shape"]), d["dtype"], tuple(b) if b else None, tuple(d.get("dims", ())))
+
+    def resized(self, sizes: dict[str, int]) -> "Capture":
+        """This capture with the dims that follow a problem size set to ``sizes[dim]``."""
+        if not any(self.dims):
+            return self
+        shape = tuple(sizes[d] if d is not None and d in sizes else s for s, d in zip(self.shape, self.dims))
+        return dataclasses.replace(self, shape=shape)
 
 
 @dataclass(frozen=True)
@@ -223,7 +235,13 @@ class AttentionProblem:
         return int(total)
 
     def with_sizes(self, **sizes: int) -> "AttentionProblem":
-        return dataclasses.replace(self, **sizes)
+        """The problem at other sizes (a bucket); captured tensors whose dims follow a size
+        (:attr:`Capture.dims`) are resized with it."""
+        changed = dataclasses.replace(self, **sizes)
+        if not any(any(c.dims) for c in self.captures):
+            return changed
+        now = {d: getattr(changed, d) for d in ("B", "H", "Sq", "Skv")}
+        return dataclasses.replace(changed, captures=tuple(c.resized(now) for c in self.captures))
 
     # -- identity -------------------------------------------------------------------------------
     def to_json(self) -> dict:

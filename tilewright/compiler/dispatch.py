@@ -19,6 +19,7 @@ import threading
 from typing import Any, Mapping
 
 from tilewright._config import config
+from tilewright.errors import NoValidCandidateError
 from tilewright.autotune.buckets import all_buckets, bucket, bucket_problem
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.select import KernelFactory, Launcher, Selection, select
@@ -90,10 +91,25 @@ class KernelCall:
         if self.fixed is not None:
             selection = Selection(problem, self.target, self.fixed, reason=self.fixed_reason, measured=False)
         else:
-            selection = select(problem, self.target, self.factory)
+            selection = self._select_bucket(problem, sizes)
         with self._lock:
             self.selections[key] = selection
         return problem, selection
+
+    def _select_bucket(self, problem: Any, sizes: dict[str, int] | None) -> Selection:
+        """The selection for a bucket's problem. Its sizes are each symbol's power of two, which
+        can break a relation the graph's sizes keep (a mask of z1 columns indexed by positions
+        0..z0, with z1 = z0 + 1 in every call): then no tuning input is valid there, and the
+        bucket is tuned at the sizes of the call that reached it (valid, since the call is)."""
+        try:
+            return select(problem, self.target, self.factory)
+        except NoValidCandidateError:
+            exact = None
+            if sizes:
+                exact = self.problem.with_sizes(**{d: int(sizes[d]) for d in self.problem.dynamic if d in sizes})
+            if exact is None or exact == problem:
+                raise
+            return select(exact, self.target, self.factory)
 
     def choose_aten(self) -> tuple[Any, Selection]:
         """Give up on generated kernels for this call: from now on every bucket uses the ATen

@@ -392,7 +392,7 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKern
         b = bounds.get(name)
         init = rename[scatter[name][2]] if name in scatter else None
         return Buffer(rename[name], dtypes.name_of(meta.dtype), tuple(z(s) for s in meta.shape),
-                      tuple(z(s) for s in meta.stride), (0, b) if b is not None else None, init)
+                      tuple(z(s) for s in meta.stride), (0, _bound(z(b))) if b is not None else None, init)
 
     def store(n: str, idx: tuple, v: E.Node) -> Store:
         if n not in scatter:
@@ -406,10 +406,16 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKern
     return BuiltKernel(kernel, ext, [n for n, _, _ in stores], sym_order)
 
 
+def _bound(e: sympy.Expr) -> Any:
+    """A bound as an int when it is one, else the expression of size symbols."""
+    return int(e) if not e.free_symbols else e
+
+
 def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: dict | None = None,
-                  store_index: dict | None = None) -> dict[str, int]:
+                  store_index: dict | None = None) -> dict[str, sympy.Expr]:
     """Integer buffers whose values index a gather or a scatter: the size of the dim they index
-    (tuning draws their random values below it)."""
+    (tuning draws their random values below it), an expression of the graph's size symbols
+    when that dim is dynamic, so a bucket's inputs fit its own tables."""
     out: dict[str, sympy.Expr] = {}
     uses = [(n.arg[0], n.arg[1], E.load_indirect(n)) for n in E.toposort(values)
             if n.op == "load" and E.load_indirect(n)]
@@ -421,7 +427,7 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: d
             dims = [d for d, e in enumerate(index) if sym in sympy.sympify(e).free_symbols]
             if not dims:
                 continue
-            size = int(target.hint_shape[dims[0]])
+            size = sympy.sympify(target.shape[dims[0]])
             affine = _affine_in_one_load(_unwrapped(v))
             for ld in E.toposort([v]):
                 if ld.op == "load":
@@ -429,8 +435,9 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: d
                     if affine is not None and affine[0] == ld.arg[0]:
                         # index = a*value + b, a > 0, b >= 0: values in [0, bound) keep it below size
                         _, a, b = affine
-                        bound = max(1, (size - 1 - b) // a + 1)
-                    out[ld.arg[0]] = min(out.get(ld.arg[0], bound), bound)
+                        bound = sympy.Max(1, sympy.floor((size - 1 - b) / a) + 1)
+                    prev = out.get(ld.arg[0])
+                    out[ld.arg[0]] = bound if prev is None else sympy.Min(prev, bound)
     return out
 
 
@@ -621,7 +628,9 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
 
         def buf(b: Buffer, rename=rename, zsub=zsub) -> Buffer:
             return Buffer(rename[b.name], b.dtype, tuple(e.xreplace(zsub) for e in b.shape),
-                          tuple(e.xreplace(zsub) for e in b.stride), b.bounds,
+                          tuple(e.xreplace(zsub) for e in b.stride),
+                          tuple(x.xreplace(zsub) if isinstance(x, sympy.Basic) else x for x in b.bounds)
+                          if b.bounds else None,
                           rename[b.init] if b.init else None)
 
         for b in k.inputs:

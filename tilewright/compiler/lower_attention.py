@@ -74,6 +74,27 @@ def _getitems(node: fx.Node, count: int) -> list[fx.Node | None]:
     return out
 
 
+def specialize_heads(*nodes: Any) -> None:
+    """Fix symbolic head counts and head dims of q, k, v nodes (dims 1 and 3) to their traced
+    values, with a guard: under ``dynamic=True`` every size is a symbol, but a kernel is
+    rendered for its heads and head dims (tiles of the head dim are compile-time constants), and
+    a model's heads do not vary between calls. Dynamo recompiles should they ever change.
+    Lengths and the batch stay symbolic."""
+    from torch.fx.experimental.symbolic_shapes import guard_int
+
+    for n in nodes:
+        val = n.meta.get("val") if isinstance(n, fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.dim() != 4:
+            continue
+        for d in (1, 3):
+            size = val.shape[d]
+            if isinstance(size, torch.SymInt) and size.node.expr.free_symbols:
+                try:
+                    guard_int(size)
+                except Exception as e:  # a dim marked dynamic by the user: it stays dynamic
+                    raise NotAttention(f"a dynamic head count or head dim ({e.__class__.__name__})") from None
+
+
 def _dims(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> dict[str, Any]:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise NotAttention("attention over tensors that are not (B, H, S, D)")
@@ -103,23 +124,50 @@ def _orders(named: dict[str, fx.Node | None]) -> tuple[tuple[str, tuple[int, ...
 
 
 # -- SDPA ---------------------------------------------------------------------------------------------
-def _sdpa_mask(mask: fx.Node | None, dims: dict) -> tuple[str, str, list[fx.Node], tuple[Capture, ...]]:
-    """(score_mod, mask_mod, captured nodes, captures) of SDPA's ``attn_mask``."""
+def mask_dims(m: TensorMeta, full: tuple[Any, ...], names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """Which dynamic problem size each dim of a mask of meta ``m`` follows (None: a fixed
+    extent), its dims aligned to the right of ``full`` (the sizes named ``names``, sympy).
+
+    Raises:
+        NotAttention: a symbolic mask extent that is none of the sizes it broadcasts against.
+    """
+    lead = len(full) - m.ndim
+    out: list[str | None] = []
+    for d, e in enumerate(m.shape):
+        if not e.free_symbols:
+            if full[lead + d].free_symbols and int(e) != 1:
+                raise NotAttention(f"a mask extent {e} fixed where {names[lead + d]} is dynamic")
+            out.append(None)
+        elif (e - full[lead + d]).simplify() == 0:
+            out.append(names[lead + d])
+        else:
+            raise NotAttention(f"a mask extent {e} that is not {names[lead + d]} ({full[lead + d]})")
+    return tuple(out)
+
+
+def _sdpa_mask(mask: fx.Node | None, dims: dict, full: tuple[Any, ...] = ()
+               ) -> tuple[str, str, list[fx.Node], tuple[Capture, ...]]:
+    """(score_mod, mask_mod, captured nodes, captures) of SDPA's ``attn_mask``; ``full`` is
+    (B, H, Sq, Skv) as traced (sympy), so a mask's dynamic dims follow the sizes they are."""
     if mask is None:
         return "", "", [], ()
     m = _meta(mask)
-    if m.ndim > 4 or any(e.free_symbols for e in m.shape):
-        raise NotAttention("an attention mask of rank > 4 or with dynamic sizes")
+    if m.ndim > 4:
+        raise NotAttention("an attention mask of rank > 4")
     shape = tuple(m.hint_shape)
     want = (dims["B"], dims["H"], dims["Sq"], dims["Skv"])[4 - len(shape):]
     if any(s not in (1, w) for s, w in zip(shape, want)):
         raise NotAttention(f"attention mask {shape} does not broadcast to {want}")
+    follow = mask_dims(m, full, ("B", "H", "Sq", "Skv")) if m.symbolic else ()
+    if any(follow):
+        # a dim that follows a dynamic size indexes by its variable even where the bucket is 1
+        shape = tuple(max(s, 2) if f else s for s, f in zip(shape, follow))
     dt = dtypes.name_of(m.dtype)
     if dt == "bool":
-        return "", mods.dumps(mods.boolean_mask(0, shape)), [mask], (Capture(shape, "bool"),)
+        return "", mods.dumps(mods.boolean_mask(0, shape)), [mask], (Capture(shape, "bool", dims=follow),)
     if dt not in ("fp32", "fp16", "bf16"):
         raise NotAttention(f"attention mask of dtype {m.dtype}")
-    return mods.dumps(mods.additive_mask(0, shape, dt)), "", [mask], (Capture(shape, dt),)
+    return mods.dumps(mods.additive_mask(0, shape, dt)), "", [mask], (Capture(shape, dt, dims=follow),)
 
 
 def _scale(value: Any, D: int) -> float:
@@ -166,12 +214,14 @@ def lower_sdpa(node: fx.Node) -> tuple[AttentionProblem, list[str], list[str]]:
         raise NotAttention(f"{target} is not an SDPA op tilewright lowers")
     if a.get("dropout_p", 0.0) not in (0, 0.0):
         raise NotAttention("dropout (dropout_p > 0) in attention")
+    specialize_heads(a["q"], a["k"], a["v"])
     q, k, v = (_meta(a[n]) for n in ("q", "k", "v"))
     dims = _dims(q, k, v)
     causal = bool(a.get("is_causal", False))
     if causal and target in (CUDA_FLASH, CUDA_FLASH_BWD, EFFICIENT) and dims["Sq"] != dims["Skv"]:
         raise NotAttention("causal GPU SDPA with Sq != Skv (its alignment is the kernel's)")
-    score_mod, mask_mod, cap_nodes, captures = _sdpa_mask(mask, dims)
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    score_mod, mask_mod, cap_nodes, captures = _sdpa_mask(mask, dims, full)
     outs = [node, None] if target is SDPA else _getitems(node, 3 if bwd else 2)
     named = ({"dq": outs[0], "dk": outs[1], "dv": outs[2]} if bwd else {"out": outs[0], "lse": outs[1]})
     problem = AttentionProblem(**dims, scale=_scale(a.get("scale"), dims["D"]), causal=causal,

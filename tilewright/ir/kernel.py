@@ -41,19 +41,31 @@ class Buffer:
     dtype: str
     shape: tuple[sympy.Expr, ...]
     stride: tuple[sympy.Expr, ...]
-    bounds: tuple[int, int] | None = None
+    # ints, or sympy expressions of size symbols where the dim indexed is dynamic (evaluated
+    # at the sizes tuned, so a bucket's random indices fit the bucket's tables)
+    bounds: tuple[Any, Any] | None = None
     init: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        bounds = [int(b) if not getattr(b, "free_symbols", None) else str(b) for b in self.bounds] \
+            if self.bounds else None
         return {"name": self.name, "dtype": self.dtype, "shape": [str(s) for s in self.shape],
                 "stride": [str(s) for s in self.stride],
-                "bounds": list(self.bounds) if self.bounds else None} | ({"init": self.init} if self.init else {})
+                "bounds": bounds} | ({"init": self.init} if self.init else {})
 
     @staticmethod
     def from_json(d: dict[str, Any], symbols: dict[str, sympy.Symbol]) -> "Buffer":
+        bounds = tuple(sympy.sympify(b, locals=symbols) if isinstance(b, str) else b for b in d["bounds"]) \
+            if d.get("bounds") else None
         return Buffer(d["name"], d["dtype"], tuple(sympy.sympify(s, locals=symbols) for s in d["shape"]),
-                      tuple(sympy.sympify(s, locals=symbols) for s in d["stride"]),
-                      tuple(d["bounds"]) if d.get("bounds") else None, d.get("init"))
+                      tuple(sympy.sympify(s, locals=symbols) for s in d["stride"]), bounds, d.get("init"))
+
+    def bounds_at(self, sizes: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
+        """``bounds`` as ints at ``sizes`` (the values of the size symbols)."""
+        if not self.bounds:
+            return None
+        return tuple(int(b.xreplace(sizes)) if isinstance(b, sympy.Basic) else int(b)  # type: ignore[return-value]
+                     for b in self.bounds)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def make_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int
     for b in problem.kernel.inputs:
         shape = [static_or_hint(s, sizes) for s in b.shape]
         stride = [static_or_hint(s, sizes) for s in b.stride]
-        tensors.append(_strided_random(shape, stride, b.dtype, device, gen, b.bounds))
+        tensors.append(_strided_random(shape, stride, b.dtype, device, gen, b.bounds_at(sizes)))
     return LoopInputs(tensors, [static_or_hint(s, sizes) for s in problem.kernel.size_symbols()])
 
 

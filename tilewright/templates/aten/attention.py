@@ -27,7 +27,9 @@ def sdpa_form(problem: AttentionProblem) -> bool:
     if len(problem.captures) != 1:
         return False
     c = problem.captures[0]
-    return problem.score_mod == mods.dumps(mods.additive_mask(0, c.shape, c.dtype)) and c.dtype == problem.dtype
+    # a dim following a dynamic size indexes by its variable even at a bucket of 1
+    shape = tuple(max(s, 2) if d else s for s, d in zip(c.shape, c.dims or (None,) * len(c.shape)))
+    return problem.score_mod == mods.dumps(mods.additive_mask(0, shape, c.dtype)) and c.dtype == problem.dtype
 
 
 class AtenAttention(TemplateSpec):
