@@ -115,7 +115,7 @@ def _softmax_input(p: fx.Node, seen: list[fx.Node]) -> fx.Node | None:
 
 
 def _leads_to_bmm(n: fx.Node) -> bool:
-    if n.target in (aten.mul.Tensor, aten.div.Tensor) and isinstance(n.args[1], (int, float)):
+    if n.target in (aten.mul.Tensor, aten.div.Tensor) and isinstance(n.args[1], (int, float, fx.Node)):
         n = n.args[0]
     return _through_views(n, [], rank=3).target is aten.bmm.default
 
@@ -129,11 +129,48 @@ def _scores(x: fx.Node, seen: list[fx.Node]) -> tuple[fx.Node, float, fx.Node | 
         seen.append(x)
         x = s
     scale = 1.0
-    if x.target in (aten.mul.Tensor, aten.div.Tensor) and isinstance(x.args[1], (int, float)):
+    if x.target in (aten.mul.Tensor, aten.div.Tensor) and isinstance(x.args[1], fx.Node):
+        factor = _size_scalar(x.args[1])
+        if factor is not None:
+            scale = factor if x.target is aten.mul.Tensor else 1.0 / factor
+            seen.append(x)
+            x = x.args[0]
+    elif x.target in (aten.mul.Tensor, aten.div.Tensor) and isinstance(x.args[1], (int, float)):
         scale = float(x.args[1]) if x.target is aten.mul.Tensor else 1.0 / float(x.args[1])
         seen.append(x)
         x = x.args[0]
     return x, scale, mask
+
+
+_SCALAR_STEPS = {prims.convert_element_type.default: lambda x, *a: x, aten.sqrt.default: math.sqrt,
+                 aten.rsqrt.default: lambda x: 1.0 / math.sqrt(x), aten.reciprocal.default: lambda x: 1.0 / x}
+
+
+def _size_scalar(n: fx.Node) -> float | None:
+    """The value of a 0-d tensor computed from a size alone (``/ math.sqrt(q.shape[-1])`` under
+    ``dynamic=True``: sqrt of scalar_tensor(s)), the size fixed to its traced value with a guard
+    (a head dim, which the attention kernel fixes anyway); None for anything else."""
+    from torch.fx.experimental.symbolic_shapes import guard_int
+
+    chain = []
+    while isinstance(n, fx.Node) and n.op == "call_function" and n.target in _SCALAR_STEPS:
+        chain.append(n.target)
+        n = n.args[0]
+    if not isinstance(n, fx.Node) or n.target is not aten.scalar_tensor.default or len(n.users) != 1:
+        return None
+    leaf = n.args[0]
+    val = leaf.meta.get("val") if isinstance(leaf, fx.Node) else leaf
+    if isinstance(val, torch.SymInt):
+        try:
+            val = guard_int(val)
+        except Exception:
+            return None
+    if not isinstance(val, (int, float)) or isinstance(val, bool):
+        return None
+    x = float(val)
+    for step in reversed(chain):
+        x = _SCALAR_STEPS[step](x)
+    return x
 
 
 def match(out_view: fx.Node) -> dict | None:
@@ -173,12 +210,16 @@ def match(out_view: fx.Node) -> dict | None:
     if _shape(out_view) != (B, H, Sq, Dv) or H != Hkv * gk or _shape(k4)[3] != D:
         return None
     inner = set(seen) - {out_view}
-    if not all(_sole_user(n, inner | {out_view}) for n in inner if n not in (q4, k4, v4, mask)):
+    # under dynamic shapes a later view may read a size off an intermediate score tensor: it is
+    # read off q or k instead (the scores are (B, H, Sq, Skv))
+    sizes = {u: ((q4, u.args[1]) if u.args[1] % 4 < 3 else (k4, 2)) for n in inner if n not in (q4, k4, v4, mask)
+             for u in n.users if u.target is aten.sym_size.int and len(_shape(n)) == 4}
+    if not all(_sole_user(n, inner | {out_view} | set(sizes)) for n in inner if n not in (q4, k4, v4, mask)):
         return None  # an intermediate is read elsewhere (a training graph saves the probabilities)
     if mask is not None and (len(_shape(mask)) > 4 or any(
             s not in (1, w) for s, w in zip(_shape(mask)[::-1], (Skv, Sq, H, B)))):
         return None
-    return dict(q=q4, k=k4, v=v4, mask=mask, scale=scale, group=gk, nodes=inner)
+    return dict(q=q4, k=k4, v=v4, mask=mask, scale=scale, group=gk, nodes=inner, sizes=sizes)
 
 
 def rewrite_eager_attention(gm: fx.GraphModule) -> int:
@@ -200,6 +241,8 @@ def rewrite_eager_attention(gm: fx.GraphModule) -> int:
                       "enable_gqa": found["group"] > 1}
             new = gm.graph.call_function(SDPA, (q, k, v), kwargs)
         new.meta.update(node.meta)
+        for size_node, (src, dim) in found["sizes"].items():
+            size_node.args = (src, dim)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
         for dead in sorted(found["nodes"], key=lambda n: -position.get(n, -1)):
