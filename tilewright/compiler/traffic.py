@@ -56,12 +56,15 @@ def _meta_of(v: torch.Tensor) -> TensorMeta:
 
 
 def is_free(node: fx.Node) -> bool:
-    """Views, tuple accesses, constants and allocations (:data:`ALLOCATIONS`): no launch, no
+    """Views, tuple accesses, constants and allocations (:data:`ALLOCATIONS`), and arithmetic on
+    sizes (a dynamic graph's ``sym_size``, ``s0 * s1``: Python on the host): no launch, no
     traffic."""
     from tilewright.compiler.lower import VIEWS
 
+    val = node.meta.get("val")
+    host = isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
     return (node.op != "call_function" or node.target in VIEWS or node.target is operator.getitem
-            or node.target in ALLOCATIONS)
+            or node.target in ALLOCATIONS or host)
 
 
 def eager_cost(gm: fx.GraphModule) -> tuple[int, int]:

@@ -1,0 +1,240 @@
+"""Attention and loop kernels with symbolic sizes (``dynamic=True``, ``mark_dynamic``, Dynamo's
+automatic dynamic after a size change): SDPA with masks and GQA, flex_attention decode over a
+growing KV length with a block mask built outside the graph, hand-written attention; masks as
+users write them (finfo.min and -inf rows, 5-D inputs, a float mask requiring grad); tuning
+inputs of a new bucket valid for the graph's own bounds. Judged against float64 (or against
+eager where eager's convention is the point), with the graph reports showing generated kernels."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilewright
+from tilewright.compiler.report import collect_reports
+
+from conftest import TOL, rel_err
+
+
+def _attention_kernels(reports):
+    return [k for r in reports for k in r.kernels if k.kind == "attention"]
+
+
+def _aten_ops(reports) -> int:
+    return sum(r.extern_ops for r in reports)
+
+
+def _sdpa64(q, k, v, mask=None, causal=False):
+    q, k, v = q.double(), k.double(), v.double()
+    if k.shape[1] != q.shape[1]:
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s + mask.double() if mask.dtype != torch.bool else s.masked_fill(~mask, -math.inf)
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).tril().logical_not(), -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+def test_sdpa_under_dynamic_true_runs_generated_kernels_at_every_length():
+    """Masked and causal GQA SDPA compiled with dynamic=True: one graph each, generated
+    attention kernels with symbolic lengths and batch (the mask follows them), float64-right at
+    lengths across buckets. Before: 'a dynamic head count' / 'a mask with dynamic sizes' kept
+    them ATen calls."""
+    def masked(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    def causal_gqa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    torch.manual_seed(0)
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        cm = torch.compile(masked, backend="tilewright", dynamic=True)
+        cg = torch.compile(causal_gqa, backend="tilewright", dynamic=True)
+        for B, S in ((3, 8), (5, 21)):
+            q = torch.randn(B, 4, S, 16)
+            k, v = torch.randn(B, 4, S + 2, 16), torch.randn(B, 4, S + 2, 16)
+            m = torch.randn(B, 1, S, S + 2)
+            assert rel_err(cm(q, k, v, m), _sdpa64(q, k, v, m)) < TOL[torch.float32]
+            k2, v2 = torch.randn(B, 2, S, 16), torch.randn(B, 2, S, 16)
+            assert rel_err(cg(q, k2, v2), _sdpa64(q, k2, v2, causal=True)) < TOL[torch.float32]
+    assert len(reports) == 2, [r.graph_id for r in reports]  # no recompile per length
+    kernels = _attention_kernels(reports)
+    assert len(kernels) == 2 and all(k.winner.startswith("triton.attention") for k in kernels)
+    assert all("dynamic" in k.problem and "Sq" in k.problem for k in kernels), [k.problem for k in kernels]
+    assert _aten_ops(reports) == 0
+
+
+def test_sdpa_backward_after_an_automatic_dynamic_length_change():
+    """Training SDPA with a mask: Dynamo makes the length dynamic at the second size; forward
+    and backward of that graph are generated attention kernels, gradients float64-right."""
+    torch.manual_seed(1)
+
+    def f(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=False)
+
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        cf = torch.compile(f, backend="tilewright")
+        for S in (8, 12, 19):
+            q, k, v = (torch.randn(2, 3, S, 16, requires_grad=True) for _ in range(3))
+            m = torch.randn(1, 1, S, S)
+            go = torch.randn(2, 3, S, 16)
+            grads = torch.autograd.grad(cf(q, k, v, m), (q, k, v), go)
+            q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+            want = torch.autograd.grad(_sdpa64(q64, k64, v64, m), (q64, k64, v64), go.double())
+            for g, w in zip(grads, want):
+                assert rel_err(g, w) < TOL[torch.float32]
+    dyn = [k for k in _attention_kernels(reports) if "dynamic" in k.problem]
+    assert sorted(k.problem.split()[1] for k in dyn) == ["backward", "forward"], [k.problem for k in dyn]
+    assert _aten_ops(reports) == 0
+
+
+def test_flex_decode_over_a_growing_kv_length_with_an_outside_block_mask():
+    """flex_attention decode (one query) as the KV length grows, the block mask built outside
+    the graph each step and a score_mod reading a captured table: every graph's attention is a
+    generated kernel; the dynamic one (symbolic block sizes, lengths) is right at each length."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(2)
+    bias = torch.randn(64)
+
+    def f(q, k, v, bm):
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, m, n: s + bias[n], block_mask=bm)
+
+    def window(b, h, m, n):
+        return n >= 4
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # flex's eager reference
+        with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+            cf = torch.compile(f, backend="tilewright")
+            for S in (16, 24, 40, 47):
+                q, k, v = torch.randn(1, 2, 1, 16), torch.randn(1, 2, S, 16), torch.randn(1, 2, S, 16)
+                bm = create_block_mask(window, 1, 1, 1, S, device="cpu", BLOCK_SIZE=16)
+                s = (q.double() @ k.double().transpose(-1, -2)) / 4.0 + bias[:S].double()
+                s[..., :4] = -math.inf
+                assert rel_err(cf(q, k, v, bm), torch.softmax(s, -1) @ v.double()) < TOL[torch.float32]
+    kernels = _attention_kernels(reports)
+    assert kernels and all(k.winner.startswith("triton.attention") for k in kernels), [k.winner for k in kernels]
+    assert any("dynamic Skv" in k.problem for k in kernels)
+    assert _aten_ops(reports) == 0
+
+
+def test_hand_written_attention_under_dynamic_true():
+    """q @ kᵀ / sqrt(q.shape[-1]) + mask, softmax, @ v compiled with dynamic=True (the scale
+    is then a tensor computed from the symbolic head dim): rewritten to one generated
+    attention kernel with symbolic lengths."""
+    torch.manual_seed(3)
+
+    def f(q, k, v, m):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + m
+        return torch.softmax(s, dim=-1) @ v
+
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        cf = torch.compile(f, backend="tilewright", dynamic=True)
+        for S in (8, 11, 20):
+            q, k, v = (torch.randn(3, 2, S, 16) for _ in range(3))
+            m = torch.randn(3, 1, S, S)
+            assert rel_err(cf(q, k, v, m), _sdpa64(q, k, v, m)) < TOL[torch.float32]
+    kernels = _attention_kernels(reports)
+    assert len(kernels) == 1 and "dynamic" in kernels[0].problem, [k.problem for k in kernels]
+    assert _aten_ops(reports) == 0
+
+
+@pytest.mark.parametrize("fill", ["finfo_min", "-inf"])
+def test_fully_masked_rows_give_eagers_values(fill):
+    """An additive mask with fully masked rows: finfo.min rows average V (eager's softmax of
+    equal scores; the generated kernel returned 0: s * log2(e) overflowed to -inf), -inf rows
+    give what eager's CPU kernel gives (0). Rows with one masked key stay right."""
+    torch.manual_seed(4)
+    value = torch.finfo(torch.float32).min if fill == "finfo_min" else -math.inf
+    q, k, v = torch.randn(2, 2, 6, 16), torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+    m = torch.randn(2, 1, 6, 9)
+    m[0, :, 1] = value
+    m[1, :, 4] = value
+    m[1, :, 2, 3] = value
+
+    def f(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    want = f(q, k, v, m)
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        out = torch.compile(f, backend="tilewright")(q, k, v, m)
+    assert _attention_kernels(reports)[0].winner.startswith("triton.attention")
+    if fill == "finfo_min":
+        torch.testing.assert_close(out[0, :, 1], v[0].mean(1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_float_mask_requiring_grad_and_5d_bool_mask_are_generated_kernels():
+    """SDPA's math form (a float mask that requires grad; 5-D q/k/v with a (1, 1, S) bool mask)
+    runs as generated GEMMs and loop kernels, forward and backward (its _safe_softmax was an
+    ATen call), with eager's values and gradients, mask gradient included."""
+    torch.manual_seed(5)
+
+    def f(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    for shape, mask in (((2, 2, 8, 16), torch.randn(2, 1, 8, 8, requires_grad=True)),
+                        ((2, 3, 2, 7, 16), torch.rand(1, 1, 7) < 0.7)):
+        torch._dynamo.reset()  # each case compiled static (a second shape would make it dynamic)
+        q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+        inputs = (q, k, v) + ((mask,) if mask.requires_grad else ())
+        with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+            out = torch.compile(f, backend="tilewright")(q, k, v, mask)
+            go = torch.randn_like(out)
+            grads = torch.autograd.grad(out, inputs, go)
+        assert _aten_ops(reports) == 0, [(r.kind, r.kernel_counts, r.extern_ops) for r in reports]
+        assert {r.kind for r in reports} == {"forward", "backward"}
+        d64 = [t.detach().double().requires_grad_(t.requires_grad) for t in (q, k, v, mask)]
+        if mask.dtype == torch.bool:
+            d64[3] = mask
+        ref = f(*d64)
+        want = torch.autograd.grad(ref, [d for d in d64 if d.requires_grad], go.double())
+        assert rel_err(out, ref) < TOL[torch.float32]
+        for g, w in zip(grads, want):
+            assert rel_err(g, w) < TOL[torch.float32]
+
+
+def test_a_new_buckets_gather_indices_fit_its_tables():
+    """A gather and an index_put called with 64, 100, then 37 rows: the dynamic graph's bucket
+    64 drew indices below the trace-time rows (100) for a 64-row table ('index 6080 out of
+    bounds for size 4096': every candidate failed, the graph went to ATen for good). Index
+    bounds are now expressions of the graph's sizes."""
+    def f(x, idx):
+        y = x[idx] * 2
+        return torch.zeros_like(x).index_put((idx,), y + 1, accumulate=True)
+
+    torch.manual_seed(6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with tilewright.config.patch(force_backend="triton"):
+            cf = torch.compile(f, backend="tilewright")
+            for n in (64, 100, 37):
+                x, idx = torch.randn(n, 64), torch.randint(0, n, (n,))
+                torch.testing.assert_close(cf(x, idx), f(x, idx))
+
+
+def test_a_bucket_that_breaks_the_graphs_size_relation_is_tuned_at_the_calls_sizes():
+    """A mask of n + 1 columns read at positions 0..n (a decode step's padding mask): the
+    graph's two sizes always differ by one, but their buckets (16, 16 for n = 15) do not, so no
+    tuning input is valid there (every candidate raised IndexError). The bucket is tuned at the
+    call's sizes."""
+    def f(pos, mask):
+        idx = torch.arange(pos.shape[0] + 1)
+        return mask[:, idx].float() * pos.sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+            cf = torch.compile(f, backend="tilewright")
+            for n in (5, 8, 15, 30):
+                pos, mask = torch.randn(n), torch.rand(2, n + 1) < 0.5
+                torch.testing.assert_close(cf(pos, mask), f(pos, mask))
+    assert all(r.fallback is None for r in reports)
