@@ -32,13 +32,15 @@ import logging
 from dataclasses import dataclass, field
 
 import networkx as nx
+import sympy
+import torch
 import torch.fx as fx
 
 from tilewright._config import config
 from tilewright.compiler.fallbacks import LoopBuildFailure, contain
 from tilewright.compiler.fusion import BuiltKernel, FusionError, build_kernel, combine
 from tilewright.compiler.traffic import is_free
-from tilewright.compiler.graph import ExternNode, FusedNode, KernelGraph, LoopNode, Node, TensorMeta, produced
+from tilewright.compiler.graph import ExternNode, FusedNode, KernelGraph, LoopNode, Node, TensorMeta, produced, to_sympy
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.index import static_or_hint
@@ -451,6 +453,12 @@ def schedule(kg: KernelGraph, gm: fx.GraphModule) -> int:
         m = TensorMeta.of(node)
         if m is not None:
             metas[node.name] = m
+        elif isinstance(node.meta.get("val"), torch.SymInt) and node.meta["val"].node.hint is not None:
+            # a size input a kernel reads as a number (loops.SizeValue): its trace-time value,
+            # under a name no value has
+            val = node.meta["val"]
+            metas[f"__size__{node.name}"] = TensorMeta((to_sympy(val),), (sympy.Integer(1),), (int(val.node.hint),),
+                                                       torch.int64, torch.device("cpu"), (1,))
     for n in kg.nodes:
         if isinstance(n, LoopNode) and n.meta is not None:
             metas[n.name] = n.meta

@@ -67,6 +67,20 @@ class Buffer(Value):
 
 
 @dataclass
+class SizeValue(Value):
+    """A size of a dynamic graph used as a number (``arange(n) + past_length``: a SymInt
+    operand), as a 0-d i64 value: its loads are the size's expression, which the kernel takes
+    as a size argument at run time."""
+
+    expr: sympy.Expr
+    shape: tuple[sympy.Expr, ...] = ()
+    dtype: str = "i64"
+
+    def load(self, index: Sequence[Any], mask: E.Node | None = None, indirect: tuple[E.Node, ...] = ()) -> E.Node:
+        return E.index(self.expr, "i64")
+
+
+@dataclass
 class View(Value):
     """``source`` seen through an index map: ``fn(view index) -> source index``."""
 
@@ -184,6 +198,9 @@ class LoopLowering:
             v = self.values.get(x.name)
             if isinstance(v, Value):
                 return v
+            val = x.meta.get("val")
+            if isinstance(val, torch.SymInt) and val.node.hint is not None:
+                return SizeValue(to_sympy(val))
             raise Unsupported(f"{x.name} is not a tensor the IR can read")
         if isinstance(x, (bool, int, float)):
             return Scalar(x)
@@ -286,6 +303,9 @@ def computation_dtype(node: fx.Node, operands: Sequence[Any], kind: Promotion) -
     for x in operands:
         if isinstance(x, fx.Node):
             val = x.meta.get("val")
+            if isinstance(val, torch.SymInt) and val.node.hint is not None:
+                examples.append(int(val.node.hint))  # a size operand promotes as the int it is
+                continue
             if not isinstance(val, torch.Tensor):
                 raise Unsupported(f"{x.name} has no tensor metadata")
             examples.append(val)
