@@ -202,7 +202,8 @@ def test_float_mask_requiring_grad_and_5d_bool_mask_are_generated_kernels():
             assert rel_err(g, w) < TOL[torch.float32]
 
 
-def test_a_new_buckets_gather_indices_fit_its_tables():
+@pytest.mark.parametrize("force", ["triton", "cpp"])
+def test_a_new_buckets_gather_indices_fit_its_tables(force):
     """A gather and an index_put called with 64, 100, then 37 rows: the dynamic graph's bucket
     64 drew indices below the trace-time rows (100) for a 64-row table ('index 6080 out of
     bounds for size 4096': every candidate failed, the graph went to ATen for good). Index
@@ -214,14 +215,15 @@ def test_a_new_buckets_gather_indices_fit_its_tables():
     torch.manual_seed(6)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        with tilewright.config.patch(force_backend="triton"):
+        with tilewright.config.patch(force_backend=force):
             cf = torch.compile(f, backend="tilewright")
             for n in (64, 100, 37):
                 x, idx = torch.randn(n, 64), torch.randint(0, n, (n,))
                 torch.testing.assert_close(cf(x, idx), f(x, idx))
 
 
-def test_a_bucket_that_breaks_the_graphs_size_relation_is_tuned_at_the_calls_sizes():
+@pytest.mark.parametrize("force", ["triton", "cpp"])
+def test_a_bucket_that_breaks_the_graphs_size_relation_is_tuned_at_the_calls_sizes(force):
     """A mask of n + 1 columns read at positions 0..n (a decode step's padding mask): the
     graph's two sizes always differ by one, but their buckets (16, 16 for n = 15) do not, so no
     tuning input is valid there (every candidate raised IndexError). The bucket is tuned at the
@@ -232,9 +234,25 @@ def test_a_bucket_that_breaks_the_graphs_size_relation_is_tuned_at_the_calls_siz
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        with tilewright.config.patch(force_backend=force), collect_reports() as reports:
             cf = torch.compile(f, backend="tilewright")
             for n in (5, 8, 15, 30):
                 pos, mask = torch.randn(n), torch.rand(2, n + 1) < 0.5
                 torch.testing.assert_close(cf(pos, mask), f(pos, mask))
     assert all(r.fallback is None for r in reports)
+
+
+@pytest.mark.parametrize("force", ["triton", "cpp"])
+def test_a_size_used_as_a_number_stays_in_the_loop_kernel(force):
+    """``arange(n) + past.shape[0]`` in a dynamic graph (a decode step's positions): the SymInt
+    operand is read by the loop kernel as a size (it was an ATen add), right at every size."""
+    def f(x, past):
+        pos = torch.arange(x.shape[0]) + past.shape[0]
+        return x * pos.float()[:, None]
+
+    with tilewright.config.patch(force_backend=force), collect_reports() as reports:
+        cf = torch.compile(f, backend="tilewright")
+        for n, p in ((3, 4), (5, 7), (9, 12), (17, 3)):
+            x, past = torch.randn(n, 8), torch.randn(p)
+            torch.testing.assert_close(cf(x, past), f(x, past))
+    assert len(reports) == 2 and _aten_ops(reports) == 0, [(r.kernel_counts, r.extern_ops) for r in reports]

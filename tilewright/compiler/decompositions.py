@@ -53,6 +53,8 @@ LOOP_EXPOSING = [
     aten.elu_backward, aten.nll_loss2d_forward,
     # SDPA's math form (a mask that requires grad, 5-D inputs): rows all -inf give 0
     aten._safe_softmax,
+    # a static KV cache's write (transformers' StaticCache): an index_put, a scatter kernel
+    aten.index_copy,
 ]
 
 
