@@ -70,6 +70,27 @@ def test_sdpa_under_dynamic_true_runs_generated_kernels_at_every_length():
     assert _aten_ops(reports) == 0
 
 
+def test_sdpa_with_mark_dynamic_lengths_is_one_generated_kernel_for_every_length():
+    """Lengths marked dynamic up front (``torch._dynamo.mark_dynamic``), a boolean mask over
+    them: one graph, one dynamic attention kernel, right at each length."""
+    def f(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    torch.manual_seed(7)
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        cf = torch.compile(f, backend="tilewright")
+        for S in (9, 30):
+            q, k, v = (torch.randn(2, 4, S, 16) for _ in range(3))
+            m = torch.rand(S, S) < 0.8
+            m[:, 0] = True
+            for t, d in ((q, 2), (k, 2), (v, 2), (m, 0), (m, 1)):
+                torch._dynamo.mark_dynamic(t, d)
+            assert rel_err(cf(q, k, v, m), _sdpa64(q, k, v, m)) < TOL[torch.float32]
+    kernels = _attention_kernels(reports)
+    assert len(reports) == 1 and len(kernels) == 1 and "dynamic Skv,Sq" in kernels[0].problem, \
+        [k.problem for k in kernels]
+
+
 def test_sdpa_backward_after_an_automatic_dynamic_length_change():
     """Training SDPA with a mask: Dynamo makes the length dynamic at the second size; forward
     and backward of that graph are generated attention kernels, gradients float64-right."""
