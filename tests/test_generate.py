@@ -105,6 +105,6 @@ def test_generate_matches_eager_on_generated_kernels(name, cache, force, monkeyp
     assert all(k.winner.startswith("triton.attention") for k in attention), [k.winner for k in attention]
     assert all(not g.winner.startswith("aten") for r in reports for g in r.gemms), \
         [g.winner for r in reports for g in r.gemms]
-    if cache == "dynamic":
+    if cache == "dynamic" and name != "mistral":  # Mistral's cache holds the window: its KV stays 8
         assert any("dynamic" in k.problem for k in attention), "the dynamic decode graph's attention"
     assert sum(r.extern_ops for r in reports) == 0, [(r.graph_id, r.extern_ops) for r in reports]
