@@ -261,6 +261,10 @@ def test_a_bucket_that_breaks_the_graphs_size_relation_is_tuned_at_the_calls_siz
                 pos, mask = torch.randn(n), torch.rand(2, n + 1) < 0.5
                 torch.testing.assert_close(cf(pos, mask), f(pos, mask))
     assert all(r.fallback is None for r in reports)
+    # the static first graph, then one dynamic graph for every size (lowering asks eager whether
+    # it has a kernel for an op on tiny operands: a size operand passed as the symbol itself
+    # became a guard, specialising the graph to its size: a compile per call)
+    assert len(reports) == 2, [r.graph_id for r in reports]
 
 
 @pytest.mark.parametrize("force", ["triton", "cpp"])

@@ -381,8 +381,14 @@ def _eager_lacks_kernel(node: fx.Node) -> bool:
     dtypes, of one-element tensors shaped like the operands (all dims 1), for CPU graphs."""
     def tiny(x: Any) -> Any:
         if isinstance(x, fx.Node):
-            val = x.meta.get("val")
-            return torch.zeros((1,) * val.dim(), dtype=val.dtype) if isinstance(val, torch.Tensor) else val
+            x = x.meta.get("val")
+            if isinstance(x, torch.Tensor):
+                return torch.zeros((1,) * x.dim(), dtype=x.dtype)
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            # its trace-time value: calling the op on the symbol itself would turn it into a
+            # number with a guard, specialising a dynamic graph to this size
+            hint = x.node.hint
+            return hint if hint is not None else 1
         if isinstance(x, (list, tuple)):
             return type(x)(tiny(v) for v in x)
         return x
