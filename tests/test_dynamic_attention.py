@@ -17,7 +17,12 @@ import torch.nn.functional as F
 import tilewright
 from tilewright.compiler.report import collect_reports
 
-from conftest import TOL, rel_err
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = out.detach().double(), ref.detach().double()
+    return ((o - r).norm() / r.norm().clamp_min(1e-30)).item()
 
 
 def _attention_kernels(reports):
