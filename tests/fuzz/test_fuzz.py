@@ -17,11 +17,12 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+import fuzz_profiles  # noqa: F401  (registers the hypothesis profiles)
 from fuzz_oracle import MODES, check, unavailable
 from fuzz_ops import FACTORIES, catalogue
 from fuzz_program import EXCLUSIONS, programs
 
-PROFILE = settings.get_profile(os.environ.get("FUZZ_PROFILE", "fuzz-ci"))  # conftest.py registers them
+PROFILE = settings.get_profile(os.environ.get("FUZZ_PROFILE", "fuzz-ci"))  # fuzz_profiles registers them
 # sycl builds a kernel in seconds on the OpenCL CPU device: fuzzed by make fuzz only
 FUZZ_MODES = os.environ.get("FUZZ_MODES", "triton,cpp,auto").split(",")
 

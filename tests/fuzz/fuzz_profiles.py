@@ -1,4 +1,6 @@
-"""Hypothesis profiles of the differential fuzzer (tests/fuzz/test_fuzz.py).
+"""Hypothesis profiles of the differential fuzzer (tests/fuzz/test_fuzz.py), registered when
+that module imports this one (not a ``conftest.py``: a second module named ``conftest`` would
+shadow ``tests/conftest.py`` for the suite's ``from conftest import ...``).
 
 * ``fuzz-ci`` (the default here): the bounded run of ``make test``; derandomized, so the suite
   is reproducible and a find shows up in a fuzzing run, not as a flaky CI failure.
