@@ -13,6 +13,12 @@ from tilewright.errors import ConfigError, InvalidInputError, TilewrightError
 
 __version__ = "0.1.0"
 
+# backend="tilewright" by name without the installed entry point (a checkout on PYTHONPATH);
+# no torch import here: the name is registered when Dynamo's registry loads
+from tilewright import _dynamo_registration
+
+_dynamo_registration.install()
+
 # the registries' public calls, imported when first used (so ``import tilewright`` stays light):
 # a language or template registered from a user's code is a candidate like the package's own
 # (docs/kernel-authors.md)

@@ -1,6 +1,7 @@
 """The ``torch.compile`` backend: ``torch.compile(model, backend="tilewright")``.
 
-Registered through the ``torch_dynamo_backends`` entry point, so installing the package is enough.
+Registered through the ``torch_dynamo_backends`` entry point (installing the package is enough)
+and by ``import tilewright`` itself (a checkout on PYTHONPATH, tilewright._dynamo_registration).
 Dynamo's graph goes through aot_autograd with tilewright's decomposition table, which produces
 ATen forward and backward graphs (or one inference graph under ``no_grad``); each is compiled by
 :func:`tilewright.compiler.pipeline.compile_graph`. A graph tilewright fails to compile runs
