@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 VENV_FLAGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast fuzz setup flydsl-setup clean
+.PHONY: demo test test-fast fuzz setup flydsl-setup clean compat compat-smoke compat-old compat-new
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -64,5 +64,23 @@ fuzz: $(VENV)/.installed
 	  --hypothesis-show-statistics $(PYTEST_ARGS); rc=$$?; \
 	  echo "fuzz seed: $(FUZZ_SEED)"; exit $$rc
 
+# The compatibility check: the suite's fast tier from this checkout on PYTHONPATH (nothing of
+# tilewright installed, as on the GPU machine) under the oldest versions pyproject claims and
+# under the newest torch pip can install here. bench/compat.sh has the details and the numbers.
+#   make compat         both, the whole fast tier (-m "not slow")
+#   make compat-smoke   the old versions only, a sample of the suite plus
+#                       bench/device_check.sh --dry-run (what .ci/run runs)
+# Each venv is built once and reused (.venv-compat*, ignored by git).
+compat-smoke:
+	bash bench/compat.sh old smoke
+
+compat-old:
+	bash bench/compat.sh old fast
+
+compat-new:
+	bash bench/compat.sh new fast
+
+compat: compat-old compat-new
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-compat .venv-compat-new .pytest_cache

@@ -77,7 +77,29 @@ def test_registration_after_dynamo_is_loaded_and_twice(monkeypatch):
 
     monkeypatch.setattr(registry, "_COMPILER_FNS", {k: v for k, v in registry._COMPILER_FNS.items()
                                                     if k != "tilewright"})
-    monkeypatch.setattr(registry, "_BACKENDS", dict(registry._BACKENDS))
+    monkeypatch.setattr(registry, "_BACKENDS", {k: v for k, v in registry._BACKENDS.items()
+                                                if k != "tilewright"})
+    monkeypatch.setattr(registry, "_lazy_import", lambda: None)  # no entry point seen
     r.install()
     r.install()  # a second import (a reload) must not raise "duplicate name"
     assert registry.lookup_backend("tilewright") is r.tilewright
+
+
+def test_an_entry_point_dynamo_found_first_is_left_to_dynamo(monkeypatch):
+    """Regression: Dynamo loading the installed entry point imports tilewright, whose
+    registration then took the name, and Dynamo's own registration failed ("duplicate name")."""
+    import torch._dynamo  # noqa: F401
+    from torch._dynamo.backends import registry
+
+    from tilewright import _dynamo_registration as r
+    from tilewright.compiler.backend import tilewright_backend
+
+    class EntryPoint:  # what importlib.metadata gives Dynamo, loading runs `import tilewright`
+        def load(self):
+            r.install()
+            return tilewright_backend
+
+    monkeypatch.setattr(registry, "_COMPILER_FNS", {k: v for k, v in registry._COMPILER_FNS.items()
+                                                    if k != "tilewright"})
+    monkeypatch.setattr(registry, "_BACKENDS", dict(registry._BACKENDS) | {"tilewright": EntryPoint()})
+    assert registry.lookup_backend("tilewright") is tilewright_backend

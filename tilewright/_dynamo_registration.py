@@ -31,10 +31,13 @@ def tilewright(gm: Any, example_inputs: list[Any], **kwargs: Any) -> Any:
 
 
 def _register(registry: Any) -> None:
-    """Register :func:`tilewright` under :data:`NAME` unless the name is already taken (by the
-    entry point loaded earlier, or by an earlier registration: both run the same compiler)."""
+    """Register :func:`tilewright` under :data:`NAME` unless the name is already taken (by an
+    earlier registration) or Dynamo has found the installed entry point: it loads that itself,
+    and registers it then, which would fail ("duplicate name") had this registered first. That
+    load imports tilewright, which lands here while the entry point is being loaded."""
     taken = getattr(registry, "_COMPILER_FNS", {})
-    if NAME not in taken:
+    entry_point = getattr(registry, "_BACKENDS", {}).get(NAME)
+    if NAME not in taken and entry_point is None:
         registry.register_backend(compiler_fn=tilewright, name=NAME)
 
 

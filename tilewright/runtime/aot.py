@@ -261,6 +261,9 @@ def _compiler_of(job: CompileJob) -> Callable[[CompileJob, Path], CompileResult]
     return lang.aot_compile or f"language {name!r} has no ahead-of-time compiler"
 
 
+_STARTED = "started"  # a worker's word that it has the job (its imports are done)
+
+
 def _worker_main(conn: Connection, root: str) -> None:
     os.environ["TRITON_INTERPRET"] = "0"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -272,6 +275,9 @@ def _worker_main(conn: Connection, root: str) -> None:
         if msg is None:
             break
         job, compile_fn = msg
+        # the job's clock starts now: a fresh worker's imports (torch, triton: tens of seconds
+        # on a loaded machine) are not the job's compile time
+        conn.send(_STARTED)
         try:
             if isinstance(compile_fn, str):
                 raise RuntimeError(compile_fn)
@@ -377,8 +383,12 @@ def compile_jobs(jobs: Iterable[CompileJob], root: Path | str, *, workers: int =
                 job = w.job
                 if w.conn in ready:
                     try:
-                        finish(w.conn.recv())
-                        w.job = None
+                        msg = w.conn.recv()
+                        if msg == _STARTED:
+                            w.started = time.monotonic()
+                        else:
+                            finish(msg)
+                            w.job = None
                         continue
                     except (EOFError, OSError):
                         pass
