@@ -186,9 +186,9 @@ def main() -> int:
         table.add_row(f"gate {g['part']}", g["verdict"], "", "", g["detail"])
     with (out / "table.txt").open("w") as f:
         Console(file=f, width=140).print(table)
-    Console(width=140).print(table)
     print(f"device_check: {'FAILED' if failed else 'passed'}; results in {out}/check.json, logs in "
-          f"{out}/check.log; baselines to commit under {out}/baselines/")
+          f"{out}/check.log; baselines to commit under {out}/baselines/", flush=True)
+    Console(width=140).print(table)  # last: what a person reads
     return 1 if failed else 0
 
 

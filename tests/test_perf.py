@@ -341,23 +341,55 @@ def test_null_kernel_call_returns_its_output_through_both_dispatch_paths():
 
 @pytest.mark.slow
 def test_device_check_script_dry_run(tmp_path):
-    """bench/device_check.sh runs every step on the CPU (GPU tests skipped, tiny suite) and ends
-    with the table."""
+    """bench/device_check.sh runs every part on the CPU (GPU tests skipped, tiny suite), in order
+    of value, leaves at most 8 files in OUT (what the device tool brings back) and ends with the
+    table."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).parents[1]
-    env = {**os.environ, "PYTHON": sys.executable, "TILEWRIGHT_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHON": sys.executable, "TILEWRIGHT_CACHE_DIR": str(tmp_path / "cache"),
+           "DEVICE_CHECK_WORK": str(tmp_path / "work")}
     proc = subprocess.run(["bash", str(root / "bench/device_check.sh"), str(tmp_path / "out"),
-                           "--dry-run"], env=env, capture_output=True, text=True, timeout=600)
+                           "--dry-run"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
-    assert {"env.json", "gpu_tests.log", "helion.json", "bench.json", "summary.json"} <= {p.name for p in out.iterdir()}
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["rc"] == {"tests": 0, "helion": 0, "bench": 0, "gate": 0, "attention": 0}
-    assert summary["gpu_tests"]["tests"] > 0
-    assert (out / "attention.json").is_file()
-    assert load_results(out / "bench.json")["complete"]
+    files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert files == {"check.json", "check.log", "table.txt", "baselines/cpu/tiny.json"}, files
+    check = json.loads((out / "check.json").read_text())
+    parts = check["parts"]
+    assert list(parts) == ["gemm_bf16", "gemm_nvfp4", "attention", "llama_decode", "helion", "gpu_tests"]
+    assert all(p["rc"] == 0 for p in parts.values()), {k: p["rc"] for k, p in parts.items()}
+    assert "interpreter" in parts["gemm_nvfp4"]["skipped"]
+    assert parts["gpu_tests"]["tests"]["skipped"] > 0
+    assert {r["backend"]: r["status"] for r in parts["llama_decode"]["results"]["rows"]}["tilewright"] == "ok"
+    assert load_results(out / "baselines/cpu/tiny.json")["complete"]
     assert proc.stdout.rstrip().splitlines()[-1].startswith("└"), "the table must come last"
+
+
+def test_device_report_of_a_run_cut_short(tmp_path):
+    """A part killed at its limit (no JUnit file, a bench file rewritten as it went) still
+    reports what it did; the report fails the run and says which part timed out."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    (work / "env.json").write_text(json.dumps({"arch": "cpu", "device": "x86_64", "torch": "t", "triton": "t"}))
+    (work / "parts.jsonl").write_text(
+        json.dumps({"part": "gemm_bf16", "rc": 0, "seconds": 5, "limit_s": 10}) + "\n"
+        + json.dumps({"part": "gpu_tests", "rc": 124, "seconds": 10, "limit_s": 10}) + "\n")
+    (work / "gpu_tests.log").write_text("PASSED tests/a.py::t1\nPASSED tests/a.py::t2\nFAILED tests/b.py::t3 - x\n")
+    proc = subprocess.run([sys.executable, str(root / "bench/device_report.py"), str(work), str(out),
+                           "--gate", "--seconds", "20"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    check = json.loads((out / "check.json").read_text())
+    assert check["parts"]["gpu_tests"]["tests"] == {"passed": 2, "failed": 1, "skipped": 0, "errors": 0,
+                                                     "cut_short": True}
+    assert check["parts"]["gemm_bf16"]["results"] is None
+    assert "TIMEOUT" in (out / "table.txt").read_text() and "2 passed, 1 failed" in proc.stdout

@@ -205,3 +205,27 @@ def test_block_scaled_formats_are_rated_at_their_element_rate():
     assert gfx950.peak("mxfp4") == gfx950.peak("nvfp4") == dict(gfx950.peak_tflops)["fp4"]
     assert gfx950.peak("mxfp8") == dict(gfx950.peak_tflops)["fp8"]
     assert h200.peak("nvfp4") == h200.peak("bf16")  # no fp4 MMA: dequantised into a bf16 one
+
+
+@pytest.mark.parametrize("have, refused", [((3, 6), True), ((3, 8), False), ((3, 9), False)])
+def test_targets_an_old_triton_cannot_build_are_refused_with_the_reason(monkeypatch, have, refused):
+    """Triton 3.6 (the GPU machine's) cannot build sm_110a (its ptxas refuses the arch) and
+    builds sm_121's fp8 GEMMs without the e4m3 MMA: those are refused before compiling, saying
+    which triton is needed; sm_121's bf16 GEMMs and every other CUDA target still build."""
+    from tilewright.runtime import targets
+
+    monkeypatch.setattr(targets, "triton_version", lambda: have)
+    bf16 = GemmProblem(M=256, N=512, K=384, dtype="bf16", layout_b="col")
+    fp8 = GemmProblem(M=256, N=512, K=512, dtype="fp8e4m3", out_dtype="bf16", layout_b="col")
+    gemm = get_template("triton.gemm")
+    thor, spark = get_target("sm_110a"), get_target("sm_121")
+    for problem, target in ((bf16, thor), (fp8, thor), (fp8, spark)):
+        support = gemm.supports(problem, target)
+        assert bool(support) is not refused, (problem.dtype, target.name, support)
+        if refused:
+            assert f"triton {have[0]}.{have[1]}" in support.reason and ">= 3.8" in support.reason
+    assert gemm.supports(bf16, spark) and gemm.supports(fp8, get_target("sm_120"))
+    kernels, refusals = aot.plan([CapturedKernel(fp8, ["inference.gemm_0"])], [spark, get_target("sm_90a")])
+    assert {k.target.name for k in kernels} == ({"cuda:sm_90a"} if refused else {"cuda:sm_90a", "cuda:sm_121"})
+    if refused:
+        assert any(r["target"] == "cuda:sm_121" and "needs triton >= 3.8" in r["reason"] for r in refusals)

@@ -7,7 +7,7 @@
 | ``llm-prefill`` | the same layers, bf16, every prefill M |
 | ``llm`` | both |
 | ``sycl-cpu`` | five fp32 GEMMs (decode-thin to 256³) for the ``xpu:opencl-cpu`` target: SYCL kernels on the OpenCL CPU device vs ATen on the same CPU |
-| ``h200-check`` | the same layers at M = 1, 16, 64 (decode) and 2048, 8192 (prefill): what ``bench/device_check.sh`` times within its budget |
+| ``h200-check`` | the same layers at M = 16, 2048, 1, 64, 8192 (decode and prefill), every layer at M = 16 first, then at 2048, ...: what ``bench/device_check.sh`` times within its budget |
 | ``nvfp4-decode`` | the dense Llama-3-8B and Qwen3-30B-A3B layers as NVFP4 x NVFP4 GEMMs (W4A4, alpha fused, bf16 out: what ``NVFP4Linear`` lowers to) at M = 1, 2, 4, 8, 16, 32, 64 |
 | ``nvfp4-check`` | the same at M = 1, 16, 64 without the lm_head: ``bench/device_check.sh``'s NVFP4 rows |
 """
@@ -50,10 +50,18 @@ def _sycl_cpu(_: Path) -> list[NamedProblem]:
             for m, n, k in shapes]
 
 
-def _llm(phases: tuple[str, ...], m_values: list[int] | None = None) -> Callable[[Path], list[NamedProblem]]:
+def _llm(phases: tuple[str, ...], m_values: list[int] | None = None,
+         by_value: bool = False) -> Callable[[Path], list[NamedProblem]]:
+    """``by_value``: the problems in the order of ``m_values`` first (every layer at the first M,
+    then every layer at the next, ...), not layer by layer: a run stopped by its time budget has
+    then timed each layer at the Ms that matter most rather than a few layers at every M."""
     def make(path: Path) -> list[NamedProblem]:
-        return problems_from_shapes(load_shapes(path), models=LLM_MODELS, phases=phases,
-                                    m_values=m_values, dtype="bf16")
+        problems = problems_from_shapes(load_shapes(path), models=LLM_MODELS, phases=phases,
+                                        m_values=m_values, dtype="bf16")
+        if by_value and m_values:
+            rank = {m: i for i, m in enumerate(m_values)}
+            problems = sorted(problems, key=lambda n: rank.get(n.problem.M, len(rank)))  # stable
+        return problems
     return make
 
 
@@ -80,7 +88,8 @@ SUITES: dict[str, Callable[[Path], list[NamedProblem]]] = {
     "llm-decode": _llm(("decode",)),
     "llm-prefill": _llm(("prefill",)),
     "llm": _llm(("decode", "prefill")),
-    "h200-check": _llm(("decode", "prefill"), [1, 16, 64, 2048, 8192]),
+    # in order of value: a decode step's M = 16 and a prefill's 2048 first
+    "h200-check": _llm(("decode", "prefill"), [16, 2048, 1, 64, 8192], by_value=True),
     "nvfp4-decode": _nvfp4([1, 2, 4, 8, 16, 32, 64]),
     "nvfp4-check": _nvfp4([1, 16, 64], skip=(".lm_head.",)),
 }

@@ -357,17 +357,42 @@ def triton_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# Code generation that needs a minimum triton, measured on AOT builds (older versions compile
-# but silently leave the engine unused, which the instruction checks catch):
+# Code generation that needs a minimum triton, measured on AOT builds (older versions fail to
+# build, or compile but silently leave the engine unused, which the instruction checks catch):
 #   gfx1250: triton 3.6 emits no v_wmma for tl.dot and no tensor_load_to_lds for descriptors,
 #   and cannot compile the Gluon TDM GEMM; 3.9 does all three.
-MIN_TRITON = {"hip:gfx1250": (3, 9)}
+#   sm_110a: triton 3.6's bundled ptxas (CUDA 12.9) refuses the arch ("Value 'sm_110a' is not
+#   defined for option 'gpu-name'"); 3.8's (CUDA 13.3) builds it (3.7 not measured).
+MIN_TRITON = {
+    "hip:gfx1250": ((3, 9), "does not generate gfx1250's matrix and data-mover instructions"),
+    "cuda:sm_110a": ((3, 8), "bundles a ptxas (CUDA 12.9) that does not know sm_110a"),
+}
+# the same for one capability of a target (a Target feature name): the rest of the target builds
+#   sm_121 fp8: triton 3.6 builds the fp8 GEMMs without the e4m3 mma.sync the chip has (it
+#   upcasts); 3.8 emits it, as it does for sm_120 (measured on AOT builds, 3.7 not measured)
+MIN_TRITON_FEATURES = {
+    ("cuda:sm_121", "fp8_e4m3"): ((3, 8), "does not emit sm_121's e4m3 mma.sync (fp8 would run upcast)"),
+}
 
 
-def triton_can_target(target: Target) -> str | None:
-    """Why the installed triton cannot generate proper code for ``target`` (None if it can)."""
-    need = MIN_TRITON.get(target.name)
-    if need and triton_version() < need:
-        return (f"triton {'.'.join(map(str, triton_version()))} does not generate {target.arch}'s "
-                f"matrix and data-mover instructions; needs triton >= {need[0]}.{need[1]}")
+def _too_old(need: tuple[int, int], why: str) -> str | None:
+    have = triton_version()
+    if have >= need:
+        return None
+    return f"triton {have[0]}.{have[1]} {why}; needs triton >= {need[0]}.{need[1]}"
+
+
+def triton_can_target(target: Target, feature: str | None = None) -> str | None:
+    """Why the installed triton cannot generate proper code for ``target`` (None if it can).
+
+    Args:
+        feature: also ask about this capability of the target (a :data:`FEATURES` name such as
+            "fp8_e4m3"): a triton may build a target but not use one of its engines.
+
+    Returns: the reason (names the installed and the needed triton version), or None.
+    """
+    if target.name in MIN_TRITON and (why := _too_old(*MIN_TRITON[target.name])):
+        return why
+    if feature is not None and (target.name, feature) in MIN_TRITON_FEATURES:
+        return _too_old(*MIN_TRITON_FEATURES[(target.name, feature)])
     return None

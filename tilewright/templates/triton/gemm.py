@@ -155,6 +155,8 @@ class TritonGemm(TemplateSpec):
             return Support(False, f"input dtype {problem.dtype} (Triton GEMM takes fp32/fp16/bf16/fp8)")
         if problem.dtype in FP8 and target.backend != "cpu" and not target.has("fp8_e4m3"):
             return Support(False, f"{target.name} has no OCP fp8 (e4m3fn/e5m2) MMA")
+        if problem.dtype in FP8 and (why := triton_can_target(target, "fp8_e4m3")) is not None:
+            return Support(False, why)
         if problem.out_dtype not in ("fp32", "fp16", "bf16"):
             return Support(False, f"output dtype {problem.out_dtype}")
         if problem.batch > 65535:
