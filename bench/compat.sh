@@ -39,6 +39,8 @@ case "$WHICH" in
     new) VENV="${COMPAT_NEW_VENV:-.venv-compat-new}"; SPEC="torch==2.14.1 numpy" ;;
     *) echo "compat: unknown version set '$WHICH' (old or new)" >&2; exit 2 ;;
 esac
+mkdir -p "$(dirname "$VENV")"
+VENV="$(cd "$(dirname "$VENV")" && pwd)/$(basename "$VENV")"
 STAMP="$VENV/.installed-$(echo "$SPEC $DEPS" | sha1sum | cut -c1-12)"
 if [ ! -f "$STAMP" ]; then
     # a venv of an older list is brought up to date in place (pip installs only the change)
@@ -56,7 +58,7 @@ if [ ! -f "$STAMP" ]; then
         "$SPEC" "$FRESH" "$SECONDS_TAKEN" "$MB" > "$VENV/install.json"
     touch "$STAMP"
 fi
-PY="$REPO/$VENV/bin/python"
+PY="$VENV/bin/python"
 echo "compat: $("$PY" -c 'import torch, triton, numpy; print(f"torch {torch.__version__}, triton {triton.__version__}, numpy {numpy.__version__}")'), venv $(cat "$VENV/install.json" 2>/dev/null)"
 if (cd / && env -u PYTHONPATH "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("tilewright") is None)'); then
     echo "compat: tilewright is installed in $VENV: the check must run from the checkout alone" >&2

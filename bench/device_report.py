@@ -104,8 +104,29 @@ def summarise(name: str, data: Any, work: Path) -> tuple[str, str]:
     if name == "helion":
         rows = data.get("rows", data) if isinstance(data, dict) else data
         done = [r for r in rows if isinstance(r, dict) and r.get("winner")]
-        return f"{len(done)} problems", ", ".join(f"{r['problem']}: {r['winner'].split('[')[0]}" for r in done)[:80]
+        ran = [r for r in done if "helion" in r.get("ms", {})]
+        if done and not ran:  # installed, but every Helion template refused (check.log says why)
+            return f"{len(done)} problems", "no Helion candidate ran (Helion could not bind: see check.log)"
+        return f"{len(done)} problems, Helion ran in {len(ran)}", \
+            ", ".join(f"{r['problem']}: {r['winner'].split('[')[0]}" for r in done)[:100]
     return "done", ""
+
+
+# the kernel languages an NVIDIA run can use, and why one that is missing is not carried
+CUDA_LANGUAGES = ("triton", "gluon", "cutedsl", "helion")
+NOT_CARRIED = {"cutedsl": "not carried (bench/prepare_wheels.sh): its CUDA library wheel, "
+                          "nvidia-cutlass-dsl-libs-cu13, is 88 MiB, over the 64 MiB the tree may take"}
+
+
+def languages() -> dict[str, str | None]:
+    """Each CUDA kernel language's unavailability reason here (None: available)."""
+    try:
+        from tilewright.runtime.languages import languages as all_languages
+
+        found = {lang.name: lang.check() for lang in all_languages() if lang.name in CUDA_LANGUAGES}
+    except Exception as e:  # noqa: BLE001 - the report goes on without this row
+        return {"?": f"{type(e).__name__}: {e}"[:200]}
+    return {k: (f"{why}; {NOT_CARRIED[k]}" if why and k in NOT_CARRIED else why) for k, why in found.items()}
 
 
 def gate(doc: dict, out: Path) -> list[dict]:
@@ -159,6 +180,7 @@ def main() -> int:
             shutil.copyfile(work / f"{name}.json", dest)
     if args.gate:
         doc["gate"] = gate(doc, out)
+        doc["languages"] = languages()
     (out / "check.json").write_text(json.dumps(doc, indent=1))
     if args.quiet:
         return 0
@@ -181,6 +203,9 @@ def main() -> int:
             continue
         head, detail = summarise(name, part["results"], work)
         table.add_row(name, status, f"{part['seconds']} / {part['limit_s']}", head, detail)
+    for lang, why in doc.get("languages", {}).items():
+        if why:  # a missing language is a skipped part of the check, not a failure
+            table.add_row(f"language {lang}", "skipped", "", "", why)
     for g in doc.get("gate", []):
         failed |= g["verdict"] in ("FAIL", "error")
         table.add_row(f"gate {g['part']}", g["verdict"], "", "", g["detail"])

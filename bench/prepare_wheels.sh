@@ -3,7 +3,10 @@
 # which has no package index and none of these packages (its own: Python 3.12, torch 2.11,
 # triton 3.6, numpy, scikit-learn, psutil, rich, ...). The device tool carries .whl/ with the
 # tree (64 MiB in all, the tree included), so only what fits goes:
-#   helion 1.5.1 (4.5 MiB) and filecheck (its one need the machine lacks): the Helion templates
+#   helion 1.5.1 (4.5 MiB) and filecheck (its one need the machine lacks): the Helion templates.
+#   Measured on the CPU under the machine's torch 2.11 / triton 3.6: 1.5.1 binds no template
+#   (it imports IntelGPUError from torch._inductor.runtime.triton_compat, which 2.11 lacks) and
+#   1.4.0 fails to lower the templates' reductions: device_check's helion row then says so.
 #   nvidia-cutlass-dsl 4.8.1 (CuTeDSL) does NOT go: its CUDA library wheel alone
 #   (nvidia-cutlass-dsl-libs-cu13, or -cu12) is 88 MiB, over the whole 64 MiB; the CuTeDSL
 #   templates report "nvidia-cutlass-dsl is not installed" there and are skipped.

@@ -360,7 +360,7 @@ def test_device_check_script_dry_run(tmp_path):
     assert files == {"check.json", "check.log", "table.txt", "baselines/cpu/tiny.json"}, files
     check = json.loads((out / "check.json").read_text())
     parts = check["parts"]
-    assert list(parts) == ["gemm_bf16", "gemm_nvfp4", "attention", "llama_decode", "helion", "gpu_tests"]
+    assert list(parts) == ["gemm_bf16", "gemm_nvfp4", "attention", "llama_decode", "gpu_tests", "helion"]
     assert all(p["rc"] == 0 for p in parts.values()), {k: p["rc"] for k, p in parts.items()}
     assert "interpreter" in parts["gemm_nvfp4"]["skipped"]
     assert parts["gpu_tests"]["tests"]["skipped"] > 0
