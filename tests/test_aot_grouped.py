@@ -6,6 +6,7 @@ described, built and checked for their MMA instructions."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -191,6 +192,8 @@ def test_cli_builds_flydsl_dense_grouped_and_mxfp4_kernels_for_gfx950(tmp_path):
     assert built.get("flydsl.mx_gemm") == {MX_SPEC}
 
 
+@pytest.mark.skipif(importlib.util.find_spec("flydsl") is None,
+                    reason="flydsl is not installed: these refusals are the ones past the package")
 def test_problems_without_a_kernel_are_reported_with_every_reason(captured_mx, tmp_path, monkeypatch):
     # no FlyDSL toolchain: nothing builds the MX projections for gfx950; the report says which
     # problems are left to ATen there and why, template by template (the CLI prints it)

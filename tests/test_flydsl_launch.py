@@ -22,6 +22,7 @@ tests/test_flydsl_{gemm,mx_gemm,loops,topk}.py (``compile_aot`` calls ``launch``
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -242,6 +243,8 @@ def test_call_problems_name_each_mismatch(monkeypatch):
     assert "current stream" in rt.call_problems(host, (1, None), gpu)[0]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("flydsl") is None,
+                    reason="flydsl is not installed: these refusals are the ones past the package")
 def test_off_a_gfx950_the_launch_is_refused_naming_why(monkeypatch):
     monkeypatch.delenv("COMPILE_ONLY", raising=False)
     assert "cpu" in rt.device_problem(torch.device("cpu"))

@@ -16,6 +16,8 @@ themselves are compile-checked only. Default tier: 6 FlyDSL compiles.
 
 from __future__ import annotations
 
+import importlib.util
+
 import builtins
 import re
 import threading
@@ -378,6 +380,8 @@ def test_pow_log2_erfinv_helpers_against_float64():
 
 
 # -- refusals -------------------------------------------------------------------------------------
+@pytest.mark.skipif(importlib.util.find_spec("flydsl") is None,
+                    reason="flydsl is not installed: these refusals are the ones past the package")
 def test_refusals_name_their_reason(monkeypatch):
     x = E.load("in0", (sympy.Symbol("x0"),), "fp32")
     assert "ocml" in emit.unsupported_op(E.op("sin", x))
