@@ -97,6 +97,7 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - one row's failure is reported, the rest run
                 out.append({"row": name, "desc": desc, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:400]})
             Path(args.out).write_text(json.dumps({"target": target.name, "rows": out}, indent=1))
+    Path(args.out).write_text(json.dumps({"target": target.name, "rows": out}, indent=1))  # with the skipped
     print(f"{'attention row':34} {'desc':5} {'status':8} {'ms':>9} {'aten ms':>9} {'speedup':>8} {'rel err':>9}")
     for r in out:
         def f(key, fmt):

@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH_PARTS = ("gemm_bf16", "gemm_nvfp4")  # tilewright bench run results: gated, kept as baselines
+
+
+def is_bench(data: Any) -> bool:
+    """Whether a part wrote a ``tilewright bench run`` results file (any suite): those are gated
+    against bench/baselines/<arch>/<suite>.json and kept as the next baseline."""
+    return isinstance(data, dict) and isinstance(data.get("results"), list) and "suite" in data \
+        and isinstance(data.get("env"), dict) and "arch" in data["env"]
 
 
 def _load(path: Path) -> Any:
@@ -73,12 +79,12 @@ def summarise(name: str, data: Any, work: Path) -> tuple[str, str]:
         return "-", "no results written"
     if isinstance(data, dict) and data.get("skipped") and not data.get("rows"):
         return "skipped", str(data["skipped"])
-    if name in BENCH_PARTS:
+    if is_bench(data):
         rows = data.get("results", [])
         ok = [r for r in rows if not r.get("error")]
         sp_aten = _geomean([r.get("speedup_vs_aten") for r in ok])
         sp_ind = _geomean([(r["impls"].get("inductor", {}).get("ms") or 0) / r["impls"]["tilewright"]["ms"]
-                           for r in ok if r.get("impls", {}).get("tilewright", {}).get("ms")])
+                           for r in ok if (r.get("impls", {}).get("tilewright") or {}).get("ms")])
         head = f"{len(ok)}/{len(rows) + len(data.get('skipped', []))} problems"
         detail = f"geomean vs ATen {sp_aten:.2f}x" if sp_aten else ""
         if sp_ind:
@@ -90,7 +96,10 @@ def summarise(name: str, data: Any, work: Path) -> tuple[str, str]:
         ok = [r for r in rows if r.get("status") == "ok"]
         sp = _geomean([r.get("speedup") for r in ok])
         bad = [r["row"] for r in rows if r.get("status") in ("wrong", "failed")]
-        return f"{len(ok)}/{len(rows)} rows ok", (f"geomean vs ATen {sp:.2f}x" if sp else "") + \
+        others = ", ".join(f"{sum(r.get('status') == k for r in rows)} {k}" for k in ("refused", "skipped")
+                           if any(r.get("status") == k for r in rows))
+        return f"{len(ok)}/{len(rows)} rows ok" + (f" ({others})" if others else ""), \
+            (f"geomean vs ATen {sp:.2f}x" if sp else "") + \
             (f"; wrong/failed: {', '.join(sorted(set(bad)))}" if bad else "")
     if name == "llama_decode":
         rows = {r["backend"]: r for r in data.get("rows", [])}
@@ -134,9 +143,9 @@ def gate(doc: dict, out: Path) -> list[dict]:
     from tilewright.perf.compare import DEFAULT_MAX_REGRESSION, CompareError, compare, load_results
 
     verdicts = []
-    for name in BENCH_PARTS:
-        new = doc["parts"].get(name, {}).get("results")
-        if not new or not new.get("results"):
+    for name, part in doc["parts"].items():
+        new = part.get("results")
+        if not is_bench(new) or not new["results"]:
             continue
         arch, suite = new["env"].get("arch"), new.get("suite")
         base_path = REPO / "bench" / "baselines" / arch / f"{suite}.json"
@@ -174,7 +183,7 @@ def main() -> int:
         if name == "gpu_tests":
             doc["parts"][name]["tests"] = _tests(work)
         res = doc["parts"][name]["results"]
-        if name in BENCH_PARTS and isinstance(res, dict) and res.get("results"):
+        if is_bench(res) and res["results"]:
             dest = out / "baselines" / res["env"]["arch"] / f"{res['suite']}.json"
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(work / f"{name}.json", dest)
