@@ -19,9 +19,10 @@
 # env: PYTHON (the interpreter the venv is made from, default python3), COMPAT_VENV,
 #      COMPAT_NEW_VENV, COMPAT_OUT (where device_check's dry run writes; default a temp folder)
 #
-# Measured on the 2-core CPU machine (2026-12-06), old venv from nothing: see docs/user-guide.md
-# ("Versions"). `pip install --no-deps torch==2.11.0` alone does not import (libcudnn.so.9
-# missing), so the CUDA libraries come along: about 1.7 GB downloaded, 4.6 GB on disk.
+# Measured on the 2-core CPU machine (2026-12-06), old venv from nothing: 5.0 GB on disk, about
+# 1.7 GB of it downloaded from PyPI, ~1 min of CPU; 2 to 4.5 min on a quiet machine, 20 min while
+# eight other jobs shared it (docs/user-guide.md, "Versions"). `pip install --no-deps
+# torch==2.11.0` alone does not import (libcudnn.so.9 missing), so the CUDA libraries come along.
 set -euo pipefail
 WHICH="${1:?usage: bench/compat.sh old|new smoke|fast [pytest args...]}"
 TIER="${2:?usage: bench/compat.sh old|new smoke|fast [pytest args...]}"
@@ -33,7 +34,7 @@ PY0="${PYTHON:-python3}"
 # what the GPU machine has besides torch/triton/numpy that the tests use, transformers at its
 # version (nothing more: a test needing another package skips, as it would there)
 DEPS="jinja2 sympy networkx filelock rich pytest pytest-xdist pytest-timeout hypothesis psutil
-      transformers==5.17.0"
+      matplotlib transformers==5.17.0"
 case "$WHICH" in
     old) VENV="${COMPAT_VENV:-.venv-compat}"; SPEC="torch==2.11.0 triton==3.6.0 numpy>=2,<2.4" ;;
     new) VENV="${COMPAT_NEW_VENV:-.venv-compat-new}"; SPEC="torch==2.14.1 numpy" ;;
