@@ -145,10 +145,16 @@ def test_targets_by_what_the_chip_runs_ampere_ada_thor_get_triton_candidates(fak
     assert target.triton is not None and not target.interpreted
     kinds = {kind_name(c.problem) for c in tiny_kernels}
     assert {"gemm", "pointwise"} <= kinds or {"gemm", "reduction"} <= kinds
+    from tilewright.runtime.targets import triton_can_target
+
+    too_old = triton_can_target(target)  # Thor under triton 3.6: its ptxas lacks sm_110a
     for cap in tiny_kernels:
         kind = kind_name(cap.problem)
         cands = policy_for(kind, target).candidates(cap.problem, target)
         generated = [c for c in cands if not c.template_id.startswith("aten.")]
+        if too_old:  # refused with the reason, so ATen runs it
+            assert not [c for c in generated if c.template_id.startswith("triton.")], too_old
+            continue
         assert generated, f"{kind} on {target.name}: ATen only"
         assert all(c.template_id.startswith(("triton.", "helion.")) for c in generated)  # Helion: Triton too
         assert any(c.template_id.startswith("triton.") for c in generated)
