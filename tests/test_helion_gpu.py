@@ -10,7 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("helion")
+try:  # a helion that is there but does not import with this torch skips too (1.5.1 on 2.11)
+    import helion  # noqa: F401
+except ImportError as e:
+    pytest.skip(f"helion does not import here: {e}", allow_module_level=True)
 
 import tilewright  # noqa: E402
 from tilewright.autotune.cache import TuningCache  # noqa: E402

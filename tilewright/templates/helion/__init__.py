@@ -8,6 +8,7 @@ Each template module adds its spec to ``TEMPLATES`` below (one import, one entry
 written outside the package becomes a template with :func:`helion_template`.
 """
 
+import functools
 import importlib.util
 
 from tilewright.runtime.aot import compile_triton
@@ -28,6 +29,21 @@ def _unavailable() -> str | None:
     for package in ("helion", "triton"):
         if importlib.util.find_spec(package) is None:
             return f"{package} is not installed (pip install 'tilewright[helion]')"
+    return _import_problem()
+
+
+@functools.lru_cache(maxsize=1)
+def _import_problem() -> str | None:
+    """Why an installed helion does not import here (None: it does). Measured: helion 1.5.1
+    under torch 2.11 fails on ``torch._inductor.runtime.triton_compat.IntelGPUError``; its
+    templates are then refused with this reason instead of failing at each bind."""
+    try:
+        importlib.import_module("helion")
+    except ImportError as e:
+        import torch
+
+        return (f"helion {helion_version()} does not import with torch {torch.__version__}: "
+                f"{type(e).__name__}: {e}"[:300])
     return None
 
 
