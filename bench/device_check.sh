@@ -9,6 +9,8 @@
 #   attention     bench/attention_check.py: prefill, backward, decode, flex vs SDPA (flash)
 #   llama_decode  bench/llama_decode_check.py: a tiny Llama decode step end to end vs Inductor
 #                 (launches per step, ms per step)
+#   decode        bench suite decode: a tiny Llama decode step (static KV cache of 256 positions),
+#                 eager vs tilewright vs Inductor, each also under CUDA graphs (reduce-overhead)
 #   gpu_tests     pytest -m gpu: the correctness suite's GPU part
 #   helion        bench/helion_check.py: the Helion templates against the jinja Triton ones (last:
 #                 measured on the CPU, the carried helion 1.5.1 cannot bind under torch 2.11,
@@ -61,13 +63,14 @@ fi
 if [ "$MODE" = "--dry-run" ]; then
     DRY=--dry-run; TARGET_FLAGS=(--target cpu); GEMM_SUITE=tiny; GEMM_FLAGS=()
     SKIP_NVFP4="dry run: the Triton interpreter cannot run NVFP4 GEMMs"
-    T_GEMM=180; T_NVFP4=0; T_ATTN=150; T_LLAMA=240; T_HELION=300; T_TESTS=300
+    T_GEMM=180; T_NVFP4=0; T_ATTN=150; T_LLAMA=240; T_HELION=300; T_TESTS=300; T_DECODE=240
     B_GEMM=60; B_ATTN=60
 else
     DRY=""; TARGET_FLAGS=(); GEMM_SUITE=h200-check; GEMM_FLAGS=(--inductor); SKIP_NVFP4=""
     # the limits add up to 450 s; with the start (imports, wheels: ~15 s) and the reports the
-    # run stays under 8 minutes even when every part runs to its limit
-    T_GEMM=115; T_NVFP4=60; T_ATTN=55; T_LLAMA=75; T_HELION=40; T_TESTS=105
+    # run stays under 8 minutes even when every part runs to its limit; the decode part's 60 s
+    # come on top (not yet rebalanced: a run where every part hits its limit takes ~8.7 min)
+    T_GEMM=115; T_NVFP4=60; T_ATTN=55; T_LLAMA=75; T_HELION=40; T_TESTS=105; T_DECODE=60
     B_GEMM=85; B_ATTN=30
     if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
         echo "device_check: no CUDA device visible to $PY (use --dry-run on a CPU)" >&2
@@ -123,6 +126,7 @@ SKIP="$SKIP_NVFP4" \
 part gemm_nvfp4   "$T_NVFP4"  "${BENCH[@]}" --suite nvfp4-check --time-budget-s 40 --out "$WORK/gemm_nvfp4.json"
 part attention    "$T_ATTN"   "$PY" bench/attention_check.py "$WORK/attention.json" $DRY --budget-s "$B_ATTN"
 part llama_decode "$T_LLAMA"  "$PY" bench/llama_decode_check.py "$WORK/llama_decode.json" $DRY
+part decode       "$T_DECODE" "${BENCH[@]}" --suite decode --cases decode.llama.step --out "$WORK/decode.json"
 # only the files that hold gpu tests: collecting the whole suite costs a minute
 part gpu_tests    "$T_TESTS"  "$PY" -m pytest -q -rA -m gpu -p no:cacheprovider -p no:randomly \
                                   --junitxml="$WORK/gpu_tests.xml" $(grep -l 'mark\.gpu' tests/test_*.py)
