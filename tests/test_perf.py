@@ -357,10 +357,12 @@ def test_device_check_script_dry_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
     files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
-    assert files == {"check.json", "check.log", "table.txt", "baselines/cpu/tiny.json"}, files
+    assert files == {"check.json", "check.log", "table.txt", "baselines/cpu/tiny.json",
+                     "baselines/cpu/decode.json"}, files
     check = json.loads((out / "check.json").read_text())
     parts = check["parts"]
-    assert list(parts) == ["gemm_bf16", "gemm_nvfp4", "attention", "llama_decode", "gpu_tests", "helion"]
+    assert list(parts) == ["gemm_bf16", "gemm_nvfp4", "attention", "llama_decode", "decode", "gpu_tests",
+                           "helion"]
     assert all(p["rc"] == 0 for p in parts.values()), {k: p["rc"] for k, p in parts.items()}
     assert "interpreter" in parts["gemm_nvfp4"]["skipped"]
     assert parts["gpu_tests"]["tests"]["skipped"] > 0
