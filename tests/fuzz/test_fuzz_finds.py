@@ -167,3 +167,18 @@ def test_argmin_of_a_bool_tensor_raises_as_eager(mode):
 
     check(f, [make_input([True, False, False, True, True, True, True, True, False], (3, 3, 3), torch.bool,
                          "expanded1")], mode=mode)
+
+
+@_modes("triton", "cpp", "auto")
+def test_a_gather_from_an_expanded_0d_table_loads_through_a_block_pointer(mode):
+    # embedding of a 0-d value expanded to [1, 3]: every lane reads one address, the load's
+    # pointer was a scalar under a block mask and the interpreter refused it ("Mask argument
+    # cannot be block type if pointer argument is not a block"): no candidate worked
+    def f(x0, x1):
+        v0 = aten.expand.default(x0, [1, 3])
+        v1 = aten.embedding.default(v0, x1)
+        return (v1,)
+
+    inputs = [make_input([2.938735877055719e-39], (), torch.bfloat16, "offset"),
+              make_input([0, 0, 0, 0], (4,), torch.int64)]
+    check(f, inputs, mode=mode)

@@ -197,7 +197,8 @@ class _Body(RowOpsHooks, LoopSchedule):
             return self.e.load_value(value, n.dtype)
         strides = [f"{name}_s{d}" for d in range(len(buf.shape))]
         indirect = load_indirect(n)
-        off = code(offset(idx, [sympy.Symbol(s) for s in strides]), self.load_names(n))
+        off_expr = offset(idx, [sympy.Symbol(s) for s in strides])
+        off = code(off_expr, self.load_names(n))
         has_x, has_r = self.deps(idx)
         for v in indirect:
             has_x = has_x or self.node_deps(v)[0]
@@ -218,6 +219,10 @@ class _Body(RowOpsHooks, LoopSchedule):
                 off = f"({off}) + xindex * 0"
             if self.reduction and mask_r and not has_r:
                 off = f"({off}) + rindex * 0"
+        if mask and not sympy.sympify(off_expr).free_symbols and "xindex * 0" not in off:
+            # one address for every lane (a 0-d table expanded): the mask is a block, so the
+            # pointer must be one too
+            off = f"({off}) + xindex * 0" + (" + rindex * 0" if self.reduction and "rmask" in mask else "")
         args = f"{name} + ({off})" + (f", {mask}, other=0" if mask else "")
         value = f"tl.load({args})"
         return self.e.load_value(value, n.dtype)
