@@ -16,6 +16,8 @@ interpreter (whose own conversion truncates).
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable
 
 from tilewright.ir import dtypes
@@ -249,7 +251,8 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
     "abs": (lambda a, dt: f"tl.abs({a})", ()),
     "reciprocal": (lambda a, dt: f"(1.0 / {a})", ()),
     # torch.sign(NaN) is 0, not NaN (numpy's)
-    "sign": (lambda a, dt: f"(({a} > 0).to({TL_DTYPE[dt]}) - ({a} < 0).to({TL_DTYPE[dt]}))", ()),
+    # a bool is its own sign (no bool subtraction: triton 3.6's interpreter refuses numpy's)
+    "sign": (lambda a, dt: a if dt == "bool" else f"(({a} > 0).to({TL_DTYPE[dt]}) - ({a} < 0).to({TL_DTYPE[dt]}))", ()),
     "exp": (lambda a, dt: f"tl.exp({a})", ()),
     "exp2": (lambda a, dt: f"tl.exp2({a})", ()),
     "expm1": (lambda a, dt: f"_expm1({a})", ("_expm1",)),
@@ -312,12 +315,28 @@ LIBDEVICE = {
 _TENSOR_OPERANDS = frozenset({"pow", "atan2", "copysign"})
 
 
+# triton 3.6's interpreter negates as 0 - x, so -(+0.0) is +0.0 there (3.9's is right): floats
+# are negated by multiplying by -1.0 under the interpreter, which keeps the sign of zero
+_INTERPRETED_NEGATIONS = {
+    "neg": lambda a, dt: f"({a} * -1.0)",
+    "copysign": lambda a, b, dt: f"tl.where({b}.to({_SIGNED[dt]}, bitcast=True) < 0, tl.abs({a}) * -1.0, tl.abs({a}))",
+}
+
+
 def _broadcast_constants(args: list[str], src: tuple[Node, ...]) -> list[str]:
     """``args`` with each constant operand made a block shaped like a non-constant one."""
     like = next((a for a, s in zip(args, src) if s.op != "const"), None)
     if like is None:
         return args
-    return [f"tl.full({like}.shape, {a}, {like}.dtype)" if s.op == "const" else a for a, s in zip(args, src)]
+    def block(a: str, s: Node) -> str:
+        if s.op != "const":
+            return a
+        if isinstance(s.arg, float) and s.arg == 0 and math.copysign(1.0, s.arg) < 0:
+            # -0.0 as -1.0 * 0.0: triton 3.6's interpreter fills and negates zeros unsigned
+            # (tl.full of -0.0 and -tl.full of 0.0 are +0.0 there: copysign(a, -0.0) was |a|)
+            return f"(tl.full({like}.shape, -1.0, {like}.dtype) * 0.0)"
+        return f"tl.full({like}.shape, {a}, {like}.dtype)"
+    return [block(a, s) for a, s in zip(args, src)]
 
 
 def literal(value: object, dtype: str) -> str:
@@ -362,6 +381,8 @@ class TritonExpr(ExprEmitter):
             args = _broadcast_constants(args, n.src)
         if not self.interpreted and n.op in LIBDEVICE and operand_dtype in ("fp32", "fp64"):
             return LIBDEVICE[n.op].format(*args)
+        if self.interpreted and n.op in _INTERPRETED_NEGATIONS and dtypes.is_float(operand_dtype):
+            return _INTERPRETED_NEGATIONS[n.op](*args, operand_dtype)
         render, helpers = MATH[n.op]
         self.helpers_used.update(helpers)
         return render(*args, operand_dtype)
