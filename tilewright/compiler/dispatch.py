@@ -24,6 +24,7 @@ from tilewright.autotune.buckets import all_buckets, bucket, bucket_problem
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.select import KernelFactory, Launcher, Selection, select
 from tilewright.kinds import kind_of
+from tilewright.runtime.status import is_input_error
 from tilewright.runtime.targets import Target
 from tilewright.templates import get_template
 
@@ -67,6 +68,7 @@ class KernelCall:
         # as the graph had them; compiler/fallbacks.py fx_ops_launcher), made when first needed
         self.last_resort: Any = None
         self._last_keys: set[tuple[int, ...]] = set()
+        self._eager_check: Any = None  # the last resort, built to tell the input's errors apart
         self._lock = threading.Lock()
         self._fast: Launcher | None = None
         self._kind = kind_of(problem)
@@ -181,13 +183,17 @@ class KernelCall:
         launcher returned, for the caller to run the call again.
 
         Raises:
-            error: under ``config.strict``, or when the bucket already ran ATen's form (the
-                input is at fault, not the generated kernel).
+            error: under ``config.strict``, when the bucket already ran ATen's form, or when
+                ``error`` is a kernel's input check failing
+                (:func:`~tilewright.runtime.status.is_input_error`): the input is at fault,
+                not the generated kernel, and nothing is demoted.
             RerunGraph: ``inplace``: the kernel may have written part of its in-place output,
                 so the whole graph's call reruns (with this bucket on ATen).
         """
         from tilewright.compiler.fallbacks import RerunGraph, contain
 
+        if is_input_error(error):
+            raise error  # eager's error for this input (a kernel's bounds or divisor check)
         key = self._key(sizes)
         aten = get_template(self._kind.aten_template_id(self.problem))
         chosen = self.selections.get(key)
@@ -217,13 +223,57 @@ class KernelCall:
                 kwargs: Mapping[str, Any] | None = None, *, inplace: bool = False) -> Any:
         """Run the call again after its launcher raised ``error``: on each fallback
         :meth:`rescue` gives in turn (the ATen form, then the last resort) until one runs;
-        raises what :meth:`rescue` raises when none is left."""
+        raises what :meth:`rescue` raises when none is left.
+
+        The input may be at fault rather than the kernel: a kernel's input check failed
+        (:func:`~tilewright.runtime.status.is_input_error`), or the kernel's eager ops (its
+        last resort; else its ATen form, failing with the same exception class) raise for these
+        arguments too. Then eager's error is raised and nothing is demoted: the kernel and its
+        bucket keep running for later, valid, calls (the graph's run-time guard in
+        compiler/backend.py reruns the call on ATen and raises eager's message, once)."""
+        if is_input_error(error):
+            raise error
+        eager_error = self._eager_error(sizes, error, args, kwargs)
+        if eager_error is not None:
+            raise eager_error from None
         while True:
             launch = self.rescue(sizes, error, inplace=inplace)
             try:
                 return launch(*args, **(kwargs or {}))
             except Exception as e:  # noqa: BLE001 - the next fallback, or rescue raises
                 error = e
+
+    def _eager_error(self, sizes: dict[str, int] | None, error: BaseException, args: tuple,
+                     kwargs: Mapping[str, Any] | None) -> BaseException | None:
+        """What running this call's arguments without the generated kernel raises (None: it
+        runs, so the generated kernel is at fault). The eager ops (:attr:`last_resort`) decide
+        where the kernel has them; otherwise its ATen form, whose failure counts only when it
+        is of ``error``'s class or has its message (a torch-form kernel raises ATen's text as
+        eager's RuntimeError, the ATen form as IndexError). Nothing is recorded or switched;
+        the eager ops' launcher is built once and kept."""
+        if self._key(sizes) in self._last_keys:
+            return None  # the eager ops themselves failed: rescue raises their error
+        check, same_class = self._eager_check, False
+        if check is None and self.last_resort is not None:
+            try:
+                check = self._eager_check = self.last_resort()
+            except Exception:  # noqa: BLE001 - no eager ops for this kernel: its ATen form
+                check = None
+        if check is None:
+            try:
+                aten = get_template(self._kind.aten_template_id(self.problem))
+                full = sizes if sizes is not None else self._sizes_of(self.problem)
+                check = self.factory.build(bucket_problem(self.problem, full),
+                                           Candidate.of(aten.id, aten.source_hash), self.target)
+            except Exception:  # noqa: BLE001 - no ATen form to ask: rescue decides
+                return None
+            same_class = True
+        try:
+            check(*args, **(kwargs or {}))
+        except Exception as e:  # noqa: BLE001 - the input's error, or the check's own failure
+            if not same_class or type(e) is type(error) or str(e) == str(error):
+                return e
+        return None
 
     def _last_resort(self, key: tuple[int, ...], sizes: dict[str, int] | None, error: BaseException,
                      inplace: bool) -> Launcher:

@@ -20,6 +20,9 @@ ERR_MESSAGES = {
 }
 """Kernel status -> the exception the launcher raises (as torch raises for the same input)."""
 
+INPUT_ERRORS = frozenset({ZERO_DIVISION, INDEX})
+"""Statuses eager raises for the same input (NO_MEMORY is the kernel's own failure)."""
+
 
 def raise_status(status: int, op: str) -> None:
     """Raise what a kernel's non-zero ``status`` means (see :data:`ERR_MESSAGES`).
@@ -30,4 +33,15 @@ def raise_status(status: int, op: str) -> None:
         MemoryError: status 3; RuntimeError for an unknown status.
     """
     cls, text = ERR_MESSAGES.get(status, (RuntimeError, f"unknown kernel status {status}"))
-    raise cls(f"{text} (tilewright kernel {op})")
+    error = cls(f"{text} (tilewright kernel {op})")
+    if status in INPUT_ERRORS:  # the input's fault: the run-time fallbacks keep the kernel
+        error.tilewright_input_error = True  # type: ignore[attr-defined]
+    raise error
+
+
+def is_input_error(error: BaseException) -> bool:
+    """Whether ``error`` is a kernel's check of its input failing (raised by
+    :func:`raise_status`: an index out of range, an integer division by zero), i.e. eager's own
+    error for that input rather than a failure of the generated kernel (which is not raised
+    for :data:`NO_MEMORY`)."""
+    return bool(getattr(error, "tilewright_input_error", False))
