@@ -273,6 +273,26 @@ def test_a_bucket_that_breaks_the_graphs_size_relation_is_tuned_at_the_calls_siz
 
 
 @pytest.mark.parametrize("force", ["triton", "cpp"])
+def test_a_first_compile_whose_bucket_breaks_the_size_relation_tunes_at_the_trace_sizes(force):
+    """The same mask under ``dynamic=True`` from the first call (generate() with dynamic=True):
+    n = 5 traces sizes (5, 6), whose bucket (8, 8) has no valid tuning input. The compile-time
+    choice passed no sizes, so it could not fall back to the trace-time ones: every candidate
+    failed and the kernel ran on ATen with a warning."""
+    def f(pos, mask):
+        idx = torch.arange(pos.shape[0] + 1)
+        return mask[:, idx].float() * pos.sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with tilewright.config.patch(force_backend=force, strict=True), collect_reports() as reports:
+            cf = torch.compile(f, backend="tilewright", dynamic=True)
+            for n in (5, 11):
+                pos, mask = torch.randn(n), torch.rand(2, n + 1) < 0.5
+                torch.testing.assert_close(cf(pos, mask), f(pos, mask))
+    assert reports and all(r.fallback is None and not r.kernel_fallbacks for r in reports)
+
+
+@pytest.mark.parametrize("force", ["triton", "cpp"])
 def test_a_size_used_as_a_number_stays_in_the_loop_kernel(force):
     """``arange(n) + past.shape[0]`` in a dynamic graph (a decode step's positions): the SymInt
     operand is read by the loop kernel as a size (it was an ATen add), right at every size."""

@@ -85,7 +85,8 @@ class KernelCall:
     def choose(self, sizes: dict[str, int] | None = None) -> tuple[Any, Selection]:
         """The problem at the bucket of ``sizes`` and the selection for it (tuned if new), without
         building anything."""
-        problem = bucket_problem(self.problem, sizes or self._sizes_of(self.problem))
+        sizes = sizes or self._sizes_of(self.problem)  # the trace-time sizes: valid, as the trace
+        problem = bucket_problem(self.problem, sizes)
         key = tuple(self._sizes_of(problem)[d] for d in self.dims)
         with self._lock:
             if key in self.selections:
