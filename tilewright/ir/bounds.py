@@ -277,19 +277,26 @@ def guard_divisions(kernel):
     return dataclasses.replace(kernel, stores=tuple(stores), parts=parts)
 
 
+def unchecked_dims(kernel, n: Node, idx, extents=None, memo=None) -> list[int]:
+    """The dims of ``n``, a load of ``kernel`` read at ``idx``, whose index depends on gathered
+    data (an indirect symbol) and is not proven inside the buffer's dim: the dims every emitter
+    must check (eager's IndexError), whatever its way of reporting. ``extents``/``memo``: the
+    kernel's :func:`var_ranges` and a :func:`proven_in_range` memo, when the caller keeps them."""
+    ind = E.load_indirect(n)
+    if not ind:
+        return []
+    extents = var_ranges(kernel) if extents is None else extents
+    memo = {} if memo is None else memo
+    syms = {E.indirect_symbol(k): v for k, v in enumerate(ind)}
+    shape = kernel.buffer(n.arg[0]).shape
+    return [d for d, (e, size) in enumerate(zip(idx, shape))
+            if sympy.sympify(e).free_symbols & set(syms)
+            and not (e in syms and proven_in_range(syms[e], size, extents, memo))]
+
+
 def unproven_gathers(kernel) -> list[Node]:
     """The loads of ``kernel`` with a data-dependent dim index not proven in range: what a
     language without a check (no device assert, no error flag) cannot run safely."""
-    extents, memo, out = var_ranges(kernel), {}, []
-    for n in E.toposort(kernel.roots()):
-        ind = E.load_indirect(n) if n.op == "load" else ()
-        if not ind:
-            continue
-        syms = {E.indirect_symbol(k): v for k, v in enumerate(ind)}
-        shape = kernel.buffer(n.arg[0]).shape
-        for e, size in zip(n.arg[1], shape):
-            if sympy.sympify(e).free_symbols & set(syms) and not (
-                    e in syms and proven_in_range(syms[e], size, extents, memo)):
-                out.append(n)
-                break
-    return out
+    extents, memo = var_ranges(kernel), {}
+    return [n for n in E.toposort(kernel.roots())
+            if n.op == "load" and unchecked_dims(kernel, n, n.arg[1], extents, memo)]

@@ -37,7 +37,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
-from tilewright.ir.bounds import checks_enabled, proven_in_range, var_ranges
+from tilewright.ir.bounds import checks_enabled, unchecked_dims, var_ranges
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import code as py_code
 from tilewright.ir.index import offset
@@ -179,19 +179,15 @@ class _Body(LoopSchedule):
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
         names = dict(self.names)
         own = load_mask(n)
-        syms = {}
         for k, v in enumerate(load_indirect(n)):
             value = f"int64_t({self.e.names[v]})"
             if own is not None:  # a masked-off lane's index may be anything: it reads nothing
                 value = f"({self.e.names[own]} ? {value} : int64_t(0))"
             names[indirect_symbol(k)] = value
-            syms[indirect_symbol(k)] = v
         idx = list(idx)
-        for d, e in enumerate(idx):  # gathered dims: checked against their dim, not read out of it
-            if not sympy.sympify(e).free_symbols & set(syms) or not checks_enabled():
-                continue
-            if e in syms and proven_in_range(syms[e], buf.shape[d], self.extents):
-                continue  # an iota, a clamp, a modulo
+        # gathered dims: checked against their dim, not read out of it (unless proven in range)
+        for d in unchecked_dims(self.k, n, idx, self.extents) if checks_enabled() else ():
+            e = idx[d]
             checked = self.e.fresh()
             self.e.helpers_used.add("tw_index")
             self.e.line(f"const int64_t {checked} = tw_index({ccode(e, names)}, {ccode(buf.shape[d], self.names)}, tw_err);")

@@ -26,8 +26,8 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import checks_enabled, proven_in_range, var_ranges
-from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
+from tilewright.ir.bounds import checks_enabled, unchecked_dims
+from tilewright.ir.expr import Node, load_indirect, load_mask
 from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel, Store
 from tilewright.problem import LoopProblem
@@ -92,12 +92,9 @@ class _Body(LoopSchedule):
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
         names = self.load_names(n)
         idx = list(idx)
-        syms = {indirect_symbol(k): v for k, v in enumerate(indirect)}
-        for d, e in enumerate(idx):  # gathered dims: checked against their dim, not read out of it
-            if not sympy.sympify(e).free_symbols & set(syms) or not checks_enabled():
-                continue
-            if e in syms and proven_in_range(syms[e], buf.shape[d], var_ranges(self.k)):
-                continue  # an iota, a clamp, a modulo
+        # gathered dims: checked against their dim, not read out of it (unless proven in range)
+        for d in unchecked_dims(self.k, n, idx) if checks_enabled() else ():
+            e = idx[d]
             checked = self.e.fresh()
             self.e.helpers_used.add("tw_index")
             at = f"long({index_code(e, names)})"

@@ -37,8 +37,8 @@ import sympy
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import checks_enabled, proven_in_range, var_ranges
-from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
+from tilewright.ir.bounds import checks_enabled, unchecked_dims
+from tilewright.ir.expr import Node, load_mask
 from tilewright.ir.index import offset
 from tilewright.ir.index import code as py_code
 from tilewright.ir.kernel import LoopKernel
@@ -89,12 +89,9 @@ class _Body(LoopSchedule):
         strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
         names = self.load_names(n, "int64_t({})")
         idx = list(idx)
-        syms = {indirect_symbol(k): v for k, v in enumerate(load_indirect(n))}
-        for d, e in enumerate(idx):  # gathered dims: checked against their dim, not read out of it
-            if not sympy.sympify(e).free_symbols & set(syms) or not checks_enabled():
-                continue
-            if e in syms and proven_in_range(syms[e], buf.shape[d], var_ranges(self.k)):
-                continue  # an iota, a clamp, a modulo
+        # gathered dims: checked against their dim, not read out of it (unless proven in range)
+        for d in unchecked_dims(self.k, n, idx) if checks_enabled() else ():
+            e = idx[d]
             checked = self.e.fresh()
             self.e.helpers_used.add("tw_int_div")  # tw_index lives with the division helpers
             at = ccode(e, names)

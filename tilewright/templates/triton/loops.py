@@ -17,8 +17,8 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import INT_DIVISIONS, checks_enabled, proven_in_range, var_ranges
-from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
+from tilewright.ir.bounds import INT_DIVISIONS, checks_enabled, unchecked_dims, var_ranges
+from tilewright.ir.expr import Node, load_indirect, load_mask
 from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
@@ -167,15 +167,9 @@ class _Body(RowOpsHooks, LoopSchedule):
             return None
         names = self.load_names(n)
         buf = self.k.buffer(n.arg[0])
-        syms = {indirect_symbol(k): v for k, v in enumerate(indirect)}
         conds = []
-        for e, size in zip(idx, buf.shape):
-            used = sympy.sympify(e).free_symbols & set(syms)
-            if not used:
-                continue
-            if e in syms and proven_in_range(syms[e], size, self.extents, self._ranges):
-                continue
-            at, top = code(e, names), code(size, self.names)
+        for d in unchecked_dims(self.k, n, idx, self.extents, self._ranges):
+            at, top = code(idx[d], names), code(buf.shape[d], self.names)
             conds.append(f"(({at}) >= 0) & (({at}) < {top})")
         if not conds:
             return None
