@@ -51,9 +51,14 @@ def test_a_checkout_on_pythonpath_compiles_by_name(tmp_path):
         "assert 'tilewright' in torch._dynamo.list_backends()\n"
         "print('ok', err)\n"
     )
+    # the package folder alone: an editable install leaves tilewright.egg-info (its metadata and
+    # entry point) in the repository root, which a plain checkout does not have
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "tilewright").symlink_to(REPO / "tilewright")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(_site_without_tilewright(tmp_path))])
-    out = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], env=env, cwd=tmp_path,
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), str(_site_without_tilewright(tmp_path))])
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(checkout)], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
 

@@ -246,8 +246,10 @@ MATH: dict[str, tuple[Render, tuple[str, ...]]] = {
     "minimum": (_maxmin("minimum"), ()),
     "atan2": (lambda a, b, dt: f"_atan2({a}, {b})", ("_atan2", "_atan")),
     # by the sign bit, which a NaN has too (copysign(1, -nan) is -1)
-    "copysign": (lambda a, b, dt: f"tl.where({b}.to({_SIGNED[dt]}, bitcast=True) < 0, -tl.abs({a}), tl.abs({a}))", ()),
-    "neg": (lambda a, dt: f"(-{a})", ()),
+    # floats negate as x * -1.0: triton 3.6's interpreter (the GPU machine's) computes -x as 0 - x,
+    # so -(+0.0) was +0.0 there (copysign(a, -0.0) gave |a|); compiled, the product is an fneg
+    "copysign": (lambda a, b, dt: f"tl.where({b}.to({_SIGNED[dt]}, bitcast=True) < 0, tl.abs({a}) * -1.0, tl.abs({a}))", ()),
+    "neg": (lambda a, dt: f"({a} * -1.0)" if dtypes.is_float(dt) else f"(-{a})", ()),
     "abs": (lambda a, dt: f"tl.abs({a})", ()),
     "reciprocal": (lambda a, dt: f"(1.0 / {a})", ()),
     # torch.sign(NaN) is 0, not NaN (numpy's)
@@ -315,14 +317,6 @@ LIBDEVICE = {
 _TENSOR_OPERANDS = frozenset({"pow", "atan2", "copysign"})
 
 
-# triton 3.6's interpreter negates as 0 - x, so -(+0.0) is +0.0 there (3.9's is right): floats
-# are negated by multiplying by -1.0 under the interpreter, which keeps the sign of zero
-_INTERPRETED_NEGATIONS = {
-    "neg": lambda a, dt: f"({a} * -1.0)",
-    "copysign": lambda a, b, dt: f"tl.where({b}.to({_SIGNED[dt]}, bitcast=True) < 0, tl.abs({a}) * -1.0, tl.abs({a}))",
-}
-
-
 def _broadcast_constants(args: list[str], src: tuple[Node, ...]) -> list[str]:
     """``args`` with each constant operand made a block shaped like a non-constant one."""
     like = next((a for a, s in zip(args, src) if s.op != "const"), None)
@@ -381,8 +375,6 @@ class TritonExpr(ExprEmitter):
             args = _broadcast_constants(args, n.src)
         if not self.interpreted and n.op in LIBDEVICE and operand_dtype in ("fp32", "fp64"):
             return LIBDEVICE[n.op].format(*args)
-        if self.interpreted and n.op in _INTERPRETED_NEGATIONS and dtypes.is_float(operand_dtype):
-            return _INTERPRETED_NEGATIONS[n.op](*args, operand_dtype)
         render, helpers = MATH[n.op]
         self.helpers_used.update(helpers)
         return render(*args, operand_dtype)
