@@ -395,3 +395,28 @@ def test_device_report_of_a_run_cut_short(tmp_path):
                                                      "cut_short": True}
     assert check["parts"]["gemm_bf16"]["results"] is None
     assert "TIMEOUT" in (out / "table.txt").read_text() and "2 passed, 1 failed" in proc.stdout
+
+
+def test_model_suites_run_their_cases_with_budget_errors_and_selection():
+    """run_model_cases (the cpu and decode suites' case loop): a case that raises is a row with
+    its error, a selection runs only its cases, a spent budget skips the rest."""
+    import time
+    from types import SimpleNamespace
+
+    from tilewright.perf.run import run_model_cases
+
+    cases = [SimpleNamespace(name=n, describe=n.upper()) for n in "abc"]
+
+    def one(case):
+        if case.name == "b":
+            raise RuntimeError("boom")
+        return {"id": case.name}
+
+    seen = []
+    doc = {"results": [], "skipped": []}
+    run_model_cases(doc, cases, ("a", "b"), None, one, None, lambda n, row: seen.append(n), time.monotonic())
+    assert [r["id"] for r in doc["results"]] == ["a", "b"] and seen == ["a", "b"]
+    assert doc["results"][1]["error"] == "RuntimeError: boom" and not doc["skipped"]
+    doc = {"results": [], "skipped": []}
+    run_model_cases(doc, cases, None, 0.0, one, None, None, time.monotonic() - 1.0)
+    assert doc == {"results": [], "skipped": ["a", "b", "c"]}

@@ -55,7 +55,8 @@ from tilewright.perf.cpu_cases import (  # noqa: F401 - the cases' names, re-exp
 from tilewright.perf.first_call import FirstCallError, compile_bytecode, first_call_s
 from tilewright.perf.load import LoadProbe, load_per_cpu
 from tilewright.perf.run import (
-    FORMAT, _torch_threads, _write, check_slowdown, environment, paired_ratio, slowed, time_side_by_side,
+    FORMAT, _torch_threads, _write, check_slowdown, environment, paired_ratio, run_model_cases, slowed,
+    time_side_by_side,
 )
 from tilewright.runtime.targets import get_target
 
@@ -277,23 +278,10 @@ def run_model_suite(suite: str, *, inductor: bool | None = None, cpu_threads: in
     if fresh_process:
         compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="tw-bench-cpu-") as tune_dir:
-        for case in all_cases:
-            if cases is not None and case.name not in cases:
-                continue
-            if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
-                doc["skipped"].append(case.name)
-                continue
-            try:
-                row = bench_case(case, inductor, cpu_threads, Path(tune_dir),
-                                 suite=suite if fresh_process else None,
-                                 inject_slowdown=inject_slowdown)
-            except Exception as e:  # noqa: BLE001 - one case failing is a result
-                row = {"id": case.name, "describe": case.describe, "impls": {},
-                       "error": f"{type(e).__name__}: {e}"[:300]}
-            doc["results"].append(row)
-            _write(out, doc)
-            if on_progress is not None:
-                on_progress(case.name, row)
+        run_model_cases(doc, all_cases, cases, time_budget_s, out=out, on_progress=on_progress, t0=t0,
+                        bench_one=lambda case: bench_case(case, inductor, cpu_threads, Path(tune_dir),
+                                                          suite=suite if fresh_process else None,
+                                                          inject_slowdown=inject_slowdown))
     doc["complete"] = not doc["skipped"]
     doc["seconds"] = time.monotonic() - t0
     doc["env"]["load_per_cpu_end"] = load_per_cpu()

@@ -34,7 +34,8 @@ import torch
 
 from tilewright._config import config
 from tilewright.perf.decode_cases import CASES, DecodeCase, build_model, forward_fn, inputs, side_step
-from tilewright.perf.run import FORMAT, _torch_threads, _write, environment, paired_ratio, time_side_by_side
+from tilewright.perf.run import (FORMAT, _torch_threads, _write, environment, paired_ratio, run_model_cases,
+                                 time_side_by_side)
 
 SUITE = "decode"
 GPU_SIDES = ("tilewright-cudagraphs", "inductor-cudagraphs")
@@ -166,20 +167,8 @@ def run_decode_suite(*, device: str | None = None, dtype: str | None = None, ind
                               "first_call": "in process, compile included"},
                            "results": [], "skipped": []}
     t0 = time.monotonic()
-    for case in CASES:
-        if cases is not None and case.name not in cases:
-            continue
-        if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
-            doc["skipped"].append(case.name)
-            continue
-        try:
-            row = bench_decode_case(case, dev, dt, inductor=inductor, cpu_threads=cpu_threads)
-        except Exception as e:  # noqa: BLE001 - one case failing is a result
-            row = {"id": case.name, "describe": case.describe, "impls": {}, "error": f"{type(e).__name__}: {e}"[:300]}
-        doc["results"].append(row)
-        _write(out, doc)
-        if on_progress is not None:
-            on_progress(case.name, row)
+    run_model_cases(doc, CASES, cases, time_budget_s, out=out, on_progress=on_progress, t0=t0,
+                    bench_one=lambda case: bench_decode_case(case, dev, dt, inductor=inductor, cpu_threads=cpu_threads))
     doc["complete"] = not doc["skipped"]
     doc["seconds"] = time.monotonic() - t0
     _write(out, doc)

@@ -425,3 +425,27 @@ def _checked_runs(p: GemmProblem, builders: dict[str, Callable[[], Callable]],
         except Exception as e:  # noqa: BLE001 - one implementation failing is a result
             impls[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
     return runs
+
+
+def run_model_cases(doc: dict[str, Any], cases: list[Any], selected: tuple[str, ...] | None,
+                    time_budget_s: float | None, bench_one: Callable[[Any], dict[str, Any]],
+                    out: Path | None, on_progress: Callable[[str, dict], None] | None, t0: float) -> None:
+    """Run ``bench_one(case)`` for each case in ``selected`` (all when None) into
+    ``doc["results"]``, rewriting ``out`` after each so a run cut short still reports. A case
+    past ``time_budget_s`` (seconds since ``t0``) goes to ``doc["skipped"]``; a case that
+    raises is a row with its ``error``, not the end of the run."""
+    for case in cases:
+        if selected is not None and case.name not in selected:
+            continue
+        if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
+            doc["skipped"].append(case.name)
+            continue
+        try:
+            row = bench_one(case)
+        except Exception as e:  # noqa: BLE001 - one case failing is a result
+            row = {"id": case.name, "describe": case.describe, "impls": {}, "error": f"{type(e).__name__}: {e}"[:300]}
+        doc["results"].append(row)
+        _write(out, doc)
+        if on_progress is not None:
+            on_progress(case.name, row)
+
