@@ -19,14 +19,57 @@ import tilewright  # noqa: E402
 tilewright.config.reload_env()
 
 
+# Seconds each test module took (all phases, summed over its tests). xdist hands each worker a
+# first chunk of consecutive tests and the rest as they finish, so a long module collected late
+# leaves one core idle at the end: starting the longest modules first shortens `make test` by
+# that tail. The committed file orders a fresh clone (CI); each run refreshes pytest's own cache,
+# which orders the next run on the same checkout.
+_DURATIONS_FILE = os.path.join(os.path.dirname(__file__), "module_seconds.json")
+_DURATIONS_KEY = "tilewright/module_seconds"
+_module_seconds: dict[str, float] = {}
+
+
+def _known_module_seconds(config) -> dict[str, float]:
+    import json
+
+    known: dict[str, float] = {}
+    try:
+        with open(_DURATIONS_FILE) as f:
+            known.update(json.load(f))
+    except (OSError, ValueError):
+        pass
+    if config.cache is not None:
+        known.update(config.cache.get(_DURATIONS_KEY, {}))
+    return known
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run where CUDA is; elsewhere they are skipped (bench/device_check.sh runs them)."""
+    """The longest modules first (a stable sort: a module's tests stay together and in order,
+    so module-scoped fixtures are built once); GPU tests run where CUDA is, elsewhere they are
+    skipped (bench/device_check.sh runs them)."""
+    known = _known_module_seconds(config)
+    items.sort(key=lambda item: -known.get(item.nodeid.split("::")[0], 0.0))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run bench/device_check.sh on one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::")[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """The controller (or a run without xdist) keeps this run's module times for the next run's
+    order; a run of a few files updates only theirs."""
+    if hasattr(session.config, "workerinput") or session.config.cache is None or not _module_seconds:
+        return
+    known = session.config.cache.get(_DURATIONS_KEY, {})
+    known.update({m: round(s, 2) for m, s in _module_seconds.items()})
+    session.config.cache.set(_DURATIONS_KEY, known)
 
 
 @pytest.fixture(autouse=True)
