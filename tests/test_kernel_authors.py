@@ -132,7 +132,8 @@ def test_the_whole_aot_build_lists_it_verified(tutorial, tmp_path):
 
 def test_the_guide_quotes_the_example_files_verbatim():
     guide = GUIDE.read_text()
-    for name in ("tutorial_language.py", "tutorial_gemm.py", "tutorial_gemm.py.jinja", "helion_linear_gelu.py"):
+    for name in ("tutorial_language.py", "tutorial_gemm.py", "tutorial_gemm.py.jinja", "helion_linear_gelu.py",
+                 "helion_relu_squared.py", "tutorial_attention.py", "tutorial_attention.py.jinja"):
         block = re.search(rf"<!-- file: docs/examples/{re.escape(name)} -->\n```\w*\n(.*?)```", guide, re.S)
         assert block, f"docs/kernel-authors.md does not show docs/examples/{name}"
         assert block.group(1) == (EXAMPLES / name).read_text(), f"the guide's copy of {name} is stale"

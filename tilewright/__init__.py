@@ -24,6 +24,8 @@ _dynamo_registration.install()
 # (docs/kernel-authors.md)
 _LAZY = {
     "Language": "tilewright.runtime.languages",
+    # needs Helion (pip install 'tilewright[helion]'); not in __all__, so `import *` never imports it
+    "helion_template": "tilewright.templates.helion",
     "register_language": "tilewright.runtime.languages",
     "register_template": "tilewright.templates",
     "TemplateSpec": "tilewright.templates.base",

@@ -104,6 +104,12 @@ class Config:
         "", "TILEWRIGHT_DEBUG_DIR",
         "When set, every compiled graph dumps its FX graph, kernel IR, rendered kernels and "
         "wrapper here, for humans.")
+    templates: str = _setting(
+        "", "TILEWRIGHT_TEMPLATES",
+        "Your own templates for every process: comma-separated modules (mypkg.kernels) or .py "
+        "files, imported when the template registry is first used (a module's register() is "
+        "called when it has one). A new process (tilewright explain/aot/warm, a tuning worker) "
+        "sees templates registered by calls only through this or an entry point.")
     fuse_epilogues: bool = _setting(
         True, "TILEWRIGHT_FUSE_EPILOGUES",
         "Fuse bias/activation/residual/scale/cast epilogues into the GEMM that produces them.")

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-_SHORT = {"BLOCK_M": "", "BLOCK_N": "x", "BLOCK_K": "x", "GROUP_M": " g", "num_warps": " w",
-          "num_stages": " s", "SPLIT_K": " splitk"}
+_TILE = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+_SHORT = {"GROUP_M": "g", "num_warps": "w", "num_stages": "s"}
 
 
 @dataclass(frozen=True)
@@ -45,20 +45,24 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        """Short display name, e.g. ``triton.gemm[64x128x32 g8 w4 s3]``."""
+        """Short display name, e.g. ``triton.gemm[64x128x32 g8 w4 s3]``: the tile dims first, in
+        M, N, K order whatever order the template's knobs come in (a Helion GEMM lists BLOCK_N
+        before BLOCK_M: that read ``x6464x64``), then the other knobs."""
         if not self.params:
             return self.template_id
-        parts = []
-        for k, v in self.params:
+        params = dict(self.params)
+        tile = [str(params.pop(k)) for k in _TILE if k in params]
+        parts = ["x".join(tile)] if tile else []
+        for k, v in params.items():
             if k == "SPLIT_K":
-                parts.append(f" splitk{v}" if v > 1 else "")
+                parts.append(f"splitk{v}" if v > 1 else "")
             elif k == "SWAP_AB":
-                parts.append(" swapAB" if v else "")
+                parts.append("swapAB" if v else "")
             elif k == "PDL":
-                parts.append(" pdl" if v else "")
+                parts.append("pdl" if v else "")
             else:
-                parts.append(f"{_SHORT.get(k, ' ' + k + '=')}{v}")
-        return f"{self.template_id}[{''.join(parts).strip()}]"
+                parts.append(f"{_SHORT.get(k, k + '=')}{v}")
+        return f"{self.template_id}[{' '.join(p for p in parts if p)}]"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Candidate) and self.key == other.key

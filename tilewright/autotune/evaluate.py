@@ -200,6 +200,24 @@ def _special_values_wrong(task: EvalTask, factory: Any, launch: Callable) -> str
     return f"with special values (inf, NaN, +-0, subnormals): relative error {err:.3g} > tolerance {tol:.0e}"
 
 
+UNTOUCHED = ("; the output tensors it was handed (filled with NaN) are untouched: a kernel must write its "
+             "result into the outputs it is given (``out``/``outs``), in place; returning a new tensor instead "
+             "is not the calling convention")
+
+
+def untouched_outputs_hint(given: Any, result: Any) -> str:
+    """A hint for a wrong result: :data:`UNTOUCHED` when every float output tensor the launcher
+    was handed (``given``, the kind's poisoned outputs) still holds only NaN after the run (the
+    kernel wrote nothing into them, whatever it returned as ``result``), else "". A kernel
+    with the wrong calling convention then fails its first check naming the fix, rather than
+    with a bare infinite error."""
+    tensors = [t for t in (given if isinstance(given, (tuple, list)) else (given,))
+               if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+    if not tensors or not all(bool(torch.isnan(t).all()) for t in tensors):
+        return ""
+    return UNTOUCHED
+
+
 def _special_reference(task: EvalTask, judge: Callable) -> Any:
     """The special-value inputs (kept in ``_last``) and their reference, made once per problem."""
     key = (task.problem, task.device, task.seed)
@@ -296,8 +314,8 @@ def evaluate(task: EvalTask, factory: Any,
         out = _failed(base, "reference", e, compile_s)
         return dataclasses.replace(out, transient=True)
     if err is not None and not err <= tol:
-        return EvalOutcome(Record(**base, status="wrong", rel_err=err,
-                                  reason=f"relative error {err:.3g} > tolerance {tol:.0e}"), compile_s)
+        reason = f"relative error {err:.3g} > tolerance {tol:.0e}" + untouched_outputs_hint(outs[0], result)
+        return EvalOutcome(Record(**base, status="wrong", rel_err=err, reason=reason), compile_s)
     why = _special_values_wrong(task, factory, launch)
     if why:
         return EvalOutcome(Record(**base, status="wrong", rel_err=err, reason=why), compile_s)

@@ -22,6 +22,40 @@ from rich.table import Table
 from tilewright.cli.common import console
 
 
+def _dumped_template_ids(path: str) -> list[str]:
+    """The template ids of a debug dump's candidates (a *_selection.json), else []."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    cands = data.get("candidates") if isinstance(data, dict) else None
+    return sorted({c["name"].split("[", 1)[0] for c in cands or () if isinstance(c, dict) and "name" in c})
+
+
+def missing_templates_note(problem: Any, target: Any, dumped: list[str]) -> str | None:
+    """What to say when this process may lack the user's templates: the dump's candidates whose
+    templates are not registered here, or, when only ATen serves the problem and nothing was
+    loaded with --templates/TILEWRIGHT_TEMPLATES, that templates registered by calls in
+    another process are not seen in this one. None when neither holds."""
+    from tilewright.autotune.kinds import kind_name
+    from tilewright.autotune.policy import policy_for
+    from tilewright.templates import all_templates, user_modules_loaded
+
+    fix = ("load the module or file that registers them: tilewright explain --templates MODULE_OR_FILE "
+           "(or TILEWRIGHT_TEMPLATES=MODULE_OR_FILE; entry points are loaded already)")
+    known = {t.id for t in all_templates()}
+    missing = [t for t in dumped if t not in known]
+    if missing:
+        return f"the dump's candidates {', '.join(missing)} are not registered in this process: {fix}"
+    if user_modules_loaded():
+        return None
+    cands = policy_for(kind_name(problem), target).candidates(problem, target)
+    if all(c.backend == "aten" for c in cands):
+        return ("only ATen is a candidate here; templates your own code registers by calls "
+                f"(register_template, helion_template) are not in a new process: {fix}")
+    return None
+
+
 def _problem_from_file(path: str) -> Any:
     from tilewright.autotune.kinds import problem_from_json
     from tilewright.errors import InvalidInputError
@@ -121,6 +155,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from tilewright.errors import InvalidInputError
     from tilewright.runtime.targets import get_target
 
+    if args.templates:
+        from tilewright.templates import load_user_modules
+
+        load_user_modules(args.templates)
     given = [args.M is not None, args.problem is not None, args.model is not None]
     if sum(given) != 1 or (args.M is not None and (args.N is None or args.K is None)):
         raise InvalidInputError("explain takes one problem: M N K (a GEMM), --problem FILE.json, "
@@ -143,9 +181,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         problems = [_sized_problem(args)]
     cache = open_cache(args)
+    dumped = _dumped_template_ids(args.problem) if args.problem is not None else []
     with config.patch(isolate=args.isolate):
         for problem in problems:
             explain_problem(problem, target, cache)
+            note = missing_templates_note(problem, target, dumped)
+            if note:
+                console.print(f"note: {note}")
     return 0
 
 
@@ -198,6 +240,10 @@ def add_parser(sub) -> None:
     e.add_argument("--kernel", help="with --model: the kernel's number in the list, or 'all'")
     e.add_argument("--train", action="store_true", help="with --model: the training graphs")
     e.add_argument("--target", default="cpu", help="target name, e.g. cpu, cuda:sm_90a, h200")
+    e.add_argument("--templates", action="append", default=[], metavar="MODULE_OR_FILE",
+                   help="a module (mypkg.kernels) or .py file registering your own templates (its register() "
+                        "is called when it has one); repeatable; TILEWRIGHT_TEMPLATES does the same for "
+                        "every process")
     e.add_argument("--cache", help="tuning cache file (default <cache_dir>/autotune/tuning.json)")
     e.add_argument("--isolate", default="auto", choices=("auto", "on", "off"),
                    help="run generated candidates in worker processes")

@@ -135,6 +135,8 @@ class AotReport:
         kinds = [k.kind for k in self.kernels]
         return {
             "format": FORMAT, "model": self.model, "train": self.train,
+            # every kernel's artifact path ("artifacts") is relative to this folder, beside the manifest
+            "artifacts_root": "kernels",
             "targets": [t.name for t in self.targets], "versions": current_versions(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "summary": {s: statuses.count(s) for s in sorted(set(statuses))}

@@ -65,6 +65,11 @@ class NVFP4Linear(nn.Module):
         self.input_global_scale = nvfp4.global_scale_for(x.detach().abs().amax().float()).to(x.device)
 
     def dequantized_weight(self) -> torch.Tensor:
+        """The weight the layer multiplies by: (out_features, in_features) in the layer's dtype,
+        each e2m1 value times its block's e4m3 scale (one per 16 values along ``in``) times the
+        fp32 global scale. For checking the quantisation error against the float weight, or for
+        running the layer in plain torch (``x @ w.T + bias``, activations unquantised); it is a
+        new tensor each call, nothing is cached. The layer's own forward also quantises ``x``."""
         return nvfp4.dequantize(nvfp4.NVFP4Tensor(self.weight, self.weight_scale, self.weight_global_scale),
                                 self.dtype)
 

@@ -26,6 +26,7 @@ from tilewright.runtime.languages import Language, drop_language, get_language, 
 from tilewright.templates.base import (
     Knob, ParamSpace, RenderedKernel, Support, SUPPORTED, TemplateSpec, powers_of_two,
 )
+from tilewright.templates.epilogues import computes_epilogue
 
 log = logging.getLogger("tilewright.templates")
 
@@ -283,7 +284,8 @@ def replay(registrations: Iterable[bytes]) -> None:
 
 
 def ensure_registered() -> None:
-    """Register the package's language folders, then the installed entry points (once).
+    """Register the package's language folders, then the installed entry points, then the
+    modules ``config.templates`` (``TILEWRIGHT_TEMPLATES``) names (once).
 
     A plug-in whose entry point fails to load or validate is skipped with one warning naming
     it: someone else's broken package never stops tilewright."""
@@ -300,6 +302,61 @@ def ensure_registered() -> None:
             _discovered = False  # a broken folder of ours is a bug: raise it every time
             raise
         load_entry_points()
+    from tilewright._config import config
+
+    if config.templates:
+        for spec, why in load_user_modules(config.templates.split(","), strict=False).items():
+            log.warning("TILEWRIGHT_TEMPLATES: skipping %s: %s", spec, why)
+
+
+_USER_MODULES: set[str] = set()
+
+
+def load_user_modules(specs: Iterable[str], *, strict: bool = True) -> dict[str, str]:
+    """Import the modules that register a user's templates and languages: each spec is a module
+    name (``mypkg.kernels``) or a ``.py`` file (its folder goes on ``sys.path`` and it is
+    imported by its name, so tuning workers can import it too); after the import a module's
+    ``register()`` is called when it has one (the examples in docs/examples/ register that way),
+    else its import is expected to register. Each spec is loaded once per process.
+
+    Returns the specs that failed, each with its reason (``strict=False``).
+
+    Raises:
+        RegistrationError: ``strict`` and a spec cannot be found, imported or registered.
+    """
+    import os
+    import sys
+
+    failed = {}
+    for spec in (s.strip() for s in specs):
+        if not spec or spec in _USER_MODULES:
+            continue
+        try:
+            if spec.endswith(".py") or os.sep in spec:
+                path = os.path.abspath(spec)
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(f"no file {path}")
+                folder, name = os.path.split(path[:-3] if path.endswith(".py") else path)
+                if folder not in sys.path:
+                    sys.path.insert(0, folder)
+                module = importlib.import_module(name)
+            else:
+                module = importlib.import_module(spec)
+            if callable(getattr(module, "register", None)):
+                module.register()
+            _USER_MODULES.add(spec)
+        except Exception as e:  # noqa: BLE001 - any way the user's module fails is reported the same
+            why = f"{type(e).__name__}: {e}"
+            if strict:
+                raise RegistrationError(f"cannot load templates from {spec!r} ({why}); give an importable "
+                                        "module name (mypkg.kernels) or a .py file") from e
+            failed[spec] = why
+    return failed
+
+
+def user_modules_loaded() -> list[str]:
+    """The specs :func:`load_user_modules` loaded in this process."""
+    return sorted(_USER_MODULES)
 
 
 def load_entry_points() -> list[str]:
@@ -366,7 +423,7 @@ def templates_for(op: str, target_backend: str | None = None, *, jit: bool = Fal
 
 __all__ = [
     "BackendManifest", "Knob", "Language", "ParamSpace", "RenderedKernel", "SUPPORTED", "Support",
-    "TemplateSpec", "all_templates", "ensure_registered", "get_template", "load_entry_points",
+    "TemplateSpec", "all_templates", "computes_epilogue", "ensure_registered", "get_template", "load_entry_points", "load_user_modules",
     "manifests",
     "powers_of_two", "register", "register_language",
     "register_template", "registered_by_calls", "replay", "templates_for", "unregister_language",

@@ -1,6 +1,10 @@
 """``helion_template``: a Helion kernel written anywhere becomes a tilewright template.
 
-    TEMPLATE = tilewright.helion_template(my_kernel, op="gemm", supports=my_supports)
+    from tilewright.templates.helion import helion_template
+
+    TEMPLATE = helion_template(my_kernel, op="gemm", supports=my_supports)
+
+(``tilewright.helion_template`` is the same function, imported when first used.)
 
 ``supports(problem, target)`` says which problems the kernel computes exactly and how to call
 it for one: ``Support(False, reason)``, ``SUPPORTED`` (the kind's own argument order: GEMM
@@ -16,10 +20,12 @@ and ``tilewright aot``'s compile workers import them by name.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib
 import inspect
+import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -127,6 +133,37 @@ def _rebuild(kernel: tuple[str, str], op: str, supports: tuple[str, str], templa
                                     _lookup(*instructions) if instructions else None)
 
 
+def _returns_new_tensor(fn: Callable[..., Any]) -> str | None:
+    """Why ``fn`` cannot follow the outputs-passed-in convention: it returns a value that is
+    not one of its parameters (a tensor it allocates, as Helion's own examples do), or None.
+    A function whose source cannot be read is not judged (its first check says so instead)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not defs:
+        return None
+    params = {a.arg for a in defs[0].args.posonlyargs + defs[0].args.args + defs[0].args.kwonlyargs}
+
+    def returns(nodes: list[ast.AST]):
+        for node in nodes:  # the kernel's own returns, not those of functions nested in it
+            if isinstance(node, ast.Return):
+                yield node
+            elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                yield from returns(list(ast.iter_child_nodes(node)))
+
+    for ret in returns(defs[0].body):
+        value = ret.value
+        if value is None or (isinstance(value, ast.Constant) and value.value is None):
+            continue
+        names = value.elts if isinstance(value, ast.Tuple) else [value]
+        if all(isinstance(n, ast.Name) and n.id in params for n in names):
+            continue  # returns what it was handed (written in place): harmless
+        return f"returns `{ast.unparse(value)}` (line {ret.lineno} of its definition), not a tensor it was handed"
+    return None
+
+
 def helion_template(kernel: Callable[..., Any], *, op: str, supports: Callable[[Any, Target], Any],
                     name: str | None = None, register: bool = True,
                     instructions: Callable[[Any, Any, Target], list[InstructionCheck]] | None = None
@@ -157,6 +194,12 @@ def helion_template(kernel: Callable[..., Any], *, op: str, supports: Callable[[
         if not callable(obj) or "<locals>" in getattr(obj, "__qualname__", "<locals>"):
             raise RegistrationError(f"helion_template: the {what} must be a module-level function "
                                     f"(worker processes import it by name), got {obj!r}")
+    if (why := _returns_new_tensor(fn)) is not None:
+        raise RegistrationError(f"helion_template: kernel {fn.__qualname__} {why}; tilewright passes the "
+                                "outputs in and reads them after the call (GEMM: the last argument `out`, loop "
+                                "kernels: `out0, ...`, or your HelionCall's names), so what the kernel returns is "
+                                "never seen: take the output as a parameter, write `out[tile_m, tile_n] = ...` "
+                                "into it, and return nothing")
     template = KINDS[op](kernel, op, supports, name or fn.__name__, instructions)
     if register:
         from tilewright.templates import register_template
