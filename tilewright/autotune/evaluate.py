@@ -30,7 +30,7 @@ from tilewright.autotune.bench import time_callable
 from tilewright.autotune.cache import Record
 from tilewright.autotune.candidates import Candidate
 from tilewright.kinds import kind_of
-from tilewright.runtime.targets import get_target, sycl_on_cpu
+from tilewright.runtime.targets import get_target
 
 # errors after which a process's device state cannot be trusted (a worker is replaced)
 _FATAL_TYPES = ("OutOfMemoryError", "MemoryError", "AcceleratorError")
@@ -323,12 +323,12 @@ def evaluate(task: EvalTask, factory: Any,
         return EvalOutcome(Record(**base, status="ok", rel_err=err, reason="checked, untimed"), compile_s)
     best = task.best_ms
     abort_at = best * config.bench_abort_ratio if best is not None else None
-    # the first run is a fair sample for CPU kernels, except SYCL ones: the OpenCL CPU device
-    # spends ~1.5 ms on a kernel's first launch (measured), so those are judged after the
-    # warm-up, by the timer's own abort; and ATen ones: the first call of an ATen overload
+    # the first run is a fair sample for CPU kernels, except where the target's device is slow
+    # to launch a kernel the first time (Target.slow_first_launch: those are judged after the
+    # warm-up, by the timer's own abort); and ATen ones: the first call of an ATen overload
     # from Python sets up its binding (~0.2 ms each, measured; an unfused program calls several)
     if (device.type == "cpu" and abort_at is not None and first.median_ms > abort_at
-            and not sycl_on_cpu(get_target(task.target)) and cand.backend != "aten"):
+            and not get_target(task.target).slow_first_launch and cand.backend != "aten"):
         return EvalOutcome(Record(**base, status="aborted", median_ms=first.median_ms, reps=1,
                                   rel_err=err,
                                   reason=f"first run {first.median_ms:.3g} ms vs best {best:.3g} ms"),

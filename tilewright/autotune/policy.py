@@ -21,6 +21,7 @@ from tilewright.autotune.cost_model import LAUNCH_US, estimate_gemm, roofline_ms
 from tilewright.autotune.decode import decode_limit, decode_variants
 from tilewright.autotune.heuristics import heuristic_params
 from tilewright.problem import GemmProblem
+from tilewright.runtime.languages import pinned_knobs
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec, get_template, templates_for
 
@@ -111,8 +112,8 @@ class GemmPolicy:
             if stages and params["num_stages"] not in stages:
                 # an outside proposal (nvMatmulHeuristics says 8 stages): the nearest depth here
                 params["num_stages"] = min(stages, key=lambda s: (abs(s - params["num_stages"]), s))
-            if target.backend == "hip" and "num_stages" in params and template.backend in ("triton", "gluon"):
-                params["num_stages"] = 2  # Triton's AMD stream pipeliner wants 2
+            # knobs the template's compiler needs on this backend (Language.pinned_knobs)
+            params.update((k, v) for k, v in pinned_knobs(template.backend, target.backend).items() if k in params)
             key = tuple(params.items())
             if key in seen or template.check(params, problem, target):
                 continue

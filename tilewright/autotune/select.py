@@ -112,41 +112,9 @@ def filter_forced(candidates: list[Candidate]) -> tuple[list[Candidate], str]:
 
 
 def _measurable(target: Target) -> torch.device | None:
-    """The local device to benchmark ``target`` on, or None when it is not this machine."""
-    if target.backend == "cpu":
-        return torch.device("cpu")
-    if _sycl_here(target):
-        # SYCL kernels on CPU tensors (the OpenCL CPU device): checked and timed beside ATen
-        return torch.device("cpu")
-    if target.name == "mps" and torch.backends.mps.is_available():
-        # on a Mac the Metal candidates are checked and timed like any other, never picked
-        # unmeasured (they are compile-checked only until one has run there)
-        return torch.device("mps")
-    if target.backend in ("cuda", "hip") and torch.cuda.is_available():
-        dev = torch.device("cuda", torch.cuda.current_device())
-        if _local_target_name(dev) == target.name:
-            return dev
-    return None
-
-
-def _sycl_here(target: Target) -> bool:
-    """The ``xpu:opencl-cpu`` target with the SYCL runtime installed: its kernels run here."""
-    from tilewright.runtime import sycl
-    from tilewright.runtime.targets import sycl_on_cpu
-
-    return sycl_on_cpu(target) and sycl.available()
-
-
-def _local_target_name(dev: torch.device) -> str | None:
-    """The target a local GPU is, or None for one tilewright has no target for (it can then
-    measure nothing, and chooses as for a remote target)."""
-    from tilewright.errors import UnknownTargetError
-    from tilewright.runtime.targets import detect_target
-
-    try:
-        return detect_target(dev).name
-    except UnknownTargetError:
-        return None
+    """The local device to benchmark ``target`` on, or None when it is not this machine (the
+    target knows its device and its quirks: :meth:`~tilewright.runtime.targets.Target.local_device`)."""
+    return target.local_device()
 
 
 def _timed(results: list[CandidateResult]) -> list[CandidateResult]:
@@ -219,13 +187,9 @@ def why_winner(results: list[CandidateResult], winner: CandidateResult) -> str:
 
 
 def local_devices(target: Target) -> list[str]:
-    """Devices of this machine that are ``target`` ("cuda:0", ...; ["cpu"] for the CPU)."""
-    if target.backend == "cpu" or _sycl_here(target):
-        return ["cpu"]
-    if target.backend not in ("cuda", "hip") or not torch.cuda.is_available():
-        return []
-    return [f"cuda:{i}" for i in range(torch.cuda.device_count())
-            if _local_target_name(torch.device("cuda", i)) == target.name]
+    """Devices of this machine that are ``target`` ("cuda:0", ...; ["cpu"] for the CPU):
+    :meth:`~tilewright.runtime.targets.Target.local_devices`."""
+    return target.local_devices()
 
 
 def isolated(device: torch.device) -> bool:

@@ -22,11 +22,11 @@ from typing import Any, Callable, Iterable
 
 from tilewright.autotune.cache import current_versions
 from tilewright.compiler.capture import CapturedKernel, ModelSpec, capture_kernels, load_model
-from tilewright.compiler.aot_metal import build_metal, plan_metal
-from tilewright.compiler.aot_sycl import build_sycl, plan_sycl
+from tilewright.compiler.aot_written import build_language, plan_language
 from tilewright.errors import UnsupportedProblemError
 from tilewright.kinds import kind_name, kind_of
 from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
+from tilewright.runtime.languages import Language, aot_writer_for
 from tilewright.autotune.decode import aot_remedies
 from tilewright.runtime.resources import Resources, read_resources
 from tilewright.runtime.targets import Target, get_target
@@ -295,7 +295,7 @@ def make_kernel(cap: CapturedKernel, target: Target, template: TemplateSpec, ms:
     rendered = template.render(cap.problem, params, target)
     if rendered.aot is None:
         raise UnsupportedProblemError(f"{template.id} cannot be compiled ahead of time")
-    k.job = CompileJob(k.name, rendered.source, rendered.aot.to_json(), target.triton)
+    k.job = CompileJob(k.name, rendered.source, rendered.aot.to_json(), target.aot_target)
     return k
 
 
@@ -321,23 +321,30 @@ def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path
     """
     spec = load_model(model) if isinstance(model, str) else model
     resolved = [get_target(t) for t in targets]
-    metal = [t for t in resolved if t.backend == "mps"]  # written and syntax-checked: aot_metal.py
-    xpu = [t for t in resolved if t.backend == "xpu"]  # written and built to SPIR-V: aot_sycl.py
+    # a target whose backend a language's AOT writer serves is written by it (Metal's shaders
+    # syntax-checked, SYCL's built to SPIR-V: templates/<lang>/aot.py); the rest compile in workers
+    written: dict[str, tuple[Language, list[Target]]] = {}
+    compiled: list[Target] = []
     for t in resolved:
-        if t.triton is None and t not in metal and t not in xpu:
+        lang = aot_writer_for(t.backend)
+        if lang is not None:
+            written.setdefault(lang.name, (lang, []))[1].append(t)
+        elif t.aot_target is None:
             raise UnsupportedProblemError(f"{t.name} has no ahead-of-time compiler in tilewright")
+        else:
+            compiled.append(t)
     captured = capture_kernels(spec, train=train)
-    kernels, refused = plan(captured, [t for t in resolved if t not in metal and t not in xpu],
-                            per_template=per_template)
-    metal_kernels, metal_refused, metal_rendered = plan_metal(captured, metal, per_template=per_template)
-    sycl_kernels, sycl_refused, sycl_rendered = plan_sycl(captured, xpu, per_template=per_template)
-    refused += metal_refused + sycl_refused
+    kernels, refused = plan(captured, compiled, per_template=per_template)
+    plans = [(lang, *plan_language(lang, captured, ts, per_template=per_template)) for lang, ts in
+             sorted(written.values(), key=lambda w: (w[0].priority, w[0].name))]
+    written_kernels = [k for _, ks, _, _ in plans for k in ks]
+    refused += [r for _, _, rs, _ in plans for r in rs]
     if on_planned:
-        on_planned(len(kernels) + len(metal_kernels) + len(sycl_kernels))
+        on_planned(len(kernels) + len(written_kernels))
     out = Path(out_dir)
     root = out / "kernels"
-    build_metal(metal_kernels, metal_rendered, root, on_result=on_result)
-    build_sycl(sycl_kernels, sycl_rendered, root, on_result=on_result)
+    for lang, ks, _, rendered in plans:
+        build_language(lang, ks, rendered, root, on_result=on_result)
 
     def land(batch: list[AotKernel]) -> None:
         results = compile_jobs([k.job for k in batch if k.job], root, workers=workers,
@@ -362,6 +369,6 @@ def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path
     from tilewright.compiler.aot_replace import replace_failures  # it builds kernels with make_kernel
 
     kernels += replace_failures(kernels, land)
-    report = AotReport(out, spec.name or "model", resolved, kernels + metal_kernels + sycl_kernels, refused, train)
+    report = AotReport(out, spec.name or "model", resolved, kernels + written_kernels, refused, train)
     (out / "manifest.json").write_text(json.dumps(report.manifest(), indent=1))
     return report

@@ -1,12 +1,14 @@
 """The ahead-of-time path shared by the targets whose kernels are written rather than compiled
-by ``triton.compile`` in workers (Metal's ``mps``, SYCL's ``xpu``): plan every loop kernel and
-GEMM with the kind's policy and cost model, render the best ``per_template`` settings of each
-template, then write each kernel's files and check or build them, one kernel at a time, with a
-``job.json`` record per kernel so an unchanged kernel already on disk is ``cached``.
+in workers: those of a language with an AOT writer (:attr:`Language.aot_writer
+<tilewright.runtime.languages.Language.aot_writer>`, e.g. Metal's ``mps``, SYCL's ``xpu``).
+Plan every kernel with the kind's policy and cost model, render the best ``per_template``
+settings of each of the language's templates, then write each kernel's files and check or build
+them, one kernel at a time, with a ``job.json`` record per kernel so an unchanged kernel already
+on disk is ``cached``.
 
-:mod:`tilewright.compiler.aot_metal` and :mod:`tilewright.compiler.aot_sycl` say only what
-differs: which templates, how a kernel folder is named, and what "build" means (a host syntax
-check; the SYCL runtime's compile to SPIR-V).
+The language's writer (``templates/<lang>/aot.py``, a
+:class:`~tilewright.runtime.aot_writer.AotWriter`) says only what differs: how a kernel folder
+is named, why a problem has no template, the build key, and what "build" means.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tilewright.compiler.capture import CapturedKernel
 from tilewright.kinds import get_kind, kind_name, kind_of
 from tilewright.runtime.aot import CompileResult
+from tilewright.runtime.aot_writer import Written, digest  # noqa: F401 - their old home
+from tilewright.runtime.languages import Language
 from tilewright.runtime.targets import Target
-from tilewright.templates import TemplateSpec
+from tilewright.templates import TemplateSpec, templates_for
 from tilewright.templates.base import RenderedKernel
 
 KernelNamer = Callable[[Target, CapturedKernel, TemplateSpec, dict], str]
@@ -79,18 +82,6 @@ def plan_written(captured: Iterable[CapturedKernel], targets: Iterable[Target], 
     return kernels, refused, rendered
 
 
-@dataclass
-class Written:
-    """What building one written kernel gave: status "built" or "failed", the compiler's
-    message, the artifacts (stage -> path relative to the output folder; every one is
-    hashed) and metadata for the manifest."""
-
-    status: str
-    files: dict[str, str]
-    metadata: dict[str, Any] = field(default_factory=dict)
-    error: str = ""
-
-
 def _cached(record: Path, key: str, root: Path) -> CompileResult | None:
     """The earlier build of this exact kernel, if its record matches ``key`` and its files are there."""
     try:
@@ -128,6 +119,36 @@ def build_written(kernels: list, root: Path, *, key: Callable[[Any], str],
             on_result(result)
 
 
-def digest(**facts: Any) -> str:
-    """sha256 of ``facts`` as sorted JSON: a written kernel's build key."""
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+def language_kernel_name(language: Language) -> KernelNamer:
+    """``<arch>/<problem label>-<the writer's kernel folder>``: the problem part is its kind's
+    (:meth:`~tilewright.kinds.ProblemKind.aot_label`), the rest the language's writer's."""
+    writer = language.aot_writer
+
+    def name(target: Target, cap: CapturedKernel, template: TemplateSpec, params: dict) -> str:
+        p = cap.problem
+        return f"{target.arch}/{kind_of(p).aot_label(p)}-{writer.kernel_folder(template.id, params)}"
+    return name
+
+
+def plan_language(language: Language, captured: Iterable[CapturedKernel], targets: Iterable[Target], *,
+                  per_template: int = 1):
+    """The kernels ``language``'s AOT writer writes for ``targets``: per problem and template of
+    that language, the best ``per_template`` settings by the cost model, rendered (see
+    :func:`plan_written`, whose triple it returns)."""
+    writer = language.aot_writer
+    if writer is None:
+        raise ValueError(f"language {language.name} has no AOT writer")
+    return plan_written(
+        captured, targets, per_template=per_template, kernel_name=language_kernel_name(language),
+        templates=lambda kind, t: [x for x in templates_for(kind, t.backend) if x.backend == language.name],
+        none_reason=writer.none_reason)
+
+
+def build_language(language: Language, kernels: list, rendered: dict[str, RenderedKernel], root: Path,
+                   on_result: Callable[[CompileResult], None] | None = None) -> None:
+    """Write, check or build ``kernels`` (planned by :func:`plan_language`) under ``root/<name>/``
+    with ``language``'s AOT writer; sets each kernel's ``result``. An unchanged kernel already on
+    disk is ``cached``."""
+    writer = language.aot_writer
+    build_written(kernels, root, key=lambda k: writer.key(k.name, rendered[k.name]),
+                  build=lambda k, folder: writer.write(k.name, rendered[k.name], root), on_result=on_result)

@@ -47,7 +47,7 @@ from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
 from tilewright.errors import UnknownTargetError
 from tilewright.kernels.build import default_factory
 from tilewright.kinds import ProblemKind, kernel_nodes, kind_of_node
-from tilewright.runtime.targets import Target, detect_target, get_target
+from tilewright.runtime.targets import Target, detect_target, get_target, host_target
 from tilewright.templates import get_template
 
 log = logging.getLogger("tilewright.compiler")
@@ -56,20 +56,21 @@ _unknown_warned: set[str] = set()  # UnknownTargetError messages already logged
 
 
 def cpu_target(target: Target) -> Target:
-    """``target``, or for the ``cpu`` target under ``config.cpu_target == "xpu"`` the
-    ``xpu:opencl-cpu`` target (the SYCL templates on CPU tensors, run on the OpenCL CPU device).
-    Without the SYCL runtime that costs one warning per process and stays ``cpu``."""
-    if target.name != "cpu" or config.cpu_target == "cpu":
+    """``target``, or for the ``cpu`` target the target ``config.cpu_target`` names for CPU
+    tensors (``"xpu"``: ``xpu:opencl-cpu``, one language's kernels run on the host's OpenCL
+    CPU device: :func:`~tilewright.runtime.targets.host_target`). Where that target's device
+    is missing here (:meth:`~tilewright.runtime.targets.Target.unavailable`) that costs one
+    warning per reason and process and stays ``cpu``."""
+    if target.name != "cpu" or config.cpu_target == target.backend:
         return target
-    from tilewright.runtime import sycl
-
-    why = sycl.unavailable_reason()
+    host = host_target(config.cpu_target)
+    why = f"no {config.cpu_target} target runs on CPU tensors" if host is None else host.unavailable()
     if why is not None:
         if why not in _unknown_warned:
             _unknown_warned.add(why)
-            log.warning("cpu_target='xpu' but %s; CPU kernels use the cpu target (ATen)", why)
+            log.warning("cpu_target=%r but %s; CPU kernels use the cpu target (ATen)", config.cpu_target, why)
         return target
-    return get_target("xpu:opencl-cpu")
+    return host
 
 
 def make_call(n: Node, kind: ProblemKind | None = None) -> KernelCall:

@@ -20,10 +20,12 @@ import importlib
 import pickle
 import re
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tilewright.errors import RegistrationError
+from tilewright.runtime.aot_writer import AotWriter
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -71,8 +73,12 @@ class Language:
         aot_compile: ``(CompileJob, root: Path) -> CompileResult``, run in a worker process by
             :func:`tilewright.runtime.aot.compile_jobs` for renderings whose ``AotSpec.language``
             is this name; a module-level function (it is pickled by reference to the worker).
-            None: not built by the runtime's AOT driver (Metal and SYCL kernels are written and
-            checked by ``compiler/aot_written.py``; ATen has nothing to build).
+            None: not built by the runtime's AOT driver (a language with an :attr:`aot_writer`
+            writes its own; ATen has nothing to build).
+        aot_writer: an :class:`~tilewright.runtime.aot_writer.AotWriter`, for a language whose
+            kernels ``tilewright aot`` writes and checks itself instead of compiling them in
+            workers (Metal, SYCL): targets of its :attr:`target_backends` go to it. None: the
+            language has no such writer.
         load: ``(RenderedKernel) -> launcher``: how a rendered kernel becomes callable
             (default: import it as a Python module and take its entry function).
         priority: order among languages (lower first) wherever templates are listed: the
@@ -85,6 +91,9 @@ class Language:
         calls_aten: its kernels are calls of PyTorch operators (ATen's own "templates"), not
             kernels of their own: a launch report counts the ATen calls they make at run time
             in their place (:func:`tilewright.compiler.launches.launch_report`).
+        pinned_knobs: target backend -> {knob: value} its compiler needs whatever the policy
+            proposes (Triton's AMD stream pipeliner wants ``num_stages=2`` on "hip"); applied by
+            the candidate policies to the knobs a template has.
     """
 
     name: str
@@ -98,6 +107,13 @@ class Language:
     priority: int = 100
     prebuild: Callable[[Any], None] | None = None
     calls_aten: bool = False
+    aot_writer: AotWriter | None = None
+    pinned_knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}),
+                                                          hash=False)
+
+    def pinned(self, backend: str) -> Mapping[str, Any]:
+        """The knob values this language's compiler needs on target backend ``backend``."""
+        return self.pinned_knobs.get(backend, {})
 
     def validate(self) -> None:
         """Raise :class:`RegistrationError` naming the first inconsistent field."""
@@ -112,6 +128,13 @@ class Language:
         for hook in ("unavailable", "versions", "load"):
             if not callable(getattr(self, hook)):
                 raise RegistrationError(f"language {self.name}: {hook} must be callable")
+        if self.aot_writer is not None and not isinstance(self.aot_writer, AotWriter):
+            raise RegistrationError(f"language {self.name}: aot_writer must be a tilewright AotWriter "
+                                    f"(tilewright.runtime.aot_writer), got {type(self.aot_writer).__name__}")
+        if not isinstance(self.pinned_knobs, Mapping) or not all(
+                isinstance(v, Mapping) for v in self.pinned_knobs.values()):
+            raise RegistrationError(f"language {self.name}: pinned_knobs must map a target backend "
+                                    f"to {{knob: value}}, got {self.pinned_knobs!r}")
         if self.prebuild is not None and not callable(self.prebuild):
             raise RegistrationError(f"language {self.name}: prebuild must be callable or None")
         if self.aot_compile is not None:
@@ -207,7 +230,27 @@ def languages() -> list[Language]:
     return sorted(_LANGUAGES.values(), key=lambda lang: (lang.priority, lang.name))
 
 
+def pinned_knobs(language: str, backend: str) -> Mapping[str, Any]:
+    """:meth:`Language.pinned` of the language called ``language`` on target backend
+    ``backend``; nothing for a name no language is registered under (a test's template)."""
+    lang = _LANGUAGES.get(language)
+    if lang is None:
+        _ensure_loaded()
+        lang = _LANGUAGES.get(language)
+    return lang.pinned(backend) if lang is not None else {}
+
+
+def aot_writer_for(backend: str) -> Language | None:
+    """The language whose :attr:`Language.aot_writer` writes kernels for targets of ``backend``
+    ("mps", "xpu"), or None where ``tilewright aot`` compiles them in workers (or cannot)."""
+    for lang in languages():
+        if lang.aot_writer is not None and backend in lang.target_backends:
+            return lang
+    return None
+
+
 def language_names() -> tuple[str, ...]:
+    """The registered languages' names, in :attr:`Language.priority` order."""
     return tuple(lang.name for lang in languages())
 
 

@@ -10,6 +10,7 @@ them. ``cpu`` is this host, where Triton kernels run under the interpreter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -40,6 +41,13 @@ class Target:
         source: where the figures come from.
         max_threads_per_block: threads one block (threadgroup, work-group) may hold; 1024 on
             every registered GPU (CUDA, ROCm, Apple's ``maxTotalThreadsPerThreadgroup``, PVC).
+        tensors: the torch device type of the tensors its kernels take where that is not the
+            backend's own ("cpu" for ``xpu:opencl-cpu``, whose SYCL kernels run on this host's
+            OpenCL CPU device); see :attr:`device_type`.
+        needs: ``() -> str | None``: why this target's device cannot be used on this machine
+            (a missing runtime, with the fix), None when it can; None: nothing beyond torch.
+        slow_first_launch: the device spends long on a kernel's first launch (the OpenCL CPU
+            device, ~1.5 ms, measured), so a first run is no fair sample of a kernel's time.
     """
 
     name: str
@@ -57,11 +65,60 @@ class Target:
     triton: tuple[str, str | int, int] | None = None
     source: str = ""
     max_threads_per_block: int = 1024
+    tensors: str = ""
+    needs: Callable[[], str | None] | None = None
+    slow_first_launch: bool = False
+
+    @property
+    def device_type(self) -> str:
+        """The torch device type of the tensors its kernels take: "cuda" (CUDA and ROCm GPUs),
+        "cpu", "mps", "xpu"."""
+        return self.tensors or ("cuda" if self.backend in ("cuda", "hip") else self.backend)
+
+    def unavailable(self) -> str | None:
+        """Why this target's device cannot be used here (:attr:`needs`), None when it can."""
+        return None if self.needs is None else self.needs()
+
+    def local_device(self) -> torch.device | None:
+        """The device of this machine that is this target, to check and time candidates on, or
+        None when it is not this machine: the host CPU for targets whose kernels take CPU
+        tensors (when :meth:`unavailable` says nothing is missing), the current GPU when
+        :func:`detect_target` names this target for it, the Apple GPU when torch has MPS."""
+        kind = self.device_type
+        if kind == "cpu":
+            return torch.device("cpu") if self.unavailable() is None else None
+        if kind == "cuda" and torch.cuda.is_available():
+            dev = torch.device("cuda", torch.cuda.current_device())
+            return dev if _local_target_name(dev) == self.name else None
+        if kind == "mps" and torch.backends.mps.is_available():
+            # on a Mac Metal candidates are checked and timed like any other, never picked
+            # unmeasured (they are compile-checked only until one has run there)
+            return torch.device("mps")
+        return None
+
+    def local_devices(self) -> list[str]:
+        """Devices of this machine that are this target, for worker processes ("cuda:0", ...;
+        ["cpu"] for a target whose kernels take CPU tensors); none for MPS, whose candidates
+        are measured in the tuning process."""
+        kind = self.device_type
+        if kind == "cpu":
+            return ["cpu"] if self.unavailable() is None else []
+        if kind != "cuda" or not torch.cuda.is_available():
+            return []
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())
+                if _local_target_name(torch.device("cuda", i)) == self.name]
 
     @property
     def interpreted(self) -> bool:
         """True when Triton kernels for this target run under ``TRITON_INTERPRET`` (the CPU)."""
         return self.backend == "cpu"
+
+    @property
+    def aot_target(self) -> tuple[str, str | int, int] | None:
+        """(backend, arch, warp_size) the ahead-of-time compile driver (:mod:`tilewright.runtime.aot`)
+        builds kernels for, or None where no worker compiler targets this chip (a language's
+        AOT writer may still write its kernels: ``Language.aot_writer``)."""
+        return self.triton
 
     def peak(self, dtype: str) -> float:
         """Dense peak TFLOP/s for an input dtype; fp32 falls back to the fp32 (non-TF32) rate.
@@ -82,6 +139,21 @@ class Target:
 
     def __str__(self) -> str:
         return self.name
+
+
+def _local_target_name(dev: torch.device) -> str | None:
+    """The target a local GPU is, or None for one tilewright has no target for (it can then
+    measure nothing, and chooses as for a remote target)."""
+    try:
+        return detect_target(dev).name
+    except UnknownTargetError:
+        return None
+
+
+def _sycl_missing() -> str | None:
+    from tilewright.runtime import sycl  # the runtime package, loaded only when asked
+
+    return sycl.unavailable_reason()
 
 
 FEATURES = {
@@ -243,6 +315,7 @@ _TARGETS = [
     # its own entry, so tuning records measured there are never reused on an Intel GPU
     Target(
         "xpu:opencl-cpu", "xpu", "opencl-cpu", "host CPU as a SYCL device (OpenCL CPU runtime)",
+        tensors="cpu", needs=_sycl_missing, slow_first_launch=True,
         num_sms=1, warp_size=16, smem_per_block=256 * KiB, regs_per_sm=1 << 30, l2_bytes=32 * MiB,
         peak_tflops=(("fp32", 0.1), ("fp16", 0.01), ("bf16", 0.01)), hbm_gbps=20.0,
         source="nominal (as cpu); local memory as the OpenCL CPU device of intel-opencl-rt "
@@ -341,6 +414,15 @@ def detect_target(device: torch.device | str) -> Target:
             return get_target(f"hip:{arch}")
         return cuda_target(props.major, props.minor, props.name)
     raise UnknownTargetError(f"no target for device type {device.type!r}")
+
+
+def host_target(backend: str) -> Target | None:
+    """The target of ``backend`` whose kernels take this host's CPU tensors (``xpu`` ->
+    ``xpu:opencl-cpu``), or None when that backend has none; ``config.cpu_target`` names one."""
+    for t in TARGETS.values():
+        if t.backend == backend and t.device_type == "cpu":
+            return t
+    return None
 
 
 def sycl_on_cpu(target: Target) -> bool:

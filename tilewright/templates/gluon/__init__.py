@@ -24,5 +24,6 @@ LANGUAGE = Language(
     unavailable=_unavailable,
     aot_compile=compile_gluon,
     priority=20,
+    pinned_knobs={"hip": {"num_stages": 2}},  # Triton's AMD stream pipeliner wants 2
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (GluonGemmTdm(),))

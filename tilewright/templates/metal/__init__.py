@@ -6,6 +6,7 @@ on macOS by
 
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
+from tilewright.templates.metal.aot import WRITER
 from tilewright.templates.metal.gemm import MetalGemm, MetalGemv
 from tilewright.templates.metal.grouped import MetalGroupedGemm
 from tilewright.templates.metal.grouped_gemv import MetalGroupedGemv
@@ -19,6 +20,7 @@ LANGUAGE = Language(
     # rendering needs nothing; a launcher refuses in one line off macOS (runtime/metal_check.py)
     forcing="Metal kernels only, on the mps target (GEMMs, gemv, grouped GEMMs, loop kernels)",
     priority=40,
+    aot_writer=WRITER,  # tilewright aot writes and checks its kernels: aot.py
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (MetalPointwise(), MetalReduction(), MetalGemm(), MetalGemv(),
                                          MetalGroupedGemm(), MetalGroupedGemv(), MetalSplitReduction()))

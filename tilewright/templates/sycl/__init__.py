@@ -3,6 +3,7 @@ compiled at run time by the SYCL runtime; on a host without an Intel GPU they ru
 
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
+from tilewright.templates.sycl.aot import WRITER
 from tilewright.templates.sycl.gemm import SyclGemm
 from tilewright.templates.sycl.loops import SyclPointwise, SyclReduction
 
@@ -21,5 +22,6 @@ LANGUAGE = Language(
     forcing="SYCL GEMMs and loop kernels, on the xpu target (see cpu_target)",
     unavailable=_unavailable,
     priority=50,
+    aot_writer=WRITER,  # tilewright aot writes and checks its kernels: aot.py
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (SyclPointwise(), SyclReduction(), SyclGemm()))

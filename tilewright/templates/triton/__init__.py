@@ -29,6 +29,7 @@ LANGUAGE = Language(
     unavailable=_unavailable,
     aot_compile=compile_triton,
     priority=10,
+    pinned_knobs={"hip": {"num_stages": 2}},  # Triton's AMD stream pipeliner wants 2
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (
     TritonGemm(), TritonGemmTma(), TritonGemmNvfp4(), TritonGemmNvfp4Mma(), TritonPointwise(),
