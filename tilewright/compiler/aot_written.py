@@ -103,14 +103,14 @@ def build_written(kernels: list, root: Path, *, key: Callable[[Any], str],
     for k in kernels:
         folder = root / k.name
         record = folder / "job.json"
-        digest = key(k)
-        result = _cached(record, digest, root)
+        build_key = key(k)
+        result = _cached(record, build_key, root)
         if result is None:
             folder.mkdir(parents=True, exist_ok=True)
             start = time.perf_counter()
             w = build(k, folder)
             hashes = {stage: hashlib.sha256((root / rel).read_bytes()).hexdigest() for stage, rel in w.files.items()}
-            result = CompileResult(k.name, digest, w.status, time.perf_counter() - start, w.files, hashes,
+            result = CompileResult(k.name, build_key, w.status, time.perf_counter() - start, w.files, hashes,
                                    w.metadata, w.error)
             if result.ok:
                 record.write_text(json.dumps(result.to_json(), indent=1))

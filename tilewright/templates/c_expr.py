@@ -5,8 +5,9 @@ identities.
 
 Each language's emitter (``templates/cpp/emit.py``, ``templates/sycl/emit.py``) subclasses
 :class:`CFamilyExpr` and names its tables (``CTYPE``: compute type -> C type, ``STORAGE``:
-element type -> C type, ``HELPERS``: helper name -> source) and its ``HALF`` type; only the
-half type differs (``_Float16`` on the host, ``sycl::half`` in SYCL).
+element type -> C type, ``HELPERS``: helper name -> source, ``MATH``: the op table of
+:func:`tilewright.templates.c_math.math_table` in its spelling of math functions) and its
+``HALF`` type (``_Float16`` on the host, ``sycl::half`` in SYCL).
 """
 
 from __future__ import annotations
@@ -20,16 +21,39 @@ from tilewright.ir import dtypes
 from tilewright.ir.emitter import ExprEmitter
 from tilewright.ir.expr import Node
 from tilewright.ir.index import CodePrinter
+from tilewright.templates import c_math
 
 
 class CFamilyExpr(ExprEmitter):
-    """Conversions, loads, stores and helpers of a C++-family emitter (subclasses set the
-    tables and ``literal``/``op_code``)."""
+    """Conversions, loads, stores, ops and helpers of a C++-family emitter (subclasses set the
+    tables).
+
+    Args:
+        load, index, acc, reduce: hooks returning the code of those nodes; ``load(node)`` and
+            ``reduce(node, operand_code)`` may emit statements through :meth:`line` first.
+    """
 
     CTYPE: ClassVar[dict[str, str]] = {}
     STORAGE: ClassVar[dict[str, str]] = {}
     HELPERS: ClassVar[dict[str, str]] = {}
+    MATH: ClassVar[dict[str, tuple[c_math.Render, tuple[str, ...]]]] = {}
+    # helper -> the identifiers whose use in an op's code needs it; None: every helper the op
+    # may call is rendered
+    HELPER_CALLS: ClassVar[dict[str, tuple[str, ...]] | None] = None
     HALF: ClassVar[str] = "_Float16"
+
+    def literal(self, value: object, dtype: str) -> str:
+        return c_math.literal(value, dtype)
+
+    def op_code(self, n: Node, args: list[str]) -> str:
+        operand = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
+        render, helpers = self.MATH[n.op]
+        code = render(*args, operand)
+        if self.HELPER_CALLS is None:
+            self.helpers_used.update(helpers)
+        else:
+            self.helpers_used.update(h for h in helpers if any(i in code for i in self.HELPER_CALLS[h]))
+        return code
 
     def declare(self, name: str, n: Node, code: str) -> str:
         return f"const {self.CTYPE[dtypes.compute_type(n.dtype)]} {name} = {code};"
