@@ -113,7 +113,7 @@ def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphMo
     def keep(kind: str):
         def compiler(gm: fx.GraphModule, example_inputs: list) -> Any:
             graphs[f"{kind}{'' if kind not in graphs else len(graphs)}"] = gm
-            return make_boxed_func(gm.forward)
+            return make_boxed_func(runs_or_stands_in(gm))
         return compiler
 
     from tilewright.compiler.backend import partition_options
@@ -139,6 +139,47 @@ def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphMo
         with torch.no_grad():
             compiled(*spec.args, **spec.kwargs)
     return graphs
+
+
+def _concrete(x: Any) -> Any:
+    """A traced size as an int (a symbolic one at its trace-time hint)."""
+    if isinstance(x, torch.SymInt):
+        return x.node.hint if x.node.hint is not None else 1
+    return x
+
+
+def stand_in_outputs(gm: fx.GraphModule) -> list:
+    """Zero tensors shaped, strided and typed as the graph's traced (fake) outputs: what its
+    call returns when the graph cannot run on this host."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+
+    def make(node: Any) -> Any:
+        val = node.meta.get("val") if isinstance(node, fx.Node) else node
+        if isinstance(val, torch.Tensor):
+            shape = [_concrete(s) for s in val.shape]
+            stride = [_concrete(s) for s in val.stride()]
+            return torch.empty_strided(shape, stride, dtype=val.dtype, device="cpu").zero_()
+        return _concrete(val)
+    return [make(n) for n in pytree.tree_leaves(out.args[0])]
+
+
+def runs_or_stands_in(gm: fx.GraphModule):
+    """``gm``'s forward, run eagerly when this host can; when it cannot (an op with no kernel
+    here, such as a block-scaled ``F.scaled_mm`` on a CPU: "CPU does not support swizzle"), the
+    call returns :func:`stand_in_outputs`: only the traced graph matters to a capture, and
+    Dynamo and aot_autograd traced it with fake tensors, so building for chips this host lacks
+    never needs their ops to run here."""
+    def run(*args: Any) -> Any:
+        try:
+            return gm.forward(*args)
+        except Exception as e:  # noqa: BLE001 - any op this host cannot run: the trace is what counts
+            import logging
+
+            logging.getLogger("tilewright.compiler").info(
+                "capture: the traced graph does not run on this host (%s: %s); its outputs are "
+                "stood in by zeros of the traced shapes", type(e).__name__, e)
+            return stand_in_outputs(gm)
+    return run
 
 
 @dataclass

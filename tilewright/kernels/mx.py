@@ -17,8 +17,11 @@ from typing import Optional
 import torch
 
 from tilewright.errors import InvalidInputError
-from tilewright.problem import DTYPE_NAMES, EpilogueInput, EpilogueOp, GemmProblem
-from tilewright.quant import mx
+from tilewright.problem import DTYPE_NAMES, SCALED_FORMATS, VALUES_PER_BYTE, EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.quant import dequantize_block_scaled, mx
+
+# the block scales' dtype per format (raw uint8 bytes are taken too)
+SCALE_DTYPES = {"mxfp4": torch.float8_e8m0fnu, "mxfp8": torch.float8_e8m0fnu, "nvfp4": torch.float8_e4m3fn}
 
 
 @torch.library.custom_op("tilewright::mx_quantize", mutates_args=())
@@ -57,16 +60,18 @@ def mx_problem(M: int, N: int, K: int, fmt: str, out_dtype: torch.dtype,
 
 
 def _check_operands(a, a_scale, b, b_scale, fmt: str) -> int:
-    """K of an ``mx_mm`` call; raises InvalidInputError for operands that are not MX."""
-    vpb = mx.values_per_byte(fmt)
+    """K of an ``mx_mm`` call; raises InvalidInputError for operands that are not of ``fmt``."""
+    if fmt not in SCALED_FORMATS:
+        raise InvalidInputError(f"mx_mm: not a block-scaled format: {fmt!r} (takes {', '.join(SCALED_FORMATS)})")
+    vpb, block, sdt = VALUES_PER_BYTE[fmt], SCALED_FORMATS[fmt], SCALE_DTYPES[fmt]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise InvalidInputError(f"mx_mm: a {tuple(a.shape)} and b {tuple(b.shape)} must be "
                                 f"(M, K/{vpb}) and (N, K/{vpb})")
     K = a.shape[1] * vpb
     for name, t, s in (("a", a, a_scale), ("b", b, b_scale)):
-        if s.shape != (t.shape[0], K // mx.BLOCK) or s.dtype not in (torch.float8_e8m0fnu, torch.uint8):
-            raise InvalidInputError(f"mx_mm: {name}_scale {tuple(s.shape)} {s.dtype} must be E8M0 "
-                                    f"(rows, K/{mx.BLOCK}) = ({t.shape[0]}, {K // mx.BLOCK}), row-major")
+        if s.shape != (t.shape[0], K // block) or s.dtype not in (sdt, torch.uint8):
+            raise InvalidInputError(f"mx_mm: {name}_scale {tuple(s.shape)} {s.dtype} must be {sdt} "
+                                    f"(rows, K/{block}) = ({t.shape[0]}, {K // block}), row-major")
     return K
 
 
@@ -81,13 +86,17 @@ def mx_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torc
             float8_e4m3fn (mxfp8); a_scale float8_e8m0fnu (M, K/32).
         b: the weight as stored, (N, K/2) or (N, K), with b_scale (N, K/32).
         alpha: optional fp32 0-dim multiplier; bias: optional (N,) in any float dtype.
-        fmt: "mxfp4" or "mxfp8".
+        fmt: "mxfp4" or "mxfp8"; or "nvfp4" (packed E2M1 with float8_e4m3fn scales (rows,
+            K/16), torch's single-level NVFP4 recipe: no global scales, or their product as
+            alpha).
 
     Raises:
-        InvalidInputError: shapes or dtypes that do not describe MX operands.
+        InvalidInputError: shapes or dtypes that do not describe operands of ``fmt``.
     """
     _check_operands(a, a_scale, b, b_scale, fmt)
-    acc = mx.dequantize_packed(a, a_scale, fmt) @ mx.dequantize_packed(b, b_scale, fmt).t()
+    if fmt == "nvfp4" and a_scale.dtype == torch.uint8:  # raw bytes of E4M3 scales
+        a_scale, b_scale = a_scale.view(torch.float8_e4m3fn), b_scale.view(torch.float8_e4m3fn)
+    acc = dequantize_block_scaled(fmt, a, a_scale) @ dequantize_block_scaled(fmt, b, b_scale).t()
     if alpha is not None:
         acc = acc * alpha.float()
     if bias is not None:

@@ -79,6 +79,13 @@ class GemmKind(ProblemKind):
     problem_type = GemmProblem
     tune_aten_alone = True  # `tilewright warm` ships ATen's record: the bar a kernel must beat
 
+    def rewrite_fx(self, gm: Any) -> int:
+        """Block-scaled ``_scaled_mm`` / ``F.scaled_mm`` calls become tilewright's block-scaled
+        GEMM ops (:mod:`tilewright.compiler.lower_scaled`), which lowering makes GEMM nodes."""
+        from tilewright.compiler.lower_scaled import rewrite_all
+
+        return rewrite_all(gm)
+
     def from_json(self, d: Mapping[str, Any]) -> GemmProblem:
         d = dict(d)
         d.pop("kind", None)  # GEMM JSON has none; tolerate one
