@@ -41,48 +41,93 @@ def _register(registry: Any) -> None:
         registry.register_backend(compiler_fn=tilewright, name=NAME)
 
 
-class _Loader(importlib.abc.Loader):
-    """The registry module's own loader, registering the backend once the module has run."""
+# torch 2.11's Dynamo has no trace rule for these builtins (2.13 lists them): it graph-breaks on
+# ``F.scaled_mm`` and runs it eagerly, where tilewright never sees it. They are ordinary ATen ops
+# with fake-tensor kernels in both versions, so they are marked in-graph as 2.13 marks them.
+IN_GRAPH = ("torch._scaled_mm_v2", "torch._scaled_grouped_mm_v2")
 
-    def __init__(self, inner: Any):
+
+TRACE_RULES = "torch._dynamo.trace_rules"
+
+
+def _mark_in_graph(trace_rules: Any) -> None:
+    """Add :data:`IN_GRAPH` to ``trace_rules`` (the module, once it has run) where missing."""
+    import torch
+
+    rules = getattr(trace_rules, "torch_c_binding_in_graph_functions", None)
+    in_graph = getattr(trace_rules, "TorchInGraphFunctionVariable", None)
+    if rules is None or in_graph is None:
+        return
+    missing = [n for n in IN_GRAPH if n not in rules and hasattr(torch, n.split(".", 1)[1])]
+    for name in missing:
+        rules[name] = in_graph
+    if missing and hasattr(trace_rules.get_torch_obj_rule_map, "cache_clear"):
+        trace_rules.get_torch_obj_rule_map.cache_clear()
+
+
+HOOKS = {REGISTRY: _register, TRACE_RULES: _mark_in_graph}
+
+
+class _Loader(importlib.abc.Loader):
+    """A hooked module's own loader, running its hook (:data:`HOOKS`) once the module has run."""
+
+    def __init__(self, inner: Any, fullname: str = REGISTRY):
         self._inner = inner
+        self._fullname = fullname
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module) -> None:
         self._inner.exec_module(module)
-        _register(module)
+        HOOKS[self._fullname](module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, ... for inspect
         return getattr(self._inner, name)
 
 
 class _RegistryFinder(importlib.abc.MetaPathFinder):
-    """Finds Dynamo's registry module through the other finders and wraps its loader; removes
-    itself from ``sys.meta_path`` once it has done so."""
+    """Finds the hooked modules (:data:`HOOKS`: Dynamo's registry and its trace rules) through
+    the other finders and wraps their loaders; removes itself from ``sys.meta_path`` once it
+    has done so for all of them."""
+
+    def __init__(self, names: set[str] | None = None):
+        self.pending = set(HOOKS) if names is None else set(names)
 
     def find_spec(self, fullname: str, path: Any, target: Any = None):
-        if fullname != REGISTRY:
+        if fullname not in self.pending:
             return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
+        self.pending.discard(fullname)
+        if not self.pending:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
         for finder in sys.meta_path:
+            if finder is self:
+                continue
             find = getattr(finder, "find_spec", None)
             spec = find(fullname, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = _Loader(spec.loader, fullname)
                 return spec
         return None
 
 
 def install() -> None:
-    """Make ``backend="tilewright"`` resolve by name (called by ``import tilewright``)."""
+    """Make ``backend="tilewright"`` resolve by name (called by ``import tilewright``), and
+    ``F.scaled_mm`` traceable where Dynamo lacks its rule (:data:`IN_GRAPH`)."""
+    pending = set()
     registry = sys.modules.get(REGISTRY)
     if registry is not None and hasattr(registry, "register_backend"):
         _register(registry)
-    elif not any(isinstance(f, _RegistryFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegistryFinder())
+    else:
+        pending.add(REGISTRY)
+    rules = sys.modules.get(TRACE_RULES)
+    if rules is not None and hasattr(rules, "torch_c_binding_in_graph_functions"):
+        _mark_in_graph(rules)
+    else:
+        pending.add(TRACE_RULES)
+    if pending and not any(isinstance(f, _RegistryFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegistryFinder(pending))
