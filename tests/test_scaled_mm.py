@@ -174,3 +174,19 @@ def test_issue_model_is_captured_with_fake_tensors():
         epilogue_inputs=(EpilogueInput("N", "bf16"),), op="mx_mm")
     (gm,) = aten_graphs(ModelSpec(model, args)).values()
     assert any(n.target is torch.ops.aten._scaled_mm_v2.default for n in gm.graph.nodes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4_global"])
+def test_scaled_mm_compiled_on_the_gpu(recipe):
+    """On the device (an H100 has no block-scaled MMA, so eager torch refuses MX there; tilewright
+    runs it on its dequantising templates): ragged M, the epilogue fused, against float64."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch._dynamo.reset()
+    model, args = example(recipe, M=37, N=96, K=256)
+    ref = model.reference(*args)
+    model = model.cuda()
+    with torch.no_grad():
+        out = torch.compile(model, backend="tilewright")(*[a.cuda() for a in args])
+    assert out.is_cuda and rel_err(out.cpu(), ref) < BF16_TOL, rel_err(out.cpu(), ref)

@@ -1,5 +1,6 @@
-"""NVFP4 x NVFP4 GEMM in Triton, dequantising in the prologue (serves every target, and Hopper,
-which has no FP4 MMA). Runs in the interpreter, so NVFP4 numerics are tested on the CPU.
+"""Block-scaled GEMM in Triton (NVFP4, and MXFP4 / MXFP8), dequantising in the prologue (serves
+every target, and Hopper, which has no FP4 MMA). Runs in the interpreter, so the formats'
+numerics are tested on the CPU.
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tilewright.problem import GemmProblem
+from tilewright.problem import SCALED_FORMATS, VALUES_PER_BYTE, GemmProblem
 from tilewright.runtime.targets import Target, triton_can_target, triton_version
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, Support, powers_of_two,
@@ -45,8 +46,8 @@ class TritonGemmNvfp4(TritonGemm):
             return Support(False, f"Triton does not generate for {target.backend}")
         if (why := triton_can_target(target)) is not None:
             return Support(False, why)
-        if problem.dtype != "nvfp4":
-            return Support(False, "this template dequantises NVFP4 operands")
+        if problem.dtype not in SCALED_FORMATS:
+            return Support(False, "this template dequantises NVFP4, MXFP4 and MXFP8 operands")
         if target.backend == "cuda" and not target.has("fp8_e4m3"):
             # measured (triton 3.9, sm_80): "type fp8e4nv not supported in this architecture"
             return Support(False, f"{target.name} has no e4m3 conversions for the block scales "
@@ -74,7 +75,8 @@ class TritonGemmNvfp4(TritonGemm):
     def context(self, problem: GemmProblem, params: Params, target: Target) -> dict[str, Any]:
         ctx = super().context(self._as_bf16(problem), params, target)
         ctx.update(problem_text=problem.describe(), fp32_mma=target.interpreted,
-                   scaled_mma=self.scaled_mma)
+                   scaled_mma=self.scaled_mma, fmt=problem.dtype, pack=VALUES_PER_BYTE[problem.dtype],
+                   sf_vec=SCALED_FORMATS[problem.dtype])
         return ctx
 
     def aot_spec(self, problem: GemmProblem, params: Params) -> AotSpec:
@@ -83,7 +85,8 @@ class TritonGemmNvfp4(TritonGemm):
         split = params.get("SPLIT_K", 1) > 1
         swap = bool(params.get("SWAP_AB"))
         kp = problem.transposed() if swap else problem  # what the kernel computes
-        pointers = {"A": "*u8", "B": "*u8", "AS": "*fp8e4nv", "BS": "*fp8e4nv",
+        scale = "*fp8e4nv" if problem.dtype == "nvfp4" else "*u8"  # E8M0 scales go as their bytes
+        pointers = {"A": "*u8", "B": "*u8", "AS": scale, "BS": scale,
                     "C": "*fp32" if split else TRITON_POINTER[problem.out_dtype]}
         constexprs: dict[str, Any] = {k: params[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
         if split:  # the fp32 workspace (SPLIT_K, M, N): unit column stride
@@ -94,7 +97,7 @@ class TritonGemmNvfp4(TritonGemm):
             constexprs.update({"stride_cm" if swap else "stride_cn": 1}, **epilogue_unit_strides(kp))
         dyn = problem.dynamic
         divisible = divisible_sizes(kp)
-        if "K" not in dyn and problem.K % 32 == 0:
+        if "K" not in dyn and (problem.K // VALUES_PER_BYTE[problem.dtype]) % 16 == 0:
             divisible += ["stride_am", "stride_bn"]
         if split and "N" not in kp.dynamic and kp.N % 16 == 0:
             divisible.append("stride_cm")
@@ -133,6 +136,9 @@ class TritonGemmNvfp4Mma(TritonGemmNvfp4):
     ) + DECODE_KNOBS)
 
     def problem_support(self, problem: GemmProblem, target: Target) -> Support:
+        if problem.dtype != "nvfp4":
+            return Support(False, "this template is NVFP4's block-scaled MMA (MX goes through "
+                                  "triton.gemm_nvfp4, cutedsl.blockscaled_sm100 or flydsl.mx_gemm)")
         if target.interpreted:
             return Support(False, "the Triton interpreter misreads E4M3 block scales; use triton.gemm_nvfp4")
         if triton_version() < (3, 9):
