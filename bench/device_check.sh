@@ -5,7 +5,8 @@
 #   gemm_bf16     bench suite h200-check: Llama-3-8B / Qwen3-30B-A3B layers, bf16 decode and
 #                 prefill M, tilewright's choice vs ATen (cuBLAS) and Inductor max-autotune
 #   gemm_nvfp4    bench suite nvfp4-check: the same dense layers as NVFP4 W4A4 GEMMs at M = 1,
-#                 16, 64 vs ATen's dequantised matmul
+#                 16, 64 vs ATen's dequantised matmul, and Llama-3-8B's at M = 16 as MXFP8
+#                 (what a block-scaled F.scaled_mm lowers to; docs/low-precision.md)
 #   attention     bench/attention_check.py: prefill, backward, decode, flex vs SDPA (flash)
 #   llama_decode  bench/llama_decode_check.py: a tiny Llama decode step end to end vs Inductor
 #                 (launches per step, ms per step)

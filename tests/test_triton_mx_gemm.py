@@ -73,3 +73,23 @@ def test_mx_dequant_template_builds_for_sm90a_and_gfx950(tmp_path, fmt):
         arts = {k: tmp_path / v for k, v in res.artifacts.items()}
         v = verify(arts, t.expected_instructions(prob, params, target))
         assert v.ok, (target.name, v.failures)
+
+
+def test_device_check_times_mxfp8_rows(tmp_path):
+    """bench/device_check.sh's block-scaled suite holds MXFP8 rows (what F.scaled_mm lowers to),
+    and the bench runs one with its scales (tilewright's kernel and ATen's, both checked)."""
+    import dataclasses
+
+    from tilewright.autotune.shapes import NamedProblem
+    from tilewright.kernels.build import default_factory
+    from tilewright.perf.run import run_suite
+    from tilewright.perf.suites import mxfp8_problem, suite_problems
+
+    mx_rows = [p for p in suite_problems("nvfp4-check") if p.problem.dtype == "mxfp8"]
+    assert len(mx_rows) == 4 and {p.problem.M for p in mx_rows} == {16}
+    tiny = mxfp8_problem(dataclasses.replace(mx_rows[0].problem, M=4, N=64, K=64))
+    doc = run_suite("mx-tiny", [NamedProblem("mxfp8.tiny.M4", tiny)], CPU, default_factory, out=tmp_path / "b.json")
+    (row,) = doc["results"]
+    assert "error" not in row, row
+    for impl in ("tilewright", "aten"):
+        assert row["impls"][impl]["rel_err"] < 8e-3, row["impls"]

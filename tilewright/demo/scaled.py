@@ -113,7 +113,3 @@ def nvfp4_example():
     """NVFP4 with fp32 global scales ([BlockWise1x16, TensorWise])."""
     return example("nvfp4_global")
 
-
-def mxfp8_rocm_example():
-    """MXFP8 with plain (NO_SWIZZLE) scales, the layout ROCm's torch takes."""
-    return example("mxfp8", swizzled=False)

@@ -9,7 +9,7 @@
 | ``sycl-cpu`` | five fp32 GEMMs (decode-thin to 256³) for the ``xpu:opencl-cpu`` target: SYCL kernels on the OpenCL CPU device vs ATen on the same CPU |
 | ``h200-check`` | the same layers at M = 16, 2048, 1, 64, 8192 (decode and prefill), every layer at M = 16 first, then at 2048, ...: what ``bench/device_check.sh`` times within its budget |
 | ``nvfp4-decode`` | the dense Llama-3-8B and Qwen3-30B-A3B layers as NVFP4 x NVFP4 GEMMs (W4A4, alpha fused, bf16 out: what ``NVFP4Linear`` lowers to) at M = 1, 2, 4, 8, 16, 32, 64 |
-| ``nvfp4-check`` | the same at M = 1, 16, 64 without the lm_head: ``bench/device_check.sh``'s NVFP4 rows |
+| ``nvfp4-check`` | the same at M = 1, 16, 64 without the lm_head, and after Llama-3-8B's rows its layers at M = 16 as MXFP8 GEMMs (what ``F.scaled_mm`` with ``BlockWise1x32`` lowers to): ``bench/device_check.sh``'s block-scaled rows |
 """
 
 from __future__ import annotations
@@ -73,12 +73,26 @@ def nvfp4_problem(p: GemmProblem) -> GemmProblem:
                                epilogue_inputs=(EpilogueInput("", "fp32"), EpilogueInput("", "fp32")))
 
 
-def _nvfp4(m_values: list[int], skip: tuple[str, ...] = ()) -> Callable[[Path], list[NamedProblem]]:
+def mxfp8_problem(p: GemmProblem) -> GemmProblem:
+    """A bf16 linear's GEMM as an MXFP8 one (E4M3 values, row-major E8M0 scales per 32, no
+    alpha, bf16 out): what a block-scaled ``F.scaled_mm`` lowers to."""
+    return dataclasses.replace(p, dtype="mxfp8", out_dtype="bf16", layout_b="col", scale_layout="row",
+                               op="mx_mm", epilogue=(), epilogue_inputs=())
+
+
+def _nvfp4(m_values: list[int], skip: tuple[str, ...] = (), mx_model: str = "",
+           mx_m: int = 16) -> Callable[[Path], list[NamedProblem]]:
     def make(path: Path) -> list[NamedProblem]:
         dense = problems_from_shapes(load_shapes(path), models=LLM_MODELS, phases=("decode",),
                                      m_values=m_values, dtype="bf16")
-        return [NamedProblem(f"nvfp4.{n.name}", nvfp4_problem(n.problem)) for n in dense
-                if not n.problem.batched and not any(s in n.name for s in skip)]
+        dense = [n for n in dense if not n.problem.batched and not any(s in n.name for s in skip)]
+        out = [NamedProblem(f"nvfp4.{n.name}", nvfp4_problem(n.problem)) for n in dense]
+        if mx_model:  # after that model's NVFP4 rows, so a budget-cut run still times them
+            mx = [NamedProblem(f"mxfp8.{n.name}", mxfp8_problem(n.problem)) for n in dense
+                  if n.name.startswith(mx_model + ".") and n.problem.M == mx_m]
+            last = max((i for i, n in enumerate(dense) if n.name.startswith(mx_model + ".")), default=-1)
+            out = out[:last + 1] + mx + out[last + 1:]
+        return out
     return make
 
 
@@ -91,7 +105,7 @@ SUITES: dict[str, Callable[[Path], list[NamedProblem]]] = {
     # in order of value: a decode step's M = 16 and a prefill's 2048 first
     "h200-check": _llm(("decode", "prefill"), [16, 2048, 1, 64, 8192], by_value=True),
     "nvfp4-decode": _nvfp4([1, 2, 4, 8, 16, 32, 64]),
-    "nvfp4-check": _nvfp4([1, 16, 64], skip=(".lm_head.",)),
+    "nvfp4-check": _nvfp4([1, 16, 64], skip=(".lm_head.",), mx_model="llama-3-8b"),
 }
 
 
