@@ -16,7 +16,7 @@ from conftest import rel_err
 import tilewright
 from tilewright.compiler.capture import ModelSpec, aten_graphs, capture_kernels
 from tilewright.compiler.lower_scaled import MX_MM, NVFP4_MM, rewrite_all
-from tilewright.demo.scaled import dequantize, example
+from tilewright.demo.scaled import dequantize, example, quantize
 from tilewright.errors import InvalidInputError
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 from tilewright.quant.nvfp4 import swizzle_scales
@@ -77,6 +77,21 @@ def test_swizzled_scaled_mm_is_one_gemm_with_the_epilogue(tmp_path, recipe, api)
     calls = _wrapper_calls(tmp_path)
     assert sum(c.startswith("gemm_") for c in calls) == 1, calls  # bias and gelu fused into it
     assert not [c for c in calls if "scaled_mm" in c or "gelu" in c], calls
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4_global"])
+def test_tokens_that_vary_at_run_time(recipe):
+    """A dynamic M (a decode step's tokens): the scales' rows follow the call's M. Each call is
+    checked; the third is where the CPU graph race runs the model's own ops, which cannot run
+    here: the compiled graph wins instead of the call failing."""
+    torch._dynamo.reset()
+    model, _ = example(recipe, M=37, N=72, K=128)
+    f = torch.compile(model, backend="tilewright", dynamic=True)
+    for M in (37, 5, 130, 16):
+        x, scales = quantize(torch.randn(M, 128, generator=torch.Generator().manual_seed(M)) * 3, recipe, True)
+        with torch.no_grad():
+            out = f(x, *scales)
+        assert out.shape == (M, 72) and rel_err(out, model.reference(x, *scales)) < BF16_TOL, M
 
 
 def test_plain_scales_as_rocm_torch_takes_them(tmp_path):

@@ -22,7 +22,7 @@ global scales as the GEMM's alpha) on B as stored, (N, K/vpb) (``mat2`` is its t
 with row-major scales: swizzled ones pass through ``tilewright.block_scales_rows`` (the layout
 decoded as :mod:`tilewright.quant.scales` documents), plain ones through a ``reshape`` view.
 A call that does not fit (other recipes, e5m2 or fp8 outputs, a contraction_dim, operands that
-are not K-contiguous, dynamic sizes, ``_scaled_grouped_mm``) stays ATen's: it is logged with its
+are not K-contiguous, a K or N that varies at run time, ``_scaled_grouped_mm``) stays ATen's: it is logged with its
 reason and stored in ``node.meta["tilewright_aten_reason"]``.
 """
 
@@ -69,10 +69,9 @@ def _val(x):
 
 
 def _static(n) -> int:
-    try:
-        return int(n)
-    except TypeError:
-        raise Refused("a dynamic size (the scale layout's padding is fixed at trace time)") from None
+    if isinstance(n, torch.SymInt):
+        raise Refused("a K or N that varies at run time (the weight's sizes must be fixed)")
+    return int(n)
 
 
 def _fmt(a: torch.Tensor, b: torch.Tensor, block: int) -> str:
@@ -164,8 +163,18 @@ class _nothing:
         return False
 
 
-def _scales_rows(build: _Builder, scale: fx.Node, swizzle: int, rows: int, cols: int) -> fx.Node:
+def _scales_rows(build: _Builder, scale: fx.Node, swizzle: int, rows, cols: int) -> fx.Node:
+    """Row-major (rows, cols) scales; ``rows`` an int, or an FX node of a size that varies at run
+    time (its element count is then checked when the call runs: ``tilewright.block_scales_rows``
+    raises, and so does the reshape, as torch's own op would)."""
     s = _val(scale)
+    if isinstance(rows, fx.Node):
+        if swizzle not in (SWIZZLE_32_4_4, NO_SWIZZLE):
+            raise Refused(f"swizzle type {swizzle}")
+        if not s.is_contiguous():
+            raise Refused("scales that are not contiguous")
+        return build.call(ROWS, scale, rows, cols) if swizzle == SWIZZLE_32_4_4 else \
+            build.call(aten.reshape.default, scale, [rows, cols])
     if swizzle == SWIZZLE_32_4_4:
         if s.numel() != swizzled_numel(rows, cols):
             raise Refused(f"SWIZZLE_32_4_4 scales with {s.numel()} elements for {rows}x{cols} blocks "
@@ -229,7 +238,9 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node, plan: dict) -> bool:
         raise Refused("operands that are not 2-D tensors")
     fmt = _fmt(va, vb, plan["block"])
     vpb = 2 if va.dtype == FP4 else 1
-    M, Kp, N = _static(va.shape[0]), _static(va.shape[1]), _static(vb.shape[1])
+    # M (the tokens) may vary at run time; K and N (the weight's) are fixed
+    # (A's K equals B's: torch checked; dynamic=True makes A's symbolic, B's is the weight's)
+    M, Kp, N = va.shape[0], _static(vb.shape[0]), _static(vb.shape[1])
     K, block = Kp * vpb, plan["block"]
     if K % block or K == 0:
         raise Refused(f"K={K} is not a multiple of the {block}-value scale block")
@@ -257,6 +268,8 @@ def _build(build: _Builder, node: fx.Node, plan: dict, fmt: str, vpb: int, M: in
            out_dtype: torch.dtype) -> None:
     a, mat2, bias, block = plan["a"], plan["b"], plan["bias"], plan["block"]
     two_level = len(plan["scales_a"]) == 2
+    if isinstance(M, torch.SymInt):  # the size as a value of the graph, for the scales' shape
+        M = build.call(aten.sym_size.int, a, 0)
     b = _stored_b(build, mat2)
     if vpb == 2:  # packed fp4 as its bytes: the contract of tilewright's block-scaled ops
         a, b = build.call(aten.view.dtype, a, torch.uint8), build.call(aten.view.dtype, b, torch.uint8)

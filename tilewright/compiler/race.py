@@ -87,6 +87,14 @@ class _Race:
                      "each); it runs on ATen from now on", [r.graph_id for r in self.reports],
                      med["aten"], med["compiled"], self.rounds)
 
+    def _aten_cannot_run(self, e: Exception) -> None:
+        with self.lock:
+            self.winner = "compiled"
+            self.fast = self.sides["compiled"]
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        self._publish({"winner": "compiled", "rounds": 0,
+                       "why": f"the graph's own ops do not run here ({type(e).__name__}: {first})"})
+
     def side(self, args: Any) -> tuple[str, bool]:
         """(the side this call runs, whether it is timed)."""
         if self.winner is not None:
@@ -139,7 +147,16 @@ class _Race:
         try:
             out = call(self.sides[name])
         except Exception as e:
-            self.reraise(e, name)
+            if name != "aten":
+                self.reraise(e, name)
+            # the graph's own ops may not run on this host at all (a block-scaled F.scaled_mm on a
+            # CPU: "CPU does not support swizzle") where the compiled graph does: it wins
+            try:
+                out = call(self.sides["compiled"])
+            except Exception:
+                self.reraise(e, name)  # both refuse the input: the user's error, as eager says it
+            self._aten_cannot_run(e)
+            return out
         if timed:
             self.record(name, (clock() - t0) * 1e3)
         return out
