@@ -177,10 +177,11 @@ def test_calls_that_do_not_fit_stay_aten_with_a_reason(change, reason):
 
 
 def test_issue_model_is_captured_with_fake_tensors():
-    """The issue's model: eager torch cannot run it here ("CPU does not support swizzle"); the
+    """The issue's model: eager torch cannot run it here ("CPU does not support swizzle", or in torch
+    2.11 no CPU kernel at all); the
     capture still lowers it to one MXFP8 GEMM problem with the bias and gelu fused."""
     model, args = example("mxfp8")
-    with pytest.raises(Exception, match="swizzle"):
+    with pytest.raises((ValueError, NotImplementedError, RuntimeError)):  # torch 2.13 / 2.11 wording
         model(*args)
     (problem,) = [c.problem for c in capture_kernels(ModelSpec(model, args)) if isinstance(c.problem, GemmProblem)]
     assert problem == GemmProblem(
