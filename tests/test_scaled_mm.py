@@ -206,3 +206,32 @@ def test_scaled_mm_compiled_on_the_gpu(recipe):
     with torch.no_grad():
         out = torch.compile(model, backend="tilewright")(*[a.cuda() for a in args])
     assert out.is_cuda and rel_err(out.cpu(), ref) < BF16_TOL, rel_err(out.cpu(), ref)
+
+
+@pytest.mark.parametrize("recipe", ["TensorWise", "RowWise"])
+def test_fp8_tensor_and_row_wise_scaled_mm_is_one_gemm(tmp_path, recipe):
+    """``F.scaled_mm`` with fp8 tensor- or row-wise recipes: the fp8 GEMM with its scales, bias and
+    relu in the epilogue (as ``torch._scaled_mm`` lowers)."""
+    from torch.nn.functional import ScalingType
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(37, 64, generator=g) * 3).to(torch.float8_e4m3fn)
+    w = (torch.randn(48, 64, generator=g) * 3).to(torch.float8_e4m3fn)
+    if recipe == "TensorWise":
+        sa, sb = torch.tensor(0.5), torch.tensor(2.0)
+    else:
+        sa, sb = torch.rand(37, 1, generator=g) + 0.5, torch.rand(1, 48, generator=g) + 0.5
+    bias = torch.randn(48, generator=g).to(torch.bfloat16)
+    r = getattr(ScalingType, recipe)
+
+    def f(x, w, sa, sb, bias):
+        return torch.relu(torch.nn.functional.scaled_mm(x, w.t(), sa, r, sb, r, bias=bias,
+                                                        output_dtype=torch.bfloat16))
+
+    torch._dynamo.reset()
+    with tilewright.config.patch(debug_dir=str(tmp_path)):
+        out = torch.compile(f, backend="tilewright")(x, w, sa, sb, bias)
+    ref = torch.relu(x.double() @ w.double().t() * sa.double() * sb.double() + bias.double())
+    assert rel_err(out, ref) < BF16_TOL
+    calls = _wrapper_calls(tmp_path)
+    assert sum(c.startswith("gemm_") for c in calls) == 1 and not [c for c in calls if "relu" in c], calls

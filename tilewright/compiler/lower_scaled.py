@@ -14,7 +14,8 @@ What PyTorch traces (ATen):
   swizzle_b[], bias, out_dtype, contraction_dim, use_fast_accum)`` (``F.scaled_mm``): recipes
   ``[BlockWise1x32]`` (MX), ``[BlockWise1x16]`` (NVFP4, single level) or ``[BlockWise1x16,
   TensorWise]`` (NVFP4 with fp32 global decode scales), each with its swizzle (an empty list is
-  NO_SWIZZLE).
+  NO_SWIZZLE). Tensor-wise and row-wise fp8 recipes become the equivalent ``aten._scaled_mm``
+  call, which lowering makes an fp8 GEMM with the scales in its epilogue.
 
 Each becomes ``tilewright.mx_mm(a, sa, b, sb, None, bias, fmt, out_dtype)`` (MX, single-level
 NVFP4) or ``tilewright.nvfp4_mm(a, sa, gsa, b, sb, gsb, bias, out_dtype)`` (two-level NVFP4, the
@@ -52,7 +53,7 @@ NVFP4_MM = torch.ops.tilewright.nvfp4_mm.default
 ROWS = torch.ops.tilewright.block_scales_rows.default
 
 # torch.nn.functional.ScalingType / SwizzleType values (the same in torch 2.11 and 2.13)
-TENSORWISE, BLOCK_1X16, BLOCK_1X32 = 0, 2, 3
+TENSORWISE, ROWWISE, BLOCK_1X16, BLOCK_1X32 = 0, 1, 2, 3
 NO_SWIZZLE, SWIZZLE_32_4_4 = 0, 1
 FP4 = torch.float4_e2m1fn_x2
 E8M0, E4M3 = torch.float8_e8m0fnu, torch.float8_e4m3fn
@@ -62,6 +63,15 @@ TRANSPOSES = (aten.t.default, aten.transpose.int, aten.permute.default)
 
 class Refused(Exception):
     """This call stays ATen's; the message says why."""
+
+
+class _AsV1(Exception):
+    """A tensor- or row-wise fp8 ``_scaled_mm_v2``: the same call as ``_scaled_mm``'s (scales
+    multiplied in the epilogue), which :func:`tilewright.compiler.lower.lower_scaled_mm` takes."""
+
+    def __init__(self, bound: dict):
+        super().__init__()
+        self.bound = bound
 
 
 def _val(x):
@@ -123,6 +133,9 @@ def _plan_v2(node: fx.Node) -> dict:
     bound = dict(zip(names, node.args)) | dict(node.kwargs)
     if list(bound.get("contraction_dim") or []) not in ([], [1, 0]):
         raise Refused(f"contraction_dim {bound['contraction_dim']}")
+    recipes = ([int(r) for r in bound["recipe_a"]], [int(r) for r in bound["recipe_b"]])
+    if recipes in (([TENSORWISE], [TENSORWISE]), ([ROWWISE], [ROWWISE])):
+        raise _AsV1(bound)
     block_a, swz_a, two_a = _recipe(bound["recipe_a"], bound["swizzle_a"], "A")
     block_b, swz_b, two_b = _recipe(bound["recipe_b"], bound["swizzle_b"], "B")
     if (block_a, two_a) != (block_b, two_b):
@@ -219,7 +232,14 @@ def rewrite_scaled_mm(gm: fx.GraphModule, node: fx.Node) -> bool:
         if node.target is SCALED_MM:
             plan = _plan_v1(node)
         elif SCALED_MM_V2 is not None and node.target is SCALED_MM_V2:
-            plan = _plan_v2(node)
+            try:
+                plan = _plan_v2(node)
+            except _AsV1 as v1:
+                b = v1.bound
+                node.target, node.kwargs = SCALED_MM, {}
+                node.args = (b["self"], b["mat2"], b["scale_a"][0], b["scale_b"][0], b.get("bias"), None,
+                             b.get("out_dtype"), bool(b.get("use_fast_accum", False)))
+                return True
         else:
             return False
         return _rewrite(gm, node, plan)
