@@ -218,3 +218,36 @@ def test_a_call_counted_by_the_dispatch_counter_runs_compiled_and_is_no_round():
     assert sides.ran == ["compiled"] * 3 and report.race is None
     fn([torch.ones(2)])
     assert sides.ran[-1] == "aten"  # the race goes on where it was
+
+
+def test_a_graph_whose_own_ops_cannot_run_here_leaves_the_compiled_graph():
+    """The model's own ops may have no kernel on this host (a block-scaled F.scaled_mm on a
+    CPU): the call the race gives them runs the compiled graph instead, which wins for good;
+    when the compiled graph refuses the input too, the ATen side's error is the user's."""
+    class Cannot(Sides):
+        def __init__(self, compiled_fails: bool = False):
+            super().__init__(0.0, 0.0)
+            self.compiled_fails = compiled_fails
+
+            class G(nn.Module):
+                def forward(self, *args):
+                    raise ValueError("CPU does not support swizzle.")
+
+            self.gm = G()
+
+        def compiled(self, args):
+            if self.compiled_fails:
+                raise TypeError("bad input")
+            return super().compiled(args)
+
+    sides = Cannot()
+    fn, report = race_of(sides)
+    outs = [fn([torch.ones(2)]) for _ in range(6)]
+    assert outs == [("compiled",)] * 6 and sides.ran == ["compiled"] * 6
+    assert report.race["winner"] == "compiled" and "swizzle" in report.race["why"], report.race
+    fn, _ = race_of(Cannot(compiled_fails=True))
+    for _ in range(2):  # the first two calls run the compiled side: its own error
+        with pytest.raises(TypeError):
+            fn([torch.ones(2)])
+    with pytest.raises(ValueError, match="swizzle"):  # the ATen side's call: both refuse, eager's error
+        fn([torch.ones(2)])
