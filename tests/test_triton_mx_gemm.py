@@ -93,3 +93,23 @@ def test_device_check_times_mxfp8_rows(tmp_path):
     assert "error" not in row, row
     for impl in ("tilewright", "aten"):
         assert row["impls"][impl]["rel_err"] < 8e-3, row["impls"]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_a_nan_scale_makes_its_rows_nan_and_no_others(fmt):
+    """E8M0 byte 255 is NaN (OCP MX v1.0): the rows that read it are NaN, as the dequantised
+    reference says; every other output is finite and right."""
+    M, N, K = 9, 40, 128
+    g = torch.Generator().manual_seed(11)
+    a, b = mx.quantize(torch.randn(M, K, generator=g), fmt), mx.quantize(torch.randn(N, K, generator=g), fmt)
+    a.scale.view(torch.uint8)[3, 2] = 255
+    prob = mx_problem(fmt, M, N, K)
+    t = get_template("triton.gemm_nvfp4")
+    params = t.space.complete({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4})
+    launch = load_module(t.render(prob, params, CPU).source, name=f"mx_nan_{fmt}", interpret=True).launch
+    out = torch.zeros(M, N)
+    launch(a.data, b.data, torch.zeros(N).expand(M, N), out=out, a_scale=a.scale, b_scale=b.scale)
+    ref = F.gelu(a.dequantize(torch.float64) @ b.dequantize(torch.float64).t())
+    assert out[3].isnan().all() and ref[3].isnan().all()
+    keep = torch.arange(M) != 3
+    assert torch.isfinite(out[keep]).all() and rel_err(out[keep], ref[keep]) < 1e-5
