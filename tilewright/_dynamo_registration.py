@@ -9,6 +9,10 @@ so the registration waits for Dynamo's registry module to be imported (a finder 
 ``sys.meta_path`` that runs once) or happens at once when it already is. What is registered is
 :func:`tilewright`, a small function that imports the compiler on the first compile and hands the
 graph to :func:`tilewright.compiler.backend.tilewright_backend` (the entry point's target).
+
+The same finder hooks Dynamo's trace rules: torch 2.11 has no rule for ``torch._scaled_mm_v2``
+(``F.scaled_mm``) and graph-breaks on it, so it is marked in-graph as torch 2.13 marks it
+(:data:`IN_GRAPH`), and block-scaled ``F.scaled_mm`` reaches tilewright under both versions.
 """
 
 from __future__ import annotations

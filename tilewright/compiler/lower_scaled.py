@@ -29,6 +29,7 @@ reason and stored in ``node.meta["tilewright_aten_reason"]``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -158,7 +159,7 @@ class _Builder:
             n = self.graph.call_function(target, args)
         self.made.append(n)
         vals = map_arg(args, _val)
-        with self.mode if self.mode is not None else _nothing():
+        with self.mode if self.mode is not None else contextlib.nullcontext():
             n.meta["val"] = target(*vals)
         return n
 
@@ -166,14 +167,6 @@ class _Builder:
         for n in reversed(self.made):
             self.graph.erase_node(n)
         self.made = []
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _scales_rows(build: _Builder, scale: fx.Node, swizzle: int, rows, cols: int) -> fx.Node:
