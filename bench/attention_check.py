@@ -23,7 +23,7 @@ import torch
 
 
 def rows(dry: bool):
-    from tilewright.attention import AttentionProblem, BlockMaskSpec, mods
+    from tilewright.kinds.attention import AttentionProblem, BlockMaskSpec, mods
     from tilewright.ir import expr as E
 
     B, H, Hkv, D, S, L = (1, 4, 2, 32, 64, 128) if dry else (1, 32, 8, 128, 2048, 8192)
@@ -43,8 +43,8 @@ def rows(dry: bool):
 
 
 def check_row(name: str, template_id: str, problem, target, device, desc: bool) -> dict:
-    from tilewright.attention import tuning
-    from tilewright.autotune.attention_policy import AttentionPolicy
+    from tilewright.kinds.attention import checks as tuning
+    from tilewright.kinds.attention.policy import AttentionPolicy
     from tilewright.autotune.bench import time_callable
     from tilewright.kernels.build import default_factory
     from tilewright.templates import get_template

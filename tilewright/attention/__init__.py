@@ -1,8 +1,12 @@
-"""Attention as a kernel kind: the problem (:mod:`.problem`), its modifications as expression
-IR (:mod:`.mods`), the float64 reference and ATen fallback (:mod:`.reference`) and what the
-autotuner needs of it (:mod:`.tuning`). Lowering from FX lives in
-:mod:`tilewright.compiler.lower_attention`, the kernels in ``templates/triton/attention*``."""
+"""Moved to :mod:`tilewright.kinds.attention` (the attention kind's folder); this package and its
+modules (``problem``, ``mods``, ``reference``, ``tuning``, now ``checks``) are kept for one
+release, each a :func:`tilewright._moved.alias` of its new module, with a DeprecationWarning."""
 
-from tilewright.attention.problem import AttentionProblem, BlockMaskSpec, Capture
+import warnings
+
+from tilewright.kinds.attention.problem import AttentionProblem, BlockMaskSpec, Capture
+
+warnings.warn("tilewright.attention moved to tilewright.kinds.attention; import it from there "
+              "(tilewright.attention is removed in the next release)", DeprecationWarning, stacklevel=2)
 
 __all__ = ["AttentionProblem", "BlockMaskSpec", "Capture"]

@@ -40,12 +40,6 @@ GEMM_OPS = {
     aten.bmm.default: "bmm",
     aten.baddbmm.default: "baddbmm",
 }
-POINTWISE = {
-    aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.relu.default,
-    aten.gelu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default,
-    aten._to_copy.default, aten.clone.default, aten.neg.default, aten.exp.default,
-    aten.rsqrt.default, aten.pow.Tensor_Scalar, aten.where.self, aten.add.Scalar, aten.mul.Scalar,
-}
 # ops that make a view (or alias) of their input: free, nothing is launched or moved
 VIEWS = {
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
@@ -55,24 +49,16 @@ VIEWS = {
     aten.unbind.int, aten.as_strided.default, aten._reshape_alias.default, aten.view.dtype,
     aten.diagonal.default, aten.unfold.default,
 }
-REDUCTIONS = {
-    aten._softmax.default, aten._log_softmax.default, aten.native_layer_norm.default,
-    aten.mean.dim, aten.sum.dim_IntList, aten.amax.default, aten.linalg_vector_norm.default,
-}
 
 
-def _kind(node: fx.Node) -> str:
-    if node.target in POINTWISE:
-        return "pointwise"
+def _kind(node: fx.Node, registered: list) -> str:
+    """What an ATen call left as it is does, for reports: a view, a getitem, the label of the
+    kind whose op it is (:meth:`~tilewright.kinds.ProblemKind.extern_label`), else "extern"."""
     if node.target in VIEWS:
         return "view"
-    if node.target in REDUCTIONS:
-        return "reduction"
-    if "scaled_dot_product" in str(node.target) or "flash_attention" in str(node.target):
-        return "attention"
     if node.target is operator.getitem:
         return "getitem"
-    return "extern"
+    return next((label for kind in registered if (label := kind.extern_label(node))), "extern")
 
 
 def _gemm_operands(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None, float, float] | None:
@@ -294,7 +280,7 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
         elif node.op == "call_function" and (other := _lower_by_kind(registered, node, lowered_by)) is not None:
             nodes.append(other)
         elif node.op == "call_function":
-            nodes.append(ExternNode(node.name, [node], kind=_kind(node)))
+            nodes.append(ExternNode(node.name, [node], kind=_kind(node, registered)))
         elif node.op == "get_attr":
             nodes.append(ExternNode(node.name, [node], kind="constant"))
         else:

@@ -173,6 +173,12 @@ class ProblemKind:
         GEMM ops, for every other ``call_function`` node."""
         return None
 
+    def extern_label(self, node: Any) -> str | None:
+        """The label (``ExternNode.kind``, shown in reports and graph listings) of an FX call
+        left to ATen that is one of this kind's ops, e.g. an SDPA this kind did not lower:
+        "attention"; None (the default) when it is not this kind's."""
+        return None
+
     def owns(self, node: Any) -> bool:
         """Whether a node of a lowered and fused kernel graph is one of this kind's kernels."""
         from tilewright.compiler.graph import KernelNode  # the compiler imports this package

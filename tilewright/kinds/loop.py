@@ -27,6 +27,19 @@ from tilewright.ir.index import static_or_hint
 from tilewright.kinds import ProblemKind
 from tilewright.problem import LoopProblem
 
+_aten = torch.ops.aten
+# ATen calls that are this kind's when left to ATen (labels for reports, ProblemKind.extern_label)
+POINTWISE_OPS = frozenset({
+    _aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor, _aten.relu.default,
+    _aten.gelu.default, _aten.silu.default, _aten.sigmoid.default, _aten.tanh.default,
+    _aten._to_copy.default, _aten.clone.default, _aten.neg.default, _aten.exp.default,
+    _aten.rsqrt.default, _aten.pow.Tensor_Scalar, _aten.where.self, _aten.add.Scalar, _aten.mul.Scalar,
+})
+REDUCTION_OPS = frozenset({
+    _aten._softmax.default, _aten._log_softmax.default, _aten.native_layer_norm.default,
+    _aten.mean.dim, _aten.sum.dim_IntList, _aten.amax.default, _aten.linalg_vector_norm.default,
+})
+
 # ‖out − ref‖ / ‖ref‖ allowed per output dtype (integers and booleans: the fraction of elements
 # that differ)
 LOOP_TOLERANCE = {"fp64": 1e-10, "fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2}
@@ -287,6 +300,11 @@ class LoopKind(ProblemKind):
         return ref if err <= tol else None
 
     # -- the compiler's side --------------------------------------------------------------------
+    def extern_label(self, node: Any) -> str | None:
+        if node.target in POINTWISE_OPS:
+            return "pointwise"
+        return "reduction" if node.target in REDUCTION_OPS else None
+
     def owns(self, node: Any) -> bool:
         from tilewright.compiler.graph import FusedNode  # the compiler imports the registry
 

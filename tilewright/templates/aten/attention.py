@@ -4,14 +4,14 @@ SDPA-shaped problems on the CPU (no modification beyond an additive mask, no blo
 lse of CPU's flash kernel: base e, 0 for an empty row) call the op they were lowered from,
 ``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward, so a model not forcing
 generated kernels runs exactly what it ran before. Everything else is attention written out in
-torch, in fp32, a few heads at a time (:mod:`tilewright.attention.reference`): correct, and as
+torch, in fp32, a few heads at a time (:mod:`tilewright.kinds.attention.reference`): correct, and as
 slow as eager FlexAttention on a CPU.
 """
 
 from __future__ import annotations
 
-from tilewright.attention import mods
-from tilewright.attention.problem import AttentionProblem
+from tilewright.kinds.attention import mods
+from tilewright.kinds.attention.problem import AttentionProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import SUPPORTED, Params, RenderedKernel, Support, TemplateSpec
 

@@ -1,5 +1,5 @@
 """Triton attention templates: forward (prefill), decode (split KV) and backward, each with a
-tensor-descriptor variant (``DESC``), for :class:`~tilewright.attention.AttentionProblem`.
+tensor-descriptor variant (``DESC``), for :class:`~tilewright.kinds.attention.AttentionProblem`.
 
 ``triton.attention`` (this module) is the FlashAttention-2 forward (Dao, 2023): one program per
 BLOCK_M query rows of one (batch, head), keys in BLOCK_N tiles, the softmax computed online in
@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tilewright.attention.problem import AttentionProblem
-from tilewright.attention.tuning import block_mask_names
+from tilewright.kinds.attention.problem import AttentionProblem
+from tilewright.kinds.attention.views import block_mask_names
 from tilewright.ir.index import ceil_pow2
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.aot import AotSpec

@@ -9,7 +9,7 @@ algorithm 2) in three launches:
 3. dQ: one program per BLOCK_M query rows walks the key tiles the forward walked.
 
 A score_mod enters through its derivative with respect to the score
-(:func:`tilewright.attention.mods.score_derivative`), evaluated at the raw score. ``DESC`` reads
+(:func:`tilewright.kinds.attention.mods.score_derivative`), evaluated at the raw score. ``DESC`` reads
 Q, K, V and dO through tensor descriptors. ``tilewright aot`` compiles the dK/dV kernel (it holds
 four of the five products and the descriptor loads) with the instruction checks.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.attention import mods
-from tilewright.attention.problem import AttentionProblem
+from tilewright.kinds.attention import mods
+from tilewright.kinds.attention.problem import AttentionProblem
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import Params, Support

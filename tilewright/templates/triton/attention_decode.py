@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.attention.problem import AttentionProblem
+from tilewright.kinds.attention.problem import AttentionProblem
 from tilewright.ir.index import ceil_pow2
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.aot import AotSpec

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from tilewright.attention import mods
-from tilewright.attention.problem import AttentionProblem
+from tilewright.kinds.attention import mods
+from tilewright.kinds.attention.problem import AttentionProblem
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
 from tilewright.ir.index import code

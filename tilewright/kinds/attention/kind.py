@@ -1,17 +1,17 @@
-"""The attention kind, "attention": :class:`~tilewright.attention.AttentionProblem`, SDPA and
+"""The attention kind, "attention": :class:`~tilewright.kinds.attention.AttentionProblem`, SDPA and
 FlexAttention forward, backward and decode.
 
-Policy :class:`~tilewright.autotune.attention_policy.AttentionPolicy` with its cost estimate,
-inputs, checks and the float64 reference in :mod:`tilewright.attention.tuning`, ATen template
+Policy :class:`~tilewright.kinds.attention.policy.AttentionPolicy` with its cost estimate,
+inputs, checks and the float64 reference in :mod:`tilewright.kinds.attention.checks`, ATen template
 ``aten.attention`` (SDPA's own CPU op where the problem is SDPA-shaped, the written-out math
 otherwise), Triton templates ``triton.attention``, ``triton.attention_decode`` and
 ``triton.attention_bwd``.
 
 In a compiled graph: hand-written attention is first rewritten into one SDPA call
-(:mod:`tilewright.compiler.lower_eager_attention`, :meth:`AttentionKind.rewrite_fx`), then every
+(:mod:`tilewright.kinds.attention.lower_eager`, :meth:`AttentionKind.rewrite_fx`), then every
 SDPA op and FlexAttention operator this kind can lower becomes a
-:class:`~tilewright.compiler.graph.KernelNode` (:mod:`tilewright.compiler.lower_attention`,
-:mod:`tilewright.compiler.lower_flex`). The node's one output is the op's own value, the tuple
+:class:`~tilewright.compiler.graph.KernelNode` (:mod:`tilewright.kinds.attention.lower`,
+:mod:`tilewright.kinds.attention.lower_flex`). The node's one output is the op's own value, the tuple
 its getitems read (``(out, lse)``, ``(dq, dk, dv)``), so the graph around it is unchanged; an op
 with a single tensor value (``scaled_dot_product_attention``) gets ``out``.
 """
@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
-from tilewright.attention import mods, tuning
-from tilewright.attention.problem import AttentionProblem, BlockMaskSpec, Capture
-from tilewright.autotune.attention_policy import AttentionPolicy, estimate
+from tilewright.kinds.attention import checks, mods
+from tilewright.kinds.attention.problem import AttentionProblem, BlockMaskSpec, Capture
+from tilewright.kinds.attention.policy import AttentionPolicy, estimate
 from tilewright.autotune.cost_model import CostEstimate
 from tilewright.kinds import ProblemKind
 
@@ -57,24 +57,24 @@ class AttentionKind(ProblemKind):
         return estimate(problem, dict(params), target, efficiency=template.efficiency(target))
 
     # -- checking ---------------------------------------------------------------------------------
-    def make_inputs(self, problem: AttentionProblem, device: Any, seed: int = 0) -> tuning.AttentionInputs:
-        return tuning.make_inputs(problem, device, seed)
+    def make_inputs(self, problem: AttentionProblem, device: Any, seed: int = 0) -> checks.AttentionInputs:
+        return checks.make_inputs(problem, device, seed)
 
     def poisoned(self, problem: AttentionProblem, device: Any) -> Any:
-        return tuning.poisoned(problem, device)
+        return checks.poisoned(problem, device)
 
-    def run(self, launch: Callable, x: tuning.AttentionInputs, outs: Any) -> Any:
-        return tuning.run(launch, x, outs)
+    def run(self, launch: Callable, x: checks.AttentionInputs, outs: Any) -> Any:
+        return checks.run(launch, x, outs)
 
     def error(self, problem: AttentionProblem, result: Any, ref: Any, tf32: bool) -> tuple[float, float]:
-        return tuning.error(problem, result, ref, tf32)
+        return checks.error(problem, result, ref, tf32)
 
-    def reference(self, problem: AttentionProblem, inputs: tuning.AttentionInputs, factory: Any) -> Any:
-        return tuning.reference(problem, inputs)
+    def reference(self, problem: AttentionProblem, inputs: checks.AttentionInputs, factory: Any) -> Any:
+        return checks.reference(problem, inputs)
 
     # -- the compiler's side ------------------------------------------------------------------------
     def rewrite_fx(self, gm: Any) -> int:
-        from tilewright.compiler.lower_eager_attention import rewrite_eager_attention
+        from tilewright.kinds.attention.lower_eager import rewrite_eager_attention
 
         return rewrite_eager_attention(gm)
 
@@ -82,7 +82,7 @@ class AttentionKind(ProblemKind):
         import logging
 
         from tilewright.compiler.graph import KernelNode
-        from tilewright.compiler.lower_attention import NotAttention, lower_node
+        from tilewright.kinds.attention.lower import NotAttention, lower_node
 
         gm = node.graph.owning_module
         try:
@@ -97,6 +97,10 @@ class AttentionKind(ProblemKind):
         device = node.args[0].meta["val"].device
         return KernelNode(f"attention_{index}", [node], kind="attention", problem=problem,
                           args=[by_name[a] for a in args], outputs=[node.name], device=device)
+
+    def extern_label(self, node: Any) -> str | None:
+        target = str(node.target)
+        return "attention" if "scaled_dot_product" in target or "flash_attention" in target else None
 
     def call_options(self, node: Any) -> dict[str, Any]:
         """What the op's own value is: a lone tensor (SDPA), or a tuple with slots the kernel

@@ -1,0 +1,99 @@
+"""Modules that moved into their kind's folder (issue 30) keep their old import path for one
+release: the old path is the same module object (so monkeypatching either patches both), and
+importing it warns with a DeprecationWarning naming the new path. tilewright's own code imports
+the new paths only."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+import tilewright
+
+PKG = Path(tilewright.__file__).parent
+
+MOVED = {
+    "tilewright.attention.problem": "tilewright.kinds.attention.problem",
+    "tilewright.attention.mods": "tilewright.kinds.attention.mods",
+    "tilewright.attention.reference": "tilewright.kinds.attention.reference",
+    "tilewright.attention.tuning": "tilewright.kinds.attention.checks",
+    "tilewright.autotune.attention_policy": "tilewright.kinds.attention.policy",
+    "tilewright.compiler.lower_attention": "tilewright.kinds.attention.lower",
+    "tilewright.compiler.lower_flex": "tilewright.kinds.attention.lower_flex",
+    "tilewright.compiler.lower_eager_attention": "tilewright.kinds.attention.lower_eager",
+}
+# old packages: a module of their own that re-exports (and warns), with their modules above
+MOVED_PACKAGES = {
+    "tilewright.attention": "tilewright.kinds.attention",
+}
+
+
+def _shim_files() -> dict[str, str]:
+    """Every module of the package that is an alias shim, by module name -> the new name."""
+    found = {}
+    for f in PKG.rglob("*.py"):
+        text = f.read_text()
+        if "alias(__name__," not in text:
+            continue
+        call = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "alias")
+        name = ".".join(("tilewright",) + f.relative_to(PKG).with_suffix("").parts)
+        found[name] = call.args[1].value
+    return found
+
+
+def test_the_table_lists_every_shim():
+    assert _shim_files() == MOVED
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_path_is_the_new_module_and_warns(old):
+    new = importlib.import_module(MOVED[old])
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED[old]}"):
+        module = importlib.import_module(old)
+    assert module is new and sys.modules[old] is new
+    # what a caller of the old path uses is the new module's own object
+    public = [n for n in vars(new) if not n.startswith("_")]
+    assert public and all(getattr(module, n) is getattr(new, n) for n in public)
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_PACKAGES))
+def test_old_package_warns_and_reexports(old):
+    new = importlib.import_module(MOVED_PACKAGES[old])
+    saved = sys.modules.pop(old)
+    try:
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED_PACKAGES[old]}"):
+            module = importlib.import_module(old)
+        assert module.__all__ and all(getattr(module, n) is getattr(new, n) for n in module.__all__)
+    finally:
+        sys.modules[old] = saved
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            names |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            names |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}
+    return names
+
+
+def test_tilewright_imports_only_the_new_paths():
+    """The suite runs with DeprecationWarning ignored (pyproject.toml); this keeps tilewright's
+    own modules, templates and rendered kernels off the old paths anyway."""
+    old = set(MOVED) | set(MOVED_PACKAGES)
+    shims = {PKG.joinpath(*name.split(".")[1:]).with_suffix(".py") for name in MOVED}
+    shims |= {PKG.joinpath(*name.split(".")[1:], "__init__.py") for name in MOVED_PACKAGES}
+    bad = {}
+    for f in PKG.rglob("*.py"):
+        if f not in shims and (hits := _imports(f) & old):
+            bad[str(f.relative_to(PKG))] = sorted(hits)
+    for f in PKG.rglob("*.jinja"):
+        if hits := {o for o in old if f"from {o} import" in f.read_text() or f"import {o}\n" in f.read_text()}:
+            bad[str(f.relative_to(PKG))] = sorted(hits)
+    assert not bad, f"import the new paths: {bad}"

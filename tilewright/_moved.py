@@ -1,0 +1,38 @@
+"""Old import paths of modules that moved (issue 30: a kind is its folder), kept for one release.
+
+A module left at its old path is a two-line shim calling :func:`alias`: importing it warns once
+(:class:`DeprecationWarning`, naming the new path) and makes the old name the *same module
+object* as the new one, so ``tilewright.attention.problem.AttentionProblem is
+tilewright.kinds.attention.problem.AttentionProblem``, and monkeypatching either name patches
+both. Internal code imports the new paths only (``tests/test_moved.py`` checks both).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from types import ModuleType
+
+REMOVED_IN = "the next release"
+
+MOVED: dict[str, str] = {}
+"""Old module name -> new module name, for every shim that has been imported (what
+``tests/test_moved.py`` and a reader grepping for an old name find)."""
+
+
+def alias(old: str, new: str) -> ModuleType:
+    """Make module ``old`` (a shim being imported) the module ``new``, with a
+    :class:`DeprecationWarning` to the importer.
+
+    Raises:
+        ImportError: ``new`` cannot be imported (the error of that import).
+    """
+    module = importlib.import_module(new)
+    MOVED[old] = new
+    # stacklevel: this function, the shim's body, then (importlib's frames are skipped) the importer
+    warnings.warn(f"{old} moved to {new}; import it from there ({old} is removed in {REMOVED_IN})",
+                  DeprecationWarning, stacklevel=3)
+    # the import system returns whatever sys.modules holds once the shim has run
+    sys.modules[old] = module
+    return module

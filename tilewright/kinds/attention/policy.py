@@ -1,0 +1,120 @@
+"""Candidates for an attention problem: ATen first, then the Triton attention templates' tiles,
+ranked by a roofline of the attention's own shape.
+
+Prefill (many query rows) goes to ``triton.attention``; decode-shaped problems (GROUP x Sq query
+rows per KV head at most 128) also to ``triton.attention_decode``, whose key split fills the
+machine when ``B x H`` programs would not; the estimate decides between them. Each template proposes its seed tiles (BLOCK_M, BLOCK_N,
+warps, stages, the split; with ``DESC`` where the target moves tiles with TMA/TDM), its
+``check`` refuses those that exceed the target's shared memory/LDS or registers before
+anything compiles, and :func:`estimate` ranks the rest. As for the other kinds, interpreted
+kernels are proposed only when a backend is forced (they can only lose to ATen on a CPU), and
+then one tile per template.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tilewright._config import config
+from tilewright.kinds.attention.problem import AttentionProblem
+from tilewright.autotune.candidates import Candidate
+from tilewright.autotune.cost_model import INTERP_MAC_MS, INTERP_STEP_MS, LAUNCH_US, CostEstimate
+from tilewright.runtime.targets import Target
+from tilewright.templates import TemplateSpec, get_template, templates_for
+
+# tiles moved by TMA/TDM free the warps from address math: a prior (as triton.gemm_tma's and
+# the grouped descriptor template's 1.15) until a device measures it
+DESC_EFFICIENCY = 1.15
+
+
+def estimate(problem: AttentionProblem, params: dict[str, Any], target: Target, *,
+             efficiency: float = 1.0) -> CostEstimate:
+    """Predicted time (ms) of an attention kernel with ``params``: the larger of the tensor-core
+    time of every launched (query tile, key tile) pair, padding included, at a fraction of peak
+    that grows with the tile, and of Q/K/V/out crossing DRAM (K and V once per query tile, the
+    L2 catching the reuse within a wave), with wave quantisation over the SMs; a decode split
+    multiplies the programs and adds its combine pass. Under the interpreter: Python per key
+    step plus numpy per multiply-add. An estimate for ranking tiles, not a measurement."""
+    bm, bn = int(params.get("BLOCK_M", 64)), int(params.get("BLOCK_N", 64))
+    split = int(params.get("SPLIT", 1))
+    decode = "SPLIT" in params
+    rows = problem.group * problem.Sq if decode else problem.Sq
+    heads = problem.H_kv if decode else problem.H
+    m_tiles = math.ceil(max(rows, 1) / bm)
+    n_tiles = math.ceil(max(problem.Skv, 1) / bn)
+    programs = m_tiles * problem.B * heads * split
+    steps = m_tiles * n_tiles * problem.B * heads * problem.density
+    d = problem.D + problem.Dv
+    macs = steps * bm * bn * d * (2.5 if problem.direction == "backward" else 1)
+    if target.interpreted:
+        ms = steps * INTERP_STEP_MS + macs * INTERP_MAC_MS
+        return CostEstimate(ms, ms, 0.0, "latency", float(programs), 1.0)
+    peak = target.peak(problem.dtype) if problem.dtype != "fp32" else target.peak("fp32")
+    area = min(bm * bn, 128 * 128) / (128 * 128)
+    engine = bool(params.get("DESC")) and (target.has("tma") or target.has("tdm"))
+    if engine:
+        efficiency *= DESC_EFFICIENCY
+    mma = 0.7 * (0.35 + 0.65 * math.sqrt(area)) * efficiency
+    compute_ms = 2 * macs / (peak * 1e9 * mma) if peak else 0.0
+    resident = max(1, target.num_sms)
+    waves = programs / resident
+    compute_ms *= math.ceil(waves) / max(waves, 1e-9) if waves > 1 else 1 / max(waves, 1e-9) ** 0.5
+    e = 2 if problem.dtype != "fp32" else 4
+    kv_bytes = problem.B * problem.H_kv * problem.Skv * d * e * problem.density
+    reread = max(1.0, m_tiles * (heads / problem.H_kv if not decode else 1) / max(1.0, math.ceil(waves)))
+    memory_bytes = problem.min_bytes + kv_bytes * (reread - 1)
+    if decode:
+        memory_bytes += problem.B * problem.H * problem.Sq * split * (problem.Dv + 2) * 4 * 2
+    memory_ms = memory_bytes / (target.hbm_gbps * 1e6) if target.hbm_gbps else 0.0
+    if engine:  # the loop kernels' descriptor credit (cost_model.estimate_loop): 1.1x bandwidth
+        memory_ms /= 1.1
+    launches = (2 if decode else 1) + (2 if problem.direction == "backward" else 0)
+    ms = max(compute_ms, memory_ms) + launches * LAUNCH_US / 1000
+    bound = "compute" if compute_ms >= memory_ms else "memory"
+    return CostEstimate(ms, compute_ms, memory_ms, bound, waves, 1.0)
+
+
+def roofline_ms(problem: AttentionProblem, target: Target) -> float:
+    """max(bytes / bandwidth, FLOPs / peak) in ms (0 when the target has no figures)."""
+    bw = target.hbm_gbps or 0
+    tflops = target.peak(problem.dtype) if target.peak_tflops else 0
+    return max(problem.min_bytes / (bw * 1e6) if bw else 0.0, problem.flops / (tflops * 1e9) if tflops else 0.0)
+
+
+@dataclass(frozen=True)
+class AttentionPolicy:
+    max_candidates: int = 4
+
+    def ranked(self, problem: AttentionProblem, target: Target, template: TemplateSpec
+               ) -> list[tuple[float, dict[str, Any]]]:
+        """(predicted ms, params) for one template, best first: its seed tiles that its
+        ``check`` accepts (what ``tilewright aot`` builds)."""
+        seen, scored = set(), []
+        for params in template.seed_params(problem, target):
+            params = template.space.complete(params)
+            key = tuple(sorted(params.items()))
+            if key in seen or template.check(params, problem, target):
+                continue
+            seen.add(key)
+            scored.append((estimate(problem, params, target, efficiency=template.efficiency(target)).ms, params))
+        return sorted(scored, key=lambda item: item[0])
+
+    def candidates(self, problem: AttentionProblem, target: Target) -> list[Candidate]:
+        aten = get_template("aten.attention")
+        base = roofline_ms(problem, target)
+        out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0, predicted_ms=base / 0.5 if base else None)]
+        if target.interpreted and config.force_backend == "auto":
+            return out
+        scored: list[tuple[float, TemplateSpec, dict]] = []
+        for template in templates_for("attention", target.backend, jit=True):
+            if template.backend == "aten" or not template.supports(problem, target):
+                continue
+            ranked = self.ranked(problem, target, template)
+            scored += [(ms, template, p) for ms, p in (ranked[:1] if target.interpreted else ranked)]
+        scored.sort(key=lambda item: item[0])
+        for ms, template, params in scored:
+            out.append(Candidate.of(template.id, template.source_hash, params, rank=len(out), predicted_ms=ms))
+        budget = min(config.max_candidates, self.max_candidates)
+        return out[:1 + budget]
