@@ -204,7 +204,7 @@ def _sized_problem(args: argparse.Namespace) -> Any:
     from tilewright.problem import GemmProblem
 
     if args.groups is not None:
-        from tilewright.grouped import GroupedGemmProblem
+        from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 
         if args.groups < 1:
             raise InvalidInputError(f"--groups {args.groups}: give the number of experts (at least 1)")

@@ -249,7 +249,7 @@ def chain_pdl(cap: CapturedKernel, template: TemplateSpec, params: dict, target:
 def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_template: int = 1
          ) -> tuple[list[AotKernel], list[dict[str, str]]]:
     """Choose and render the kernels to build (no compiling yet): GEMMs, grouped GEMMs (tiles
-    ranked on their synthetic even offsets, :func:`tilewright.grouped.synthetic_offsets`), loop
+    ranked on their synthetic even offsets, :func:`tilewright.kinds.grouped_gemm.problem.synthetic_offsets`), loop
     kernels and those of any other registered kind, each kind through its own policy and cost
     model (:meth:`~tilewright.kinds.ProblemKind.ranked`, ``estimate``), and every template
     ``templates_for`` lists for the kind on the target's backend.

@@ -6,7 +6,7 @@ aot_autograd with tilewright's decomposition table), then lowered and fused by t
 own stages (:func:`tilewright.compiler.pipeline.fuse`); then each registered problem kind
 (:mod:`tilewright.kinds`, its ``capture`` hook) names its kernels in the graph with their
 problems: every GEMM node a :class:`~tilewright.problem.GemmProblem` at its trace-time sizes,
-every grouped GEMM its :class:`~tilewright.grouped.GroupedGemmProblem` (the ragged total
+every grouped GEMM its :class:`~tilewright.kinds.grouped_gemm.problem.GroupedGemmProblem` (the ragged total
 bucketed, as the compiled model tunes it), every loop kernel (pointwise, reduction) its
 :class:`~tilewright.problem.LoopProblem`.
 """

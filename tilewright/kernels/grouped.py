@@ -1,5 +1,5 @@
 """Grouped GEMM as an op: ``grouped_mm(a, b, offs)`` (``torch._grouped_mm``'s four shape cases,
-see :mod:`tilewright.grouped`) with a fused epilogue, run by the kernel the autotuner chose,
+see :mod:`tilewright.kinds.grouped_gemm`) with a fused epilogue, run by the kernel the autotuner chose,
 and ``torch.ops.tilewright.grouped_mm``, the custom op the compiler lowers
 ``aten._grouped_mm`` to.
 
@@ -16,7 +16,7 @@ import torch
 
 from tilewright.autotune.buckets import bucket
 from tilewright.errors import InvalidInputError
-from tilewright.grouped import GroupedGemmProblem, case_of
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem, case_of
 from tilewright.kernels.build import tuned_launcher
 from tilewright.kernels.gemm import _layout
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, UNARY_EPILOGUES, EpilogueInput, EpilogueOp
@@ -80,7 +80,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
     """``(activation(grouped_mm(a, b, offs) + bias)) * multiply`` in one tuned kernel.
 
     Args:
-        a, b: the operands of one of the four cases (tilewright.grouped): (M_total, K) x
+        a, b: the operands of one of the four cases (tilewright.kinds.grouped_gemm.problem): (M_total, K) x
             (G, K, N), (M, K_total) x (K_total, N), (G, M, K) x (K, N_total), (G, M, K) x
             (G, K, N); fp32/fp16/bf16, any strides.
         offs: int32 end offsets along the ragged dim, (G,), on the operands' device (None for
@@ -178,7 +178,7 @@ def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor
                    activation: str = "none", glu: str = "none") -> torch.Tensor:
     """``aten._grouped_mm``'s signature (and a fused gated product, activation and cast), run
     by the tuned kernel: what the compiler lowers ``_grouped_mm`` to
-    (:mod:`tilewright.compiler.lower_grouped`)."""
+    (:mod:`tilewright.kinds.grouped_gemm.lower`)."""
     return grouped_mm(a, b, offs, bias=bias, out_dtype=out_dtype, activation=activation, glu=glu)
 
 

@@ -197,7 +197,7 @@ def jinja_env(folder: Path) -> jinja2.Environment:
 # autotuner, does not change what a template renders). Every kind's folder is under
 # tilewright.kinds; a template counts the modules of it that it imports (its problem, its views),
 # never the kind's policy or lowering, which no template imports.
-_RENDER_PACKAGES = ("tilewright.templates", "tilewright.ir", "tilewright.kinds", "tilewright.grouped")
+_RENDER_PACKAGES = ("tilewright.templates", "tilewright.ir", "tilewright.kinds")
 
 
 def _imported_render_modules(start: set[Path]) -> set[Path]:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
-from tilewright.kinds.attention import checks, mods
-from tilewright.kinds.attention.problem import AttentionProblem, BlockMaskSpec, Capture
-from tilewright.kinds.attention.policy import AttentionPolicy, estimate
 from tilewright.autotune.cost_model import CostEstimate
 from tilewright.kinds import ProblemKind
+from tilewright.kinds.attention import checks, mods
+from tilewright.kinds.attention.policy import AttentionPolicy, estimate
+from tilewright.kinds.attention.problem import AttentionProblem, BlockMaskSpec, Capture
 
 
 class AttentionKind(ProblemKind):

@@ -4,7 +4,7 @@ operators. The fallback every grouped policy includes and, given float64 operand
 
 from __future__ import annotations
 
-from tilewright.grouped import GroupedGemmProblem
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.problem import DTYPES, EpilogueOp
 from tilewright.runtime.targets import Target
@@ -23,7 +23,7 @@ class AtenGroupedGemm(TemplateSpec):
 
     def problem_support(self, problem: GroupedGemmProblem, target: Target) -> Support:
         if not isinstance(problem, GroupedGemmProblem):
-            return Support(False, f"{self.id} runs grouped GEMMs (tilewright.grouped.GroupedGemmProblem)")
+            return Support(False, f"{self.id} runs grouped GEMMs (tilewright.kinds.grouped_gemm.problem.GroupedGemmProblem)")
         return SUPPORTED
 
     def render_kernel(self, problem: GroupedGemmProblem, params: Params, target: Target) -> RenderedKernel:

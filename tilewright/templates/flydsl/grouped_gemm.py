@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from tilewright.errors import UnsupportedProblemError
-from tilewright.grouped import GroupedGemmProblem
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
@@ -59,7 +59,7 @@ class FlyDslGroupedGemm(LaunchedWhereInstalled, TemplateSpec):
     def problem_support(self, problem: Any, target: Target) -> Support:
         """Whether this template renders ``problem`` for ``target`` (the toolchain is the language's check)."""
         if not isinstance(problem, GroupedGemmProblem):
-            return Support(False, f"{self.id} runs grouped GEMMs (tilewright.grouped.GroupedGemmProblem)")
+            return Support(False, f"{self.id} runs grouped GEMMs (tilewright.kinds.grouped_gemm.problem.GroupedGemmProblem)")
         if target.arch != limits.ARCH:
             return Support(False, f"{self.id} is written for {limits.ARCH}, not {target.name}")
         if problem.case != "2d3d":

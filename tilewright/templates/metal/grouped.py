@@ -14,7 +14,7 @@ Each tile is then the ``metal.gemm`` tile: A and B staged in fp32 through thread
 ``simdgroup_matrix`` 8x8 multiply-accumulates, rows outside the group masked to zero on load and
 never stored.
 
-The problem is :class:`tilewright.grouped.GroupedGemmProblem` (the "grouped_gemm" kind the
+The problem is :class:`tilewright.kinds.grouped_gemm.problem.GroupedGemmProblem` (the "grouped_gemm" kind the
 graph lowering makes of ``aten._grouped_mm``), so on the ``mps`` target a model's MoE layers
 reach this template like any other. Not here yet: an epilogue or a fused gated product (those
 problems are refused, and run on the ATen template), fp8 operands, and the 3-D x 2-D /
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from tilewright.errors import UnsupportedProblemError
-from tilewright.grouped import GroupedGemmProblem
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.ir import dtypes
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (

@@ -23,7 +23,7 @@ The offsets are read in the shader (clamped non-decreasing and within M, as the 
 does), so there is no host copy of them; an empty group's threadgroups return at once. The grid
 is G x ceil(N_out / BLOCK_N) threadgroups. Offered for decode-sized problems (at most
 ``BLOCK_M`` rows per group on average); the policy's cost model weighs it against the tiled
-kernel (:mod:`tilewright.autotune.grouped_policy`), and on a Mac both would be measured.
+kernel (:mod:`tilewright.kinds.grouped_gemm.policy`), and on a Mac both would be measured.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from tilewright.grouped import GroupedGemmProblem
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.ir import dtypes
 from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.ir.expr import Node

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.grouped import GroupedGemmProblem
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.problem import EpilogueOp
 from tilewright.runtime.aot import AotSpec
@@ -55,7 +55,7 @@ class TritonGroupedGemm(TemplateSpec):
 
     def problem_support(self, problem: GroupedGemmProblem, target: Target) -> Support:
         if not isinstance(problem, GroupedGemmProblem):
-            return Support(False, f"{self.id} runs grouped GEMMs (tilewright.grouped.GroupedGemmProblem)")
+            return Support(False, f"{self.id} runs grouped GEMMs (tilewright.kinds.grouped_gemm.problem.GroupedGemmProblem)")
         if target.backend not in ("cuda", "hip", "cpu"):
             return Support(False, f"Triton does not generate for {target.backend}")
         if (why := triton_can_target(target)) is not None:

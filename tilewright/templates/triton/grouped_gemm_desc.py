@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.grouped import GroupedGemmProblem
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import InstructionCheck, Params, Support

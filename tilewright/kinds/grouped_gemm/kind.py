@@ -1,14 +1,15 @@
-"""The grouped-GEMM kind, "grouped_gemm": :class:`~tilewright.grouped.GroupedGemmProblem`
+"""The grouped-GEMM kind, "grouped_gemm": :class:`~tilewright.kinds.grouped_gemm.problem.GroupedGemmProblem`
 (``torch._grouped_mm``'s four shape cases, MoE experts) with its fused epilogue.
 
-Policy :class:`~tilewright.autotune.grouped_policy.GroupedGemmPolicy` and its cost estimate
-per template (:func:`~tilewright.autotune.grouped_policy.estimate_for`: the dense model on the
+Policy :class:`~tilewright.kinds.grouped_gemm.policy.GroupedGemmPolicy` and its cost estimate
+per template (:func:`~tilewright.kinds.grouped_gemm.policy.estimate_for`: the dense model on the
 equal GEMMs of the groups that hold rows, or the gemv model for a template whose ``schedule``
-is "gemv"), inputs, checks and the float64 reference in :mod:`tilewright.grouped` (tuned on
-synthetic even offsets), ATen template ``aten.grouped_gemm``.
+is "gemv"), inputs, checks and the float64 reference in
+:mod:`tilewright.kinds.grouped_gemm.checks` (tuned on synthetic even offsets), ATen template
+``aten.grouped_gemm``.
 
 In a compiled graph: ``aten._grouped_mm`` is retargeted to ``tilewright.grouped_mm`` and its
-epilogues folded into it (:mod:`tilewright.compiler.lower_grouped`, this kind's
+epilogues folded into it (:mod:`tilewright.kinds.grouped_gemm.lower`, this kind's
 :meth:`~GroupedGemmKind.rewrite_fx`), then each such call becomes a
 :class:`~tilewright.compiler.graph.KernelNode` whose problem is bucketed on the ragged total (the
 token count), chosen, rendered and compiled in the pipeline's stages like every other kernel.
@@ -23,10 +24,10 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from tilewright.autotune.cost_model import CostEstimate
-from tilewright.autotune.grouped_policy import GroupedGemmPolicy, estimate_for
-from tilewright import grouped
-from tilewright.grouped import GroupedGemmProblem
 from tilewright.kinds import ProblemKind
+from tilewright.kinds.grouped_gemm import checks
+from tilewright.kinds.grouped_gemm.policy import GroupedGemmPolicy, estimate_for
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.problem import EpilogueInput, EpilogueOp
 
 # which operand dims are the ragged total, per case: (operand index 0 = a, 1 = b, dim)
@@ -83,7 +84,7 @@ def _jit_problem(node: Any) -> GroupedGemmProblem | None:
     that changes) or an operand has no traced value."""
     import torch.fx as fx
 
-    from tilewright.grouped import case_of
+    from tilewright.kinds.grouped_gemm.problem import case_of
 
     vals = [x.meta.get("val") if isinstance(x, fx.Node) else None for x in node.args[:4]]
     if vals[0] is None or vals[1] is None or node.meta.get("val") is None:
@@ -128,32 +129,32 @@ class GroupedGemmKind(ProblemKind):
                  template: Any) -> CostEstimate:
         return estimate_for(template, problem, dict(params), target)
 
-    # -- checking (synthetic even, aligned offsets: tilewright.grouped.synthetic_offsets) --------
-    def make_inputs(self, problem: GroupedGemmProblem, device: Any, seed: int = 0) -> grouped.GroupedInputs:
-        return grouped.make_inputs(problem, device, seed)
+    # -- checking (synthetic even, aligned offsets: problem.synthetic_offsets) ---------------------
+    def make_inputs(self, problem: GroupedGemmProblem, device: Any, seed: int = 0) -> checks.GroupedInputs:
+        return checks.make_inputs(problem, device, seed)
 
     def poisoned(self, problem: GroupedGemmProblem, device: Any) -> Any:
-        return grouped.poisoned_output(problem, device)
+        return checks.poisoned_output(problem, device)
 
-    def run(self, launch: Callable, x: grouped.GroupedInputs, out: Any) -> Any:
-        return grouped.run(launch, x, out)
+    def run(self, launch: Callable, x: checks.GroupedInputs, out: Any) -> Any:
+        return checks.run(launch, x, out)
 
     def error(self, problem: GroupedGemmProblem, result: Any, ref: Any, tf32: bool) -> tuple[float, float]:
-        return grouped.error(problem, result, ref, tf32)
+        return checks.error(problem, result, ref, tf32)
 
-    def reference(self, problem: GroupedGemmProblem, inputs: grouped.GroupedInputs, factory: Any) -> Any:
-        return grouped.reference(problem, inputs)
+    def reference(self, problem: GroupedGemmProblem, inputs: checks.GroupedInputs, factory: Any) -> Any:
+        return checks.reference(problem, inputs)
 
     # -- the compiler's side (compiler modules imported in the hooks: it imports the registry) --
     def rewrite_fx(self, gm: Any) -> int:
-        from tilewright.compiler.lower_grouped import fuse_epilogues, lower_grouped_mm
+        from tilewright.kinds.grouped_gemm.lower import fuse_epilogues, lower_grouped_mm
 
         lowered = sum(lower_grouped_mm(node) for node in list(gm.graph.nodes))
         return lowered + fuse_epilogues(gm)
 
     def lower(self, node: Any, index: int) -> Any:
         from tilewright.compiler.graph import ExternNode, KernelNode, TensorMeta
-        from tilewright.compiler.lower_grouped import TILEWRIGHT_GROUPED_MM
+        from tilewright.kinds.grouped_gemm.lower import TILEWRIGHT_GROUPED_MM
 
         if node.target is not TILEWRIGHT_GROUPED_MM:
             return None
