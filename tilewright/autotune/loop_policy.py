@@ -23,14 +23,15 @@ they run compiled there (:func:`offered_on`: C++ kernels, not interpreted Triton
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any
 
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.cost_model import LAUNCH_US, estimate_loop
+from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
-from tilewright.templates import TemplateSpec, get_template, templates_for
+from tilewright.templates import TemplateSpec, get_template
 
 
 def _pow2(n: int) -> int:
@@ -75,35 +76,39 @@ def reduction_params(problem: LoopProblem, target: Target) -> list[dict[str, Any
     return out
 
 
-class LoopPolicy:
-    """Candidates for a pointwise or reduction problem (see the module docstring)."""
+class LoopPolicy(CandidatePolicy):
+    """Candidates for a pointwise or reduction problem (see the module docstring): the shared
+    skeleton (:class:`~tilewright.autotune.policy_base.CandidatePolicy`) with the ATen ops
+    themselves and the torch form first, interpreted kernels offered on the CPU only where
+    they run compiled (:func:`offered_on`), and the block shapes of :meth:`block_proposals`."""
+
+    interpreted_aten_only = False  # offered_on decides, per template
 
     def __init__(self, kind: str):
         self.kind = kind
 
-    def proposals(self, problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
+    def templates_kind(self, problem: LoopProblem) -> str:
+        return self.kind
+
+    def block_proposals(self, problem: LoopProblem, target: Target) -> list[dict[str, Any]]:
+        """The block shapes of the module docstring (with ``DESC`` twins on TDM targets)."""
         out = reduction_params(problem, target) if self.kind == "reduction" else pointwise_params(problem, target)
         if target.has("tdm"):
             out = [p | {"DESC": True} for p in out] + out
         return out
 
-    def ranked(self, problem: LoopProblem, target: Target, template: TemplateSpec
-               ) -> list[tuple[float, dict[str, Any]]]:
-        """(predicted ms, params) for one template, best first: the proposals it accepts."""
-        seen, scored = set(), []
-        # a template whose knobs are its own (Metal's simdgroups per threadgroup) seeds them
+    def proposals(self, problem: LoopProblem, target: Target, template: TemplateSpec) -> list[dict[str, Any]]:
+        """The template's own knobs (Metal's simdgroups per threadgroup) when it seeds them,
+        else :meth:`block_proposals`; each with only the knobs the template has."""
         seeds = template.seed_params(problem, target)
-        for p in seeds if seeds is not None else self.proposals(problem, target):
-            params = template.space.complete({k: v for k, v in p.items() if k in template.space.names()})
-            key = tuple(sorted(params.items()))
-            if key in seen or template.check(params, problem, target):
-                continue
-            seen.add(key)
-            scored.append((estimate_loop(problem, params, target).ms, params))
-        return sorted(scored, key=lambda item: item[0])
+        names = set(template.space.names())
+        return [{k: v for k, v in p.items() if k in names}
+                for p in (seeds if seeds is not None else self.block_proposals(problem, target))]
 
-    def candidates(self, problem: LoopProblem, target: Target,
-                   templates: Iterable[TemplateSpec] | None = None) -> list[Candidate]:
+    def estimate(self, problem: LoopProblem, params: dict[str, Any], target: Target, template: TemplateSpec) -> float:
+        return estimate_loop(problem, params, target).ms
+
+    def head(self, problem: LoopProblem, target: Target) -> list[Candidate]:
         aten = get_template(f"aten.{self.kind}")
         launch_ms = 0.0 if target.interpreted else LAUNCH_US * 1e-3
         bw = max(target.hbm_gbps, 1.0) * 1e9
@@ -112,18 +117,18 @@ class LoopPolicy:
         program = program_candidates(problem, target, rank=0)
         if program and config.autotune:
             # the ops as eager ran them come first: a tie keeps them (never slower than eager)
-            out = program + [dataclasses.replace(torch_form, rank=1)]
-        else:  # autotune off runs rank 0 unchecked: only the torch form is trusted so
-            out = [torch_form] + [dataclasses.replace(c, rank=1) for c in program]
-        scored = []
-        for t in templates if templates is not None else templates_for(self.kind, target.backend, jit=True):
-            if t.backend == "aten" or not offered_on(t, target) or not t.supports(problem, target):
-                continue
-            scored += [(ms, t, params) for ms, params in self.ranked(problem, target, t)]
-        scored.sort(key=lambda item: (item[0], item[1].id))
-        for i, (ms, t, params) in enumerate(scored[:config.max_candidates]):
-            out.append(Candidate.of(t.id, t.source_hash, params, rank=i + len(out), predicted_ms=ms))
-        return out
+            return program + [dataclasses.replace(torch_form, rank=1)]
+        # autotune off runs rank 0 unchecked: only the torch form is trusted so
+        return [torch_form] + [dataclasses.replace(c, rank=1) for c in program]
+
+    def offers(self, template: TemplateSpec, problem: LoopProblem, target: Target) -> bool:
+        return template.backend != "aten" and offered_on(template, target) and bool(template.supports(problem, target))
+
+    def choose(self, per_template: list, problem: LoopProblem, target: Target, budget: int) -> list:
+        """The fastest predicted; equal predictions in template id order."""
+        everything = [(ms, t, p) for t, options in per_template for ms, p in options]
+        everything.sort(key=lambda item: (item[0], item[1].id))
+        return everything[:budget]
 
 
 def offered_on(template: TemplateSpec, target: Target) -> bool:

@@ -13,17 +13,16 @@ budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
-from tilewright._config import config
-from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.cost_model import LAUNCH_US, estimate_gemm, roofline_ms
 from tilewright.autotune.decode import decode_limit, decode_variants
 from tilewright.autotune.heuristics import heuristic_params
+from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.problem import GemmProblem
 from tilewright.runtime.languages import pinned_knobs
 from tilewright.runtime.targets import Target
-from tilewright.templates import TemplateSpec, get_template, templates_for
+from tilewright.templates import TemplateSpec
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): tile shapes that do well on tensor-core
 # GPUs, the same family Triton's tutorials and Inductor's mm configs draw from.
@@ -58,8 +57,11 @@ def clamp_tile(problem: GemmProblem, bm: int, bn: int, bk: int) -> tuple[int, in
 
 
 @dataclass(frozen=True)
-class GemmPolicy:
-    """Candidates for a GEMM on one target class.
+class GemmPolicy(CandidatePolicy):
+    """Candidates for a GEMM on one target class: the shared skeleton
+    (:class:`~tilewright.autotune.policy_base.CandidatePolicy`) with ATen at 80% of the roofline
+    plus a launch, the seed tiles clamped to the problem (:meth:`tile_params`), and the
+    candidate slots of :meth:`choose`.
 
     Attributes:
         seeds: tile shapes to start from.
@@ -121,37 +123,22 @@ class GemmPolicy:
             out.append(params)
         return out
 
-    def ranked(self, problem: GemmProblem, target: Target, template: TemplateSpec
-               ) -> list[tuple[float, dict[str, Any]]]:
-        """(predicted ms, params) for one template, best first."""
-        eff = template.efficiency(target)
-        scored = [(estimate_gemm(problem, p, target, efficiency=eff,
-                                 register_pressure=template.register_pressure(problem, p, target)).ms, p)
-                  for p in self.tile_params(problem, template, target)]
-        return sorted(scored, key=lambda item: item[0])
+    def legal(self, problem: GemmProblem, target: Target, template: TemplateSpec,
+              proposals: Any = None) -> list[dict[str, Any]]:
+        return self.tile_params(problem, template, target)
 
-    def candidates(self, problem: GemmProblem, target: Target,
-                   templates: Iterable[TemplateSpec] | None = None) -> list[Candidate]:
-        """Ranked candidates: ATen first (rank 0), then at most ``config.max_candidates``
-        generated kernels in order of predicted time, chosen by the priorities below."""
-        aten = get_template("aten.gemm")
+    def estimate(self, problem: GemmProblem, params: dict[str, Any], target: Target, template: TemplateSpec) -> float:
+        return estimate_gemm(problem, params, target, efficiency=template.efficiency(target),
+                             register_pressure=template.register_pressure(problem, params, target)).ms
+
+    def aten_ms(self, problem: GemmProblem, target: Target) -> float:
         # a vendor BLAS is taken to reach 80% of the roofline, plus one launch
         launch_ms = 0.0 if target.interpreted else LAUNCH_US * 1e-3
-        out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0,
-                            predicted_ms=roofline_ms(problem, target) / 0.8 + launch_ms)]
-        if target.interpreted and config.force_backend == "auto":
-            # interpreted kernels run Python per tile: they can only lose to ATen, except when
-            # a loaded machine stalls ATen's threads mid-measurement (seen: 64^3 at 16 ms),
-            # which would cache a hundredfold slower choice. They run when forced.
-            return out
-        per_template = []
-        for template in templates if templates is not None else templates_for("gemm", target.backend, jit=True):
-            if template.backend == "aten" or not template.supports(problem, target):
-                continue
-            ranked = self.ranked(problem, target, template)
-            if ranked:
-                per_template.append((template, ranked))
-        budget = min(config.max_candidates, self.max_candidates or config.max_candidates)
+        return roofline_ms(problem, target) / 0.8 + launch_ms
+
+    def choose(self, per_template: list, problem: GemmProblem, target: Target, budget: int) -> list:
+        """At most ``budget`` generated kernels in order of predicted time, chosen by the slot
+        priorities below."""
         everything = sorted(((ms, t, p) for t, ranked in per_template for ms, p in ranked),
                             key=lambda item: item[0])
         chosen: list[tuple[float, TemplateSpec, dict[str, Any]]] = []
@@ -176,10 +163,7 @@ class GemmPolicy:
         for item in everything:
             take(item)
         chosen.sort(key=lambda item: item[0])
-        for i, (ms, template, params) in enumerate(chosen):
-            out.append(Candidate.of(template.id, template.source_hash, params, rank=i + 1,
-                                    predicted_ms=ms))
-        return out
+        return chosen
 
 
 POLICIES: dict[tuple[str, str], Callable[[], GemmPolicy]] = {

@@ -17,12 +17,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tilewright._config import config
-from tilewright.kinds.attention.problem import AttentionProblem
-from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.cost_model import INTERP_MAC_MS, INTERP_STEP_MS, LAUNCH_US, CostEstimate
+from tilewright.autotune.policy_base import CandidatePolicy
+from tilewright.kinds.attention.problem import AttentionProblem
 from tilewright.runtime.targets import Target
-from tilewright.templates import TemplateSpec, get_template, templates_for
+from tilewright.templates import TemplateSpec
 
 # tiles moved by TMA/TDM free the warps from address math: a prior (as triton.gemm_tma's and
 # the grouped descriptor template's 1.15) until a device measures it
@@ -84,37 +83,21 @@ def roofline_ms(problem: AttentionProblem, target: Target) -> float:
 
 
 @dataclass(frozen=True)
-class AttentionPolicy:
+class AttentionPolicy(CandidatePolicy):
+    """The shared skeleton (:class:`~tilewright.autotune.policy_base.CandidatePolicy`) with
+    ATen predicted at its roofline over 0.5, the templates' seed tiles ranked by
+    :func:`estimate`, one tile per template when interpreted kernels are forced."""
+
     max_candidates: int = 4
 
-    def ranked(self, problem: AttentionProblem, target: Target, template: TemplateSpec
-               ) -> list[tuple[float, dict[str, Any]]]:
-        """(predicted ms, params) for one template, best first: its seed tiles that its
-        ``check`` accepts (what ``tilewright aot`` builds)."""
-        seen, scored = set(), []
-        for params in template.seed_params(problem, target):
-            params = template.space.complete(params)
-            key = tuple(sorted(params.items()))
-            if key in seen or template.check(params, problem, target):
-                continue
-            seen.add(key)
-            scored.append((estimate(problem, params, target, efficiency=template.efficiency(target)).ms, params))
-        return sorted(scored, key=lambda item: item[0])
-
-    def candidates(self, problem: AttentionProblem, target: Target) -> list[Candidate]:
-        aten = get_template("aten.attention")
+    def aten_ms(self, problem: AttentionProblem, target: Target) -> float | None:
         base = roofline_ms(problem, target)
-        out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0, predicted_ms=base / 0.5 if base else None)]
-        if target.interpreted and config.force_backend == "auto":
-            return out
-        scored: list[tuple[float, TemplateSpec, dict]] = []
-        for template in templates_for("attention", target.backend, jit=True):
-            if template.backend == "aten" or not template.supports(problem, target):
-                continue
-            ranked = self.ranked(problem, target, template)
-            scored += [(ms, template, p) for ms, p in (ranked[:1] if target.interpreted else ranked)]
-        scored.sort(key=lambda item: item[0])
-        for ms, template, params in scored:
-            out.append(Candidate.of(template.id, template.source_hash, params, rank=len(out), predicted_ms=ms))
-        budget = min(config.max_candidates, self.max_candidates)
-        return out[:1 + budget]
+        return base / 0.5 if base else None
+
+    def estimate(self, problem: AttentionProblem, params: dict[str, Any], target: Target,
+                 template: TemplateSpec) -> float:
+        return estimate(problem, params, target, efficiency=template.efficiency(target)).ms
+
+    def options(self, problem: AttentionProblem, target: Target, template: TemplateSpec) -> list:
+        ranked = self.ranked(problem, target, template)
+        return ranked[:1] if target.interpreted else ranked

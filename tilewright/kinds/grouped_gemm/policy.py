@@ -15,18 +15,16 @@ ragged total (the token count) by whoever builds it (``tilewright.kernels.groupe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
-from tilewright._config import config
-from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.cost_model import LAUNCH_US, CostEstimate, estimate_gemm
+from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
-from tilewright.templates import TemplateSpec, get_template, templates_for
+from tilewright.templates import TemplateSpec
 
 
 def roofline_ms(problem: GroupedGemmProblem, target: Target) -> float:
@@ -98,56 +96,46 @@ def estimate_for(template: TemplateSpec, problem: GroupedGemmProblem, params: di
 
 
 @dataclass(frozen=True)
-class GroupedGemmPolicy:
+class GroupedGemmPolicy(CandidatePolicy):
+    """The shared skeleton (:class:`~tilewright.autotune.policy_base.CandidatePolicy`) with
+    ATen predicted at its roofline over 0.8, a fused gated product offered only to templates
+    that render it, and the templates taking turns (module docstring)."""
+
     max_candidates: int = 4
+
+    def aten_ms(self, problem: GroupedGemmProblem, target: Target) -> float | None:
+        base = roofline_ms(problem, target)
+        return base / 0.8 if base else None
+
+    def offers(self, template: TemplateSpec, problem: GroupedGemmProblem, target: Target) -> bool:
+        return super().offers(template, problem, target) and not (problem.glu and not template.fuses_glu)
+
+    def estimate(self, problem: GroupedGemmProblem, params: dict[str, Any], target: Target,
+                 template: TemplateSpec) -> float:
+        return estimate_for(template, problem, params, target).ms
 
     def ranked(self, problem: GroupedGemmProblem, target: Target, template: TemplateSpec
                ) -> list[tuple[float, dict[str, Any]]]:
         """(predicted ms, params) for one template, best first: its seed tiles that its
-        ``check`` accepts, ranked by :func:`estimate` (what ``tilewright aot`` builds); none
+        ``check`` accepts, ranked by :func:`estimate_for` (what ``tilewright aot`` builds); none
         for a fused gated product the template does not render (``fuses_glu``)."""
         if problem.glu and not template.fuses_glu:
             return []
-        seen, scored = set(), []
-        for params in template.seed_params(problem, target) or []:
-            params = template.space.complete(params)
-            key = tuple(sorted(params.items(), key=lambda kv: kv[0]))
-            if key in seen or template.check(params, problem, target):
-                continue
-            seen.add(key)
-            scored.append((estimate_for(template, problem, params, target).ms, params))
-        return sorted(scored, key=lambda item: item[0])
+        return super().ranked(problem, target, template)
 
-    def candidates(self, problem: GroupedGemmProblem, target: Target) -> list[Candidate]:
-        aten = get_template("aten.grouped_gemm")
-        base = roofline_ms(problem, target)
-        out = [Candidate.of(aten.id, aten.source_hash, {}, rank=0, predicted_ms=base / 0.8 if base else None)]
-        if target.interpreted and config.force_backend == "auto":
-            return out
-        per_template: list[list[tuple]] = []
-        for template in templates_for("grouped_gemm", target.backend, jit=True):
-            if template.backend == "aten" or not template.supports(problem, target):
-                continue
-            if problem.glu and not template.fuses_glu:
-                continue
-            seen, legal = set(), []
-            seeds = template.seed_params(problem, target) or []
-            for params in seeds[:1] if target.interpreted else seeds:
-                params = template.space.complete(params)
-                key = tuple(params.items())
-                if key in seen or template.check(params, problem, target):
-                    continue
-                seen.add(key)
-                legal.append((template, params))
-            per_template.append(legal)
-        # round-robin over the templates, each in its own seed order, so the budget measures
-        # every template's best guess before anyone's second
-        for i in range(max(map(len, per_template), default=0)):
-            for template, params in (seeds[i] for seeds in per_template if i < len(seeds)):
-                # each candidate's own estimate: what a remote target (no device to measure
-                # on) chooses by, and what orders the table `explain` prints
-                out.append(Candidate.of(template.id, template.source_hash, params, rank=len(out),
-                                        predicted_ms=estimate_for(template, problem, params, target).ms
-                                        if base else None))
-        budget = min(config.max_candidates, self.max_candidates)
-        return out[:1 + budget]
+    def options(self, problem: GroupedGemmProblem, target: Target, template: TemplateSpec) -> list:
+        """The template's legal seed tiles in its own order (the first alone when interpreted),
+        each with its own estimate (what a remote target, with no device to measure on,
+        chooses by, and what orders the table ``explain`` prints; None without target figures)."""
+        seeds = list(self.proposals(problem, target, template))
+        legal = self.legal(problem, target, template, seeds[:1] if target.interpreted else seeds)
+        known = bool(roofline_ms(problem, target))
+        return [(self.estimate(problem, p, target, template) if known else None, p) for p in legal]
+
+    def choose(self, per_template: list, problem: GroupedGemmProblem, target: Target, budget: int) -> list:
+        """Round-robin over the templates, each in its own seed order, so the budget measures
+        every template's best guess before anyone's second."""
+        out = []
+        for i in range(max((len(options) for _, options in per_template), default=0)):
+            out += [(options[i][0], t, options[i][1]) for t, options in per_template if i < len(options)]
+        return out[:budget]
