@@ -217,3 +217,44 @@ def test_nvfp4_linear_module():
         NVFP4Linear(20, 8)
     net = nn.Sequential(nn.Linear(20, 32), nn.Linear(32, 8))
     assert quantize_linears(net) == 1  # 20 is not a multiple of 16: kept in float
+
+
+class QuantisedDecoderMLP(nn.Module):
+    """The W4A4 half of a decoder layer: RMSNorm -> NVFP4 gate_up -> SwiGLU -> NVFP4 down, plus
+    the residual (attention aside)."""
+
+    def __init__(self, H=64, inter=128):
+        super().__init__()
+        self.norm = nn.RMSNorm(H, eps=1e-6)
+        self.gate_up, self.down = nn.Linear(H, 2 * inter, bias=False), nn.Linear(inter, H, bias=False)
+
+    def forward(self, x):
+        g, u = self.gate_up(self.norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(g) * u)
+
+
+def test_calibrated_decoder_layers_launch_four_kernels_each():
+    """With calibrated activation scales each quantisation is written by its producer's kernel
+    (the norm, the SwiGLU): per layer one norm+quantise kernel, the gate_up GEMM, one
+    SwiGLU+quantise kernel and the down GEMM (residual in its epilogue), and no ATen call."""
+    from tilewright.compiler.report import collect_reports
+
+    torch.manual_seed(0)
+    layers = 2
+    m = nn.Sequential(*(QuantisedDecoderMLP() for _ in range(layers)))
+    assert quantize_linears(m) == 2 * layers
+    x = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        h = x
+        for layer in m:  # calibrate each linear on its own input
+            layer.gate_up.calibrate(layer.norm(h))
+            g, u = layer.gate_up(layer.norm(h)).chunk(2, dim=-1)
+            layer.down.calibrate(F.silu(g) * u)
+            h = layer(h)
+        eager = m(x)
+        with tilewright.config.patch(force_backend="auto"), collect_reports() as reports:
+            out = torch.compile(m, backend="tilewright")(x)
+    assert torch.equal(out, eager)  # the same quantised arithmetic, bit for bit on the CPU
+    (report,) = reports
+    assert report.launches <= 4 * layers, (report.kernel_counts, report.extern_ops)
+    assert report.gemm_nodes == 2 * layers and report.extern_ops == 0

@@ -86,12 +86,15 @@ class _Builder:
         else:
             numels = {sympy.expand(product(m.ranges)) for m in self.stored}
             if len(numels) > 1 and not all(same(a, b) for a in numels for b in numels):
-                raise FusionError("stored values of different sizes")
-            self.x = _refine_all([m.ranges for m in self.stored])
+                self.x = self._subsampling_space(members)
+            else:
+                self.x = _refine_all([m.ranges for m in self.stored])
             self.r = ()
         self.xv, self.rv = variables("x", len(self.x)), variables("r", len(self.r))
         self.var_ranges = dict(zip(self.xv, self.x)) | dict(zip(self.rv, self.r))
         self.own: dict[str, tuple[sympy.Expr, ...]] = {}
+        # members stored at every s-th element of the space's last dim (see _subsampled)
+        self.store_masks: dict[str, E.Node] = {}
         self.red_vars: dict[str, dict[sympy.Symbol, sympy.Expr]] = {}
         self.by_flow = by_flow
         for m in members:
@@ -121,6 +124,8 @@ class _Builder:
                 self.own[m.name] = group_index(m.ranges, self.x, self.xv)
             elif self.r and same(product(m.ranges), product(self.x) * product(self.r)):
                 self.own[m.name] = group_index(m.ranges, self.x + self.r, self.xv + self.rv)
+            elif stored and (place := self._subsampled(m)) is not None:
+                self.own[m.name], self.store_masks[m.name] = place
         except ValueError as e:
             if not m.is_reduction:
                 return  # perhaps the data flow places it (:meth:`_place_by_flow`)
@@ -128,6 +133,33 @@ class _Builder:
             # their index (a transpose feeding a clone); one that is stored does
             if m.is_reduction or stored:
                 raise FusionError(f"{m.name}: {e}") from e
+
+    def _subsampling_space(self, members: list[LoopNode]) -> tuple[sympy.Expr, ...]:
+        """A pointwise group whose stored values differ in size: the space of its largest
+        member, when every stored one is it or a subsampling of its last dim (a quantisation's
+        packed bytes and block scales, stored from the kernel of the value they quantise)."""
+        largest = max(members, key=lambda m: _static_numel(m.ranges))
+        space = _nonunit(largest.ranges)
+        for m in self.stored:
+            if not same(product(m.ranges), product(space)) and _subsampling(m.ranges, space) is None:
+                raise FusionError("stored values of different sizes")
+        return space
+
+    def _subsampled(self, m: LoopNode) -> tuple[tuple[sympy.Expr, ...], E.Node] | None:
+        """Where a member that is the kernel space subsampled along its last dim (one element
+        per ``s``: a packed pair of E2M1 codes, a block's scale) sits, and the store mask that
+        keeps the lanes at multiples of ``s``. The space's last dim is its innermost variable
+        (``r`` in a reduction), so the lanes of one element are neighbours."""
+        space, kvars = (self.x + self.r, self.xv + self.rv) if self.r else (self.x, self.xv)
+        step = _subsampling(m.ranges, space) if space else None
+        if step is None:
+            return None
+        lead = group_index(_nonunit(m.ranges)[:-1], space[:-1], kvars[:-1])
+        last = kvars[-1]
+        it = iter(lead + (sympy.floor(last / step),))
+        own = tuple(sympy.Integer(0) if size == 1 else next(it) for size in m.ranges)
+        mask = E.op("eq", E.index(sympy.Mod(last, step)), E.index(0))
+        return own, mask
 
     def _place_by_flow(self) -> None:
         """Place the members the rules above could not by the data flow: a member read by a
@@ -262,7 +294,24 @@ class _Builder:
             stores.append((m.name, index, E.cast(value, m.dtype),
                            (tuple(indirect), m.scatter.accumulate, m.scatter.target)))
         _refuse_reads_of_scatter_targets(stores)
-        return _canonical(self.x, self.r, stores, self.members, self.metas)
+        return _canonical(self.x, self.r, stores, self.members, self.metas, self.store_masks)
+
+
+def _static_numel(shape) -> int:
+    n = sympy.expand(product(shape))
+    return int(n) if n.is_Integer else -1
+
+
+def _subsampling(ranges, space) -> int | None:
+    """``s`` > 1 where ``ranges`` is ``space`` with its last dim divided by ``s`` (static
+    sizes; unit dims ignored), else None."""
+    ranges, space = _nonunit(ranges), _nonunit(space)
+    if not ranges or not space or not same(product(ranges[:-1]), product(space[:-1])):
+        return None
+    last, full = sympy.sympify(ranges[-1]), sympy.sympify(space[-1])
+    if not (last.is_Integer and full.is_Integer) or int(full) % int(last) or int(full) == int(last):
+        return None
+    return int(full) // int(last)
 
 
 def _refuse_reads_of_scatter_targets(stores: list[tuple]) -> None:
@@ -333,10 +382,13 @@ def _masked(v: E.Node, mask: E.Node, reductions: bool = True) -> E.Node:
     return E.rewrite([v], fn)[0]
 
 
-def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKernel:
+def _canonical(x, r, stores, members, metas: dict[str, TensorMeta],
+               masks: dict[str, E.Node] | None = None) -> BuiltKernel:
     """Rename buffers to in{k}/out{k} and size symbols to z{k}, in order of appearance.
     ``stores`` are (name, index, value) or, for a scatter, (name, index, value, (indirect,
-    accumulate, target)): its target is an input the output starts as."""
+    accumulate, target)): its target is an input the output starts as. ``masks``: the store
+    masks of values stored at some lanes only (index expressions, no loads)."""
+    masks = masks or {}
     scatter = {st[0]: st[3] for st in stores if len(st) > 3}
     stores = [st[:3] for st in stores]
     values = [v for _, _, v in stores]
@@ -396,7 +448,8 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta]) -> BuiltKern
 
     def store(n: str, idx: tuple, v: E.Node) -> Store:
         if n not in scatter:
-            return Store(rename[n], tuple(z(i) for i in idx), v)
+            mask = E.rewrite([masks[n]], fn)[0] if n in masks else None
+            return Store(rename[n], tuple(z(i) for i in idx), v, mask)
         ind, accumulate, _ = scatter[n]
         return Store(rename[n], tuple(z(i) for i in idx), v, None, tuple(E.rewrite(list(ind), fn)), accumulate)
 

@@ -1,3 +1,3 @@
 """Imports every rule module, so the registry is complete."""
 
-from tilewright.compiler.loops import indexing, pointwise, reductions, scans, scatters, views  # noqa: F401
+from tilewright.compiler.loops import indexing, pointwise, quantize, reductions, scans, scatters, views  # noqa: F401
