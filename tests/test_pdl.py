@@ -262,3 +262,31 @@ def test_gpu_pdl_pair_is_measured_under_auto():
     p = (BF16, candidate("triton.gemm", BF16, target, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4))
     plain, with_pdl, noise = measure_pair(p, p, target)
     assert plain > 0 and with_pdl > 0 and noise >= 0
+
+
+def test_fused_quantising_producer_is_the_nvfp4_gemms_pdl_producer():
+    """A calibrated NVFP4 decode step: the norm (or SwiGLU) kernel that writes the packed
+    activation and its block scales launches right before the NVFP4 GEMM reading them (no ATen
+    quantisation between them breaks the chain), so it is the producer of a PDL edge, and its
+    Triton rendering for sm_100a waits, releases, and stores the E4M3 scales."""
+    from tilewright.compiler.graph import FusedNode, GemmNode
+    from tilewright.demo.models import llama_nvfp4_decode_calibrated
+
+    model, inputs = llama_nvfp4_decode_calibrated(tokens=4)
+    kg, _ = graph_of(model, *inputs)
+    by_name = {n.name: n for n in kg.nodes}
+    edges = [(by_name[p], by_name[c]) for p, c in pdl.chain_edges(kg.nodes)]
+    quantising = [(p, c) for p, c in edges if isinstance(p, FusedNode) and isinstance(c, GemmNode)
+                  and c.fmt == "nvfp4" and c.a in p.outputs
+                  and any(b.dtype == "fp8e4m3" for b in p.problem.kernel.outputs)]
+    assert len(quantising) >= 2, [(p.name, c.name) for p, c in edges]
+    assert not [n for n in kg.nodes if "nvfp4_quantize" in str(getattr(getattr(n, "fx_node", None), "target", ""))]
+    producer = quantising[0][0].problem
+    t = get_template(f"triton.{producer.kind}")
+    assert t.supports(producer, SM100), t.supports(producer, SM100).reason
+    if runtime_pdl.triton_pdl_refusal(SM100) is None:
+        params = t.space.complete({"PDL": True})
+        assert t.check(params, producer, SM100) is None
+        src = t.render(producer, params, SM100).source
+        assert "gdc_wait()" in src and "gdc_launch_dependents()" in src, src[:3000]
+        assert "float8e4nv" in src or "fp8e4nv" in src

@@ -86,6 +86,26 @@ def llama_nvfp4_decode(tokens: int = 8):
     return model, (llama_inputs(batch=tokens, seq=1),)
 
 
+def llama_nvfp4_decode_calibrated(tokens: int = 8):
+    """:func:`llama_nvfp4_decode` with every activation's global scale calibrated on one
+    forward of its own inputs (``NVFP4Linear.calibrate``), as a ModelOpt checkpoint's
+    ``input_scale`` fixes it: each activation quantisation is then written by the kernel that
+    produces the activation (the RMSNorm, the SwiGLU; compiler/loops/quantize.py), the PDL
+    producer of the NVFP4 GEMM after it."""
+    from tilewright.quant.linear import NVFP4Linear
+
+    model, inputs = llama_nvfp4_decode(tokens)
+    layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+    hooks = [m.register_forward_pre_hook(lambda mod, args: mod.calibrate(args[0])) for m in layers]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return model, inputs
+
+
 def minilm_nvfp4():
     """MiniLM with every Linear quantised to NVFP4 (W4A4), and a float copy whose Linears carry
     the dequantised weights: the eager reference the NVFP4 model is judged against."""
