@@ -142,3 +142,20 @@ def test_refusals_keep_the_unfused_op():
     assert torch.equal(q, ref.data) and torch.equal(g, ref.global_scale)
     (report,) = reports
     assert report.extern_ops == 1 and report.loop_kernels == 1  # x * 2, then the op
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", ["norm", "swiglu"])
+def test_gpu_fused_quantisation_is_bit_exact(case):
+    """On the GPU the fused kernel is Triton's (fp8 stores compile there): the same bytes and
+    scales as the quantiser's torch ops on the producer's stored output (its divisions
+    included: a Triton fp32 division that is not correctly rounded would show here)."""
+    fn, args = _inputs(case, torch.bfloat16, rows=33, K=256)
+    args = tuple(a.cuda() for a in args)
+    with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+        h, q, s = torch.compile(fn, backend="tilewright", dynamic=False)(*args)
+    _assert_same_quantisation(h, q, s, args[-1])
+    (report,) = reports
+    assert report.loop_kernels == 1 and report.extern_ops == 0
+    assert all(k.winner.startswith("triton.") for k in report.kernels), [k.winner for k in report.kernels]
