@@ -159,3 +159,30 @@ def test_gpu_fused_quantisation_is_bit_exact(case):
     (report,) = reports
     assert report.loop_kernels == 1 and report.extern_ops == 0
     assert all(k.winner.startswith("triton.") for k in report.kernels), [k.winner for k in report.kernels]
+
+
+@pytest.mark.parametrize("case", ["norm", "swiglu"])
+def test_fused_kernel_builds_for_blackwell_with_ieee_divisions(case, tmp_path):
+    """``tilewright aot``'s build of the fused kernel for sm_100a (the NVFP4 GEMM's chip): the
+    divisions are correctly rounded (div.rn.f32: Triton's "/" is div.full.f32, within 2 ulp,
+    which would move scales and codes off the quantiser's), the scales are stored as E4M3, and
+    with PDL the kernel waits and releases."""
+    from tilewright.runtime.aot import CompileJob, compile_jobs
+    from tilewright.runtime.pdl import triton_pdl_refusal
+
+    fn, args = _inputs(case, torch.bfloat16, rows=8, K=256)
+    (problem,) = loop_problems(fn, *args)
+    target = get_target("cuda:sm_100a")
+    template = get_template(f"triton.{problem.kind}")
+    pdl = triton_pdl_refusal(target) is None
+    params = template.space.complete({"PDL": pdl} if pdl else {})
+    r = template.render(problem, params, target)
+    (res,) = compile_jobs([CompileJob(f"fused_quant_{case}", r.source, r.aot.to_json(), target.triton)], tmp_path)
+    assert res.ok, res.error[-2000:]
+    ptx = (tmp_path / res.artifacts["ptx"]).read_text()
+    assert "div.rn.f32" in ptx
+    if case == "norm":  # (the SwiGLU's sigmoid is 1 / (1 + exp(-x)), its own rounding, stored alike)
+        assert "div.full.f32" not in ptx
+    assert "e4m3" in ptx  # the fp8 conversion of the stored scales
+    if pdl:
+        assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx

@@ -193,6 +193,15 @@ def _f32_to_bf16(x):
     # own conversion flushes subnormals (1e-40 becomes 0)
     return (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 ''',
+    "_div_rn": '''
+@triton.jit
+def _div_rn(a, b):
+    # fp32 a / b rounded to nearest even, as torch divides: Triton's "/" is div.full.f32 on
+    # NVIDIA (within 2 ulp), which moves a quotient rounded again later (an E4M3 block scale,
+    # an E2M1 code at a tie: compiler/loops/quantize.py) off torch's bits
+    a, b = tl.broadcast(a, b)
+    return tl.div_rn(a, b)
+''',
     "_fp16_rne": '''
 @triton.jit
 def _fp16_rne(x):
@@ -373,6 +382,10 @@ class TritonExpr(ExprEmitter):
         operand_dtype = dtypes.compute_type(n.src[-1].dtype if n.op == "where" else n.src[0].dtype)
         if n.op in _TENSOR_OPERANDS:
             args = _broadcast_constants(args, n.src)
+        if not self.interpreted and n.op == "truediv" and operand_dtype == "fp32" \
+                and any(src.op != "const" for src in n.src):
+            self.helpers_used.add("_div_rn")
+            return f"_div_rn({', '.join(_broadcast_constants(args, n.src))})"
         if not self.interpreted and n.op in LIBDEVICE and operand_dtype in ("fp32", "fp64"):
             return LIBDEVICE[n.op].format(*args)
         render, helpers = MATH[n.op]
