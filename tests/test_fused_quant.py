@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from test_loop_kernels import FACTORY, loop_problems
 
@@ -186,3 +185,26 @@ def test_fused_kernel_builds_for_blackwell_with_ieee_divisions(case, tmp_path):
     assert "e4m3" in ptx  # the fp8 conversion of the stored scales
     if pdl:
         assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+
+
+def test_dynamic_token_count_keeps_four_launches_and_the_bits():
+    """A decode server's token count varies: under ``dynamic=True`` the layer is still 4
+    launches and bit-identical to eager at every size, ragged ones included."""
+    from test_nvfp4 import QuantisedDecoderMLP
+
+    torch.manual_seed(0)
+    m = QuantisedDecoderMLP()
+    quantize_linears(m)
+    with torch.no_grad():
+        x = torch.randn(5, 64)
+        h = m.norm(x)
+        m.gate_up.calibrate(h)
+        g, u = m.gate_up(h).chunk(2, -1)
+        m.down.calibrate(F.silu(g) * u)
+        compiled = torch.compile(m, backend="tilewright", dynamic=True)
+        with tilewright.config.patch(force_backend="auto"), collect_reports() as reports:
+            for n in (5, 7, 33):
+                x = torch.randn(n, 64)
+                assert torch.equal(compiled(x), m(x)), n
+    (report,) = reports
+    assert report.launches == 4 and report.extern_ops == 0, report.kernel_counts

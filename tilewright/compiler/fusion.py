@@ -24,7 +24,7 @@ from tilewright.compiler.graph import LoopNode, TensorMeta
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.index import (
-    group_index, is_iter_var, product, refine, same, simplify, unravel, variables,
+    group_index, is_iter_var, product, refine, same, simplify, static_numel, subsampling, unravel, variables,
 )
 from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol
 
@@ -138,10 +138,10 @@ class _Builder:
         """A pointwise group whose stored values differ in size: the space of its largest
         member, when every stored one is it or a subsampling of its last dim (a quantisation's
         packed bytes and block scales, stored from the kernel of the value they quantise)."""
-        largest = max(members, key=lambda m: _static_numel(m.ranges))
+        largest = max(members, key=lambda m: static_numel(m.ranges))
         space = _nonunit(largest.ranges)
         for m in self.stored:
-            if not same(product(m.ranges), product(space)) and _subsampling(m.ranges, space) is None:
+            if not same(product(m.ranges), product(space)) and subsampling(m.ranges, space) is None:
                 raise FusionError("stored values of different sizes")
         return space
 
@@ -151,7 +151,7 @@ class _Builder:
         keeps the lanes at multiples of ``s``. The space's last dim is its innermost variable
         (``r`` in a reduction), so the lanes of one element are neighbours."""
         space, kvars = (self.x + self.r, self.xv + self.rv) if self.r else (self.x, self.xv)
-        step = _subsampling(m.ranges, space) if space else None
+        step = subsampling(m.ranges, space) if space else None
         if step is None:
             return None
         lead = group_index(_nonunit(m.ranges)[:-1], space[:-1], kvars[:-1])
@@ -295,23 +295,6 @@ class _Builder:
                            (tuple(indirect), m.scatter.accumulate, m.scatter.target)))
         _refuse_reads_of_scatter_targets(stores)
         return _canonical(self.x, self.r, stores, self.members, self.metas, self.store_masks)
-
-
-def _static_numel(shape) -> int:
-    n = sympy.expand(product(shape))
-    return int(n) if n.is_Integer else -1
-
-
-def _subsampling(ranges, space) -> int | None:
-    """``s`` > 1 where ``ranges`` is ``space`` with its last dim divided by ``s`` (static
-    sizes; unit dims ignored), else None."""
-    ranges, space = _nonunit(ranges), _nonunit(space)
-    if not ranges or not space or not same(product(ranges[:-1]), product(space[:-1])):
-        return None
-    last, full = sympy.sympify(ranges[-1]), sympy.sympify(space[-1])
-    if not (last.is_Integer and full.is_Integer) or int(full) % int(last) or int(full) == int(last):
-        return None
-    return int(full) // int(last)
 
 
 def _refuse_reads_of_scatter_targets(stores: list[tuple]) -> None:

@@ -449,3 +449,21 @@ def unflatten(flat: str, variables_: Sequence[sympy.Symbol], ranges: Sequence[sy
             out.append((v, text))
         inner = inner * size
     return out
+
+
+def static_numel(shape: Sequence[Expr]) -> int:
+    """The element count of a static shape; -1 for a symbolic one."""
+    n = sympy.expand(product(shape))
+    return int(n) if n.is_Integer else -1
+
+
+def subsampling(ranges: Sequence[Expr], space: Sequence[Expr]) -> int | None:
+    """``s`` > 1 where ``ranges`` is ``space`` with its last dim divided by ``s`` (static
+    sizes; unit dims ignored), else None."""
+    ranges, space = tuple(s for s in ranges if s != 1), tuple(s for s in space if s != 1)
+    if not ranges or not space or not same(product(ranges[:-1]), product(space[:-1])):
+        return None
+    last, full = sympy.sympify(ranges[-1]), sympy.sympify(space[-1])
+    if not (last.is_Integer and full.is_Integer) or int(full) % int(last) or int(full) == int(last):
+        return None
+    return int(full) // int(last)
