@@ -258,3 +258,10 @@ def test_calibrated_decoder_layers_launch_four_kernels_each():
     (report,) = reports
     assert report.launches <= 4 * layers, (report.kernel_counts, report.extern_ops)
     assert report.gemm_nodes == 2 * layers and report.extern_ops == 0
+    # unfused (TILEWRIGHT_FUSE_QUANTISATION=0): each quantisation is a launch of its own
+    torch._dynamo.reset()
+    with torch.no_grad(), tilewright.config.patch(force_backend="auto", fuse_quantisation=False), \
+            collect_reports() as reports:
+        unfused = torch.compile(m, backend="tilewright")(x)
+    assert torch.equal(unfused, eager)
+    assert reports[0].launches == 6 * layers, (reports[0].kernel_counts, reports[0].extern_ops)

@@ -117,6 +117,11 @@ class Config:
         True, "TILEWRIGHT_LOOP_KERNELS",
         "Generate pointwise and reduction kernels (fused by the scheduler) for the ops between "
         "GEMMs; when off, those ops run as ATen calls.")
+    fuse_quantisation: bool = _setting(
+        True, "TILEWRIGHT_FUSE_QUANTISATION",
+        "Let the kernel that produces an activation also write its NVFP4 quantisation (packed "
+        "values and block scales) when the layer's activation scale is calibrated; when off, "
+        "the quantisation is an ATen call of its own (the same bytes).")
     max_candidates: int = _setting(
         6, "TILEWRIGHT_MAX_CANDIDATES",
         "Most generated-kernel candidates the policy keeps per GEMM problem (ATen comes extra).")

@@ -31,6 +31,7 @@ import sympy
 import torch
 
 import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_quantize
+from tilewright._config import config
 from tilewright.compiler.loops import LoopLowering, Scalar, Unsupported, lowering
 from tilewright.compiler.loops.reductions import _meta
 from tilewright.ir import dtypes
@@ -99,6 +100,8 @@ def _static_k(x) -> int:
 
 @lowering(torch.ops.tilewright.nvfp4_quantize.default)
 def _nvfp4_quantize(ctx: LoopLowering, node, a):
+    if not config.fuse_quantisation:
+        raise Unsupported("TILEWRIGHT_FUSE_QUANTISATION=0")
     x = ctx.value(a["x"])
     if isinstance(x, Scalar) or not dtypes.is_float(x.dtype) or not x.shape:
         raise Unsupported("quantises float tensors of at least one dim")
