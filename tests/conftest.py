@@ -38,8 +38,9 @@ def _known_module_seconds(config) -> dict[str, float]:
             known.update(json.load(f))
     except (OSError, ValueError):
         pass
-    if config.cache is not None:
-        known.update(config.cache.get(_DURATIONS_KEY, {}))
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider (bench/device_check.sh)
+    if cache is not None:
+        known.update(cache.get(_DURATIONS_KEY, {}))
     return known
 
 
@@ -65,11 +66,12 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     """The controller (or a run without xdist) keeps this run's module times for the next run's
     order; a run of a few files updates only theirs."""
-    if hasattr(session.config, "workerinput") or session.config.cache is None or not _module_seconds:
+    cache = getattr(session.config, "cache", None)
+    if hasattr(session.config, "workerinput") or cache is None or not _module_seconds:
         return
-    known = session.config.cache.get(_DURATIONS_KEY, {})
+    known = cache.get(_DURATIONS_KEY, {})
     known.update({m: round(s, 2) for m, s in _module_seconds.items()})
-    session.config.cache.set(_DURATIONS_KEY, known)
+    cache.set(_DURATIONS_KEY, known)
 
 
 @pytest.fixture(autouse=True)

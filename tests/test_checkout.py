@@ -108,3 +108,16 @@ def test_an_entry_point_dynamo_found_first_is_left_to_dynamo(monkeypatch):
                                                     if k != "tilewright"})
     monkeypatch.setattr(registry, "_BACKENDS", dict(registry._BACKENDS) | {"tilewright": EntryPoint()})
     assert registry.lookup_backend("tilewright") is tilewright_backend
+
+
+def test_the_suite_runs_without_pytests_cache_plugin():
+    """bench/device_check.sh runs the GPU tests with ``-p no:cacheprovider`` (no ``config.cache``):
+    the suite's module ordering must not need it (it raised AttributeError at the session's end,
+    failing the device check's gpu_tests part)."""
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0",
+         "tests/test_scaled_mm.py", "-k", "refuse_wrong_counts"],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(repo)})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
