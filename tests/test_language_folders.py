@@ -220,3 +220,20 @@ def test_pinned_knobs_come_from_the_language():
     on_cuda = POLICIES["gemm", "cuda"]().tile_params(problem, template, get_target("sm_90a"))
     assert on_hip and {p["num_stages"] for p in on_hip} == {2}
     assert {p["num_stages"] for p in on_cuda} != {2}
+
+
+@pytest.mark.parametrize("old, new", [("tilewright.runtime.sycl", "tilewright.templates.sycl.runtime"),
+                                      ("tilewright.runtime.metal_check", "tilewright.templates.metal.check")])
+def test_a_language_runtime_lives_in_its_folder_and_the_old_name_is_the_same_module(old, new):
+    """The SYCL runtime and the Metal check moved into their language folders; the old names
+    are the moved modules themselves (patching one patches the other), with a warning."""
+    import sys
+
+    moved = importlib.import_module(new)
+    sys.modules.pop(old, None)
+    try:
+        with pytest.warns(DeprecationWarning, match=new):
+            assert importlib.import_module(old) is moved
+    finally:
+        sys.modules[old] = moved
+    assert not (PACKAGE / "runtime" / "metal_shim.h").exists() and (PACKAGE / "templates/metal/metal_shim.h").is_file()

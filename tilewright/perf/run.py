@@ -288,7 +288,7 @@ def run_suite(suite: str, problems: Sequence[NamedProblem], target: Target, fact
     """
     devices = local_devices(target)
     if not devices and sycl_on_cpu(target):
-        from tilewright.runtime import sycl
+        from tilewright.templates.sycl import runtime as sycl
 
         raise TilewrightError(f"target {target.name} needs the SYCL runtime: {sycl.unavailable_reason()}")
     if not devices:

@@ -151,9 +151,10 @@ def _local_target_name(dev: torch.device) -> str | None:
 
 
 def _sycl_missing() -> str | None:
-    from tilewright.runtime import sycl  # the runtime package, loaded only when asked
+    """Why the SYCL language's toolchain (which runs the OpenCL CPU device) is unusable here."""
+    from tilewright.runtime.languages import get_language  # by name: the runtime imports no template
 
-    return sycl.unavailable_reason()
+    return get_language("sycl").check()
 
 
 FEATURES = {

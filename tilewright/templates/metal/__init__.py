@@ -2,7 +2,7 @@
 a gemv, a grouped GEMM and its decode gemv, split-row reductions for few long rows, compiled
 on macOS by
 ``torch.mps.compile_shader``; elsewhere rendered and syntax-checked only
-(:mod:`tilewright.runtime.metal_check`)."""
+(:mod:`tilewright.templates.metal.check`)."""
 
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
@@ -17,7 +17,7 @@ LANGUAGE = Language(
     name="metal",
     description="Metal Shading Language kernels for MPS (compile_shader on macOS; syntax-checked elsewhere)",
     target_backends=("mps",),
-    # rendering needs nothing; a launcher refuses in one line off macOS (runtime/metal_check.py)
+    # rendering needs nothing; a launcher refuses in one line off macOS (templates/metal/check.py)
     forcing="Metal kernels only, on the mps target (GEMMs, gemv, grouped GEMMs, loop kernels)",
     priority=40,
     aot_writer=WRITER,  # tilewright aot writes and checks its kernels: aot.py

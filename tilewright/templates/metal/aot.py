@@ -6,7 +6,7 @@ Metal has no compiler off macOS, so for the ``mps`` target each kernel the polic
 (per template) is rendered by the shared driver (:mod:`tilewright.compiler.aot_written`), and
 this writer puts its shader in ``kernels/<name>/kernel.metal`` beside the launcher module
 (``launcher.py``: ``torch.mps.compile_shader`` plus the launch geometry) and checks it with the
-host syntax check (:func:`tilewright.runtime.metal_check.check_shader`). A kernel's status is
+host syntax check (:func:`tilewright.templates.metal.check.check_shader`). A kernel's status is
 ``built`` when the check passes, ``failed`` with the compiler's message when it does not,
 ``cached`` when an identical earlier build is on disk. GEMMs go through ``metal.gemm`` the same
 way (one it refuses, e.g. one that also stores its product, is recorded with the reason). On
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from tilewright.runtime.aot_writer import AotWriter, Written, digest
-from tilewright.runtime.metal_check import MetalShaderError, check_shader
+from tilewright.templates.metal.check import MetalShaderError, check_shader
 
-CHECK = "host syntax check (g++/clang++ -fsyntax-only with runtime/metal_shim.h)"
+CHECK = "host syntax check (g++/clang++ -fsyntax-only with templates/metal/metal_shim.h)"
 
 # gemv kernels keep the folder names they always had, after the GEMM family they belong to
 _FOLDER_TEMPLATE = {"metal.gemv": "metal_gemm"}

@@ -16,7 +16,7 @@ stride would run out). Each rendered kernel is a Python module: the shader text 
 its launch geometry (``grid``) and ``launch``, which on macOS compiles the shader once with
 ``torch.mps.compile_shader`` and calls ``lib.<kernel>(*tensors, meta, threads=...,
 group_size=...)``; elsewhere it refuses in one line (see
-:func:`tilewright.runtime.metal_check.require_metal_runtime`).
+:func:`tilewright.templates.metal.check.require_metal_runtime`).
 """
 
 from __future__ import annotations

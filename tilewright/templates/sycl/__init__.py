@@ -9,7 +9,7 @@ from tilewright.templates.sycl.loops import SyclPointwise, SyclReduction
 
 
 def _unavailable() -> str | None:
-    from tilewright.runtime import sycl
+    from tilewright.templates.sycl import runtime as sycl
 
     return sycl.unavailable_reason()
 

@@ -66,14 +66,14 @@ class SyclWriter(AotWriter):
         return f"no SYCL template for {kind} kernels (they run on ATen on XPU)"
 
     def key(self, name: str, rendered: Any) -> str:
-        from tilewright.runtime import sycl
+        from tilewright.templates.sycl import runtime as sycl
 
         w = sycl.wheels()
         return digest(cpp=sycl_source(rendered)[0], launcher=rendered.source,
                       sycl=w.version if not isinstance(w, str) else "none", options=list(sycl.BUILD_OPTIONS))
 
     def write(self, name: str, rendered: Any, root: Path) -> Written:
-        from tilewright.runtime import sycl
+        from tilewright.templates.sycl import runtime as sycl
 
         folder = root / name
         cpp, entry = sycl_source(rendered)
@@ -97,7 +97,7 @@ class SyclWriter(AotWriter):
 
 
 def split_images(blob: bytes) -> list[bytes]:
-    """The device images of :meth:`~tilewright.runtime.sycl.SyclDevice.binary`'s output (each
+    """The device images of :meth:`~tilewright.templates.sycl.runtime.SyclDevice.binary`'s output (each
     preceded by its size, 8 bytes little-endian).
 
     Raises:

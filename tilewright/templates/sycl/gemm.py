@@ -1,5 +1,5 @@
 """The SYCL GEMM template (``sycl.gemm``, the ``xpu`` target): ``out[b] = epilogue(A[b] @ B[b])``
-as one free-function ``nd_range`` kernel compiled at run time (:mod:`tilewright.runtime.sycl`).
+as one free-function ``nd_range`` kernel compiled at run time (:mod:`tilewright.templates.sycl.runtime`).
 
 One work-group per ``BLOCK_M x BLOCK_N`` tile of C (and batch), ``(BLOCK_M / THREAD_M) *
 (BLOCK_N / THREAD_N)`` work-items, each accumulating a ``THREAD_M x THREAD_N`` sub-tile in fp32

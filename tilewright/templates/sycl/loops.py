@@ -1,6 +1,6 @@
 """SYCL templates for loop kernels (:class:`~tilewright.problem.LoopProblem`), for the ``xpu``
 target: free-function ``nd_range`` kernels compiled at run time by the SYCL runtime
-(:mod:`tilewright.runtime.sycl`).
+(:mod:`tilewright.templates.sycl.runtime`).
 
 Pointwise (``sycl.pointwise``): one work-item per element of the flattened iteration space, in
 work-groups of ``WG``; the global range is ``xnumel`` rounded up to ``WG`` and the work-items
@@ -26,7 +26,7 @@ Device and tensor mapping: the ``xpu`` target's kernels run on whatever device t
 selects (an Intel GPU through Level Zero; on a host without one, the OpenCL CPU device of
 ``intel-opencl-rt``), and the launcher takes **CPU** torch tensors: the CPU device reads them in
 place (zero-copy), a device that cannot read host memory gets them staged through USM shared
-allocations (see :mod:`tilewright.runtime.sycl`).
+allocations (see :mod:`tilewright.templates.sycl.runtime`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 //
 // No Apple compiler exists off macOS. `g++ -std=c++17 -fsyntax-only -Wno-attributes -include
 // metal_shim.h -x c++ -` with this header checks a generated shader's scoping, typing and
-// syntax (tilewright/runtime/metal_check.py drives it). It declares only what MSL has (no erf,
+// syntax (tilewright/templates/metal/check.py drives it). It declares only what MSL has (no erf,
 // no expm1, no double overloads, no 64-bit simd shuffles), so a shader that calls something
 // Metal lacks fails here too; it cannot check simdgroup semantics or the compiler's own limits.
 //
