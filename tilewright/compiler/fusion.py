@@ -357,6 +357,10 @@ def _masked(v: E.Node, mask: E.Node, reductions: bool = True) -> E.Node:
     def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
         if n.op == "reduce" and not reductions:
             return n  # its operands unmasked: the rewritten (masked) ones are dropped
+        if n.op == "checked":  # checked only where its loads read (elsewhere they read 0)
+            own = E.checked_mask(n)
+            both = mask if own is None else E.op("logical_and", src[2], mask)
+            return E.Node("checked", n.dtype, (src[0], src[1], both))
         if n.op != "load":
             return None
         own = src[0] if n.arg[2] else None
@@ -451,8 +455,22 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: d
                   store_index: dict | None = None) -> dict[str, sympy.Expr]:
     """Integer buffers whose values index a gather or a scatter: the size of the dim they index
     (tuning draws their random values below it), an expression of the graph's size symbols
-    when that dim is dynamic, so a bucket's inputs fit its own tables."""
+    when that dim is dynamic, so a bucket's inputs fit its own tables; a ``checked`` index's
+    bound (a view's extent, a one-hot scatter's dim) too, wherever it is used."""
     out: dict[str, sympy.Expr] = {}
+
+    def bound_loads(v: E.Node, size: sympy.Expr) -> None:
+        affine = _affine_in_one_load(_unwrapped(v))
+        for ld in E.toposort([v]):
+            if ld.op == "load":
+                bound = size
+                if affine is not None and affine[0] == ld.arg[0]:
+                    # index = a*value + b, a > 0, b >= 0: values in [0, bound) keep it below size
+                    _, a, b = affine
+                    bound = sympy.Max(1, sympy.floor((size - 1 - b) / a) + 1)
+                prev = out.get(ld.arg[0])
+                out[ld.arg[0]] = bound if prev is None else sympy.Min(prev, bound)
+
     uses = [(n.arg[0], n.arg[1], E.load_indirect(n)) for n in E.toposort(values)
             if n.op == "load" and E.load_indirect(n)]
     uses += [(name, store_index[name], extra[0]) for name, extra in (scatter or {}).items()]
@@ -461,19 +479,11 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: d
         for k, v in enumerate(indirect):
             sym = E.indirect_symbol(k)
             dims = [d for d, e in enumerate(index) if sym in sympy.sympify(e).free_symbols]
-            if not dims:
-                continue
-            size = sympy.sympify(target.shape[dims[0]])
-            affine = _affine_in_one_load(_unwrapped(v))
-            for ld in E.toposort([v]):
-                if ld.op == "load":
-                    bound = size
-                    if affine is not None and affine[0] == ld.arg[0]:
-                        # index = a*value + b, a > 0, b >= 0: values in [0, bound) keep it below size
-                        _, a, b = affine
-                        bound = sympy.Max(1, sympy.floor((size - 1 - b) / a) + 1)
-                    prev = out.get(ld.arg[0])
-                    out[ld.arg[0]] = bound if prev is None else sympy.Min(prev, bound)
+            if dims and v.op != "checked":
+                bound_loads(v, sympy.sympify(target.shape[dims[0]]))
+    for n in E.toposort(values + [v for _, _, ind in uses for v in ind]):
+        if n.op == "checked":
+            bound_loads(n.src[0], sympy.sympify(n.src[1].arg))
     return out
 
 

@@ -56,18 +56,28 @@ def _le(a: sympy.Expr | None, b: sympy.Expr | None) -> bool:
 def _index_range(e: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr]) -> Range:
     """Bounds of an integer index expression: affine in the loop variables (each in
     ``[0, extent - 1]``), or a ``Mod`` by a positive size."""
+    return _affine_range(e, {v: (sympy.Integer(0), n - 1) for v, n in extents.items()})
+
+
+def _affine_range(e: sympy.Expr, ranges: dict[sympy.Symbol, Range]) -> Range:
+    """Bounds of an index expression affine in symbols of known ranges (loop variables, the
+    gathered values ``ind0, ...``), or a ``Mod`` by a positive size."""
     e = sympy.sympify(e)
     if isinstance(e, sympy.Mod) and e.args[1].is_positive:
         return sympy.Integer(0), e.args[1] - 1
     if e.has(sympy.floor, sympy.Mod, sympy.ceiling):
         return None, None
     lo = hi = e
-    for v in e.free_symbols & set(extents):
+    for v in e.free_symbols & set(ranges):
         c = sympy.diff(e, v)
-        if c.free_symbols & set(extents) or not c.is_number:
+        if c.free_symbols & set(ranges) or not c.is_number:
             return None, None
-        top = extents[v] - 1
-        lo, hi = lo.subs(v, 0 if c >= 0 else top), hi.subs(v, top if c >= 0 else 0)
+        vlo, vhi = ranges[v]
+        if c == 0:
+            continue
+        if vlo is None or vhi is None:
+            return None, None
+        lo, hi = lo.subs(v, vlo if c >= 0 else vhi), hi.subs(v, vhi if c >= 0 else vlo)
     return lo, hi
 
 
@@ -135,6 +145,9 @@ def value_range(n: Node, extents: dict[sympy.Symbol, sympy.Expr], memo: dict | N
         out = (sympy.Integer(int(n.arg)), sympy.Integer(int(n.arg)))
     elif n.op == "index":
         out = _index_range(n.arg, extents)
+    elif n.op == "checked":  # past its check: inside its bound (a failed check raises)
+        _, bh = rng(n.src[1])
+        out = _narrowed(rng(n.src[0]), (sympy.Integer(0), None if bh is None else bh - 1))
     elif n.op == "cast" and n.dtype == "bool":
         out = (sympy.Integer(0), sympy.Integer(1))
     elif n.op == "cast" and dtypes.is_int(n.dtype) and (dtypes.is_int(n.src[0].dtype) or n.src[0].dtype == "bool"):
@@ -192,6 +205,14 @@ def proven_in_range(n: Node, size: sympy.Expr, extents: dict[sympy.Symbol, sympy
     whose loop variables span ``extents``."""
     lo, hi = value_range(n, extents, memo)
     return _le(sympy.Integer(0), lo) and _le(hi, sympy.sympify(size) - 1)
+
+
+def check_needed(n: Node, extents: dict[sympy.Symbol, sympy.Expr], memo: dict | None = None) -> bool:
+    """Whether an emitter must check ``checked`` node ``n`` (:func:`tilewright.ir.expr.checked`):
+    checks are on and its value is not proven inside its bound. An emitter that checks it
+    reports a value outside the bound as eager's IndexError (a device assert on a GPU) and
+    passes on a value inside it (0 in place of a bad one, so nothing reads outside memory)."""
+    return checks_enabled() and not proven_in_range(n.src[0], n.src[1].arg, extents, memo)
 
 
 def checks_enabled() -> bool:
@@ -280,8 +301,11 @@ def guard_divisions(kernel):
 def unchecked_dims(kernel, n: Node, idx, extents=None, memo=None) -> list[int]:
     """The dims of ``n``, a load of ``kernel`` read at ``idx``, whose index depends on gathered
     data (an indirect symbol) and is not proven inside the buffer's dim: the dims every emitter
-    must check (eager's IndexError), whatever its way of reporting. ``extents``/``memo``: the
-    kernel's :func:`var_ranges` and a :func:`proven_in_range` memo, when the caller keeps them."""
+    must check (eager's IndexError), whatever its way of reporting. An index through a view
+    (``ind0 + 2`` for ``w[2:][i]``, ``9 - ind0`` for a flip) is proven from the range of the
+    gathered value (a ``checked`` node's: its bound), affine maps only. ``extents``/``memo``:
+    the kernel's :func:`var_ranges` and a :func:`proven_in_range` memo, when the caller keeps
+    them."""
     ind = E.load_indirect(n)
     if not ind:
         return []
@@ -289,14 +313,24 @@ def unchecked_dims(kernel, n: Node, idx, extents=None, memo=None) -> list[int]:
     memo = {} if memo is None else memo
     syms = {E.indirect_symbol(k): v for k, v in enumerate(ind)}
     shape = kernel.buffer(n.arg[0]).shape
-    return [d for d, (e, size) in enumerate(zip(idx, shape))
-            if sympy.sympify(e).free_symbols & set(syms)
-            and not (e in syms and proven_in_range(syms[e], size, extents, memo))]
+    ranges = {v: (sympy.Integer(0), x - 1) for v, x in extents.items()}
+    out = []
+    for d, (e, size) in enumerate(zip(idx, shape)):
+        used = sympy.sympify(e).free_symbols & set(syms)
+        if not used:
+            continue
+        ranges.update({s: value_range(syms[s], extents, memo) for s in used if s not in ranges})
+        lo, hi = _affine_range(e, ranges)
+        if not (_le(sympy.Integer(0), lo) and _le(hi, sympy.sympify(size) - 1)):
+            out.append(d)
+    return out
 
 
 def unproven_gathers(kernel) -> list[Node]:
-    """The loads of ``kernel`` with a data-dependent dim index not proven in range: what a
-    language without a check (no device assert, no error flag) cannot run safely."""
+    """The loads of ``kernel`` with a data-dependent dim index not proven in range, and its
+    ``checked`` indices not proven inside their bounds: what a language without a check (no
+    device assert, no error flag) cannot run safely."""
     extents, memo = var_ranges(kernel), {}
     return [n for n in E.toposort(kernel.roots())
-            if n.op == "load" and unchecked_dims(kernel, n, n.arg[1], extents, memo)]
+            if n.op == "load" and unchecked_dims(kernel, n, n.arg[1], extents, memo)
+            or n.op == "checked" and not proven_in_range(n.src[0], n.src[1].arg, extents, memo)]

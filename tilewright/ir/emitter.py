@@ -28,6 +28,11 @@ class ExprEmitter:
             through :meth:`line` first.
         check: called as ``check(node)`` once a math op's value is named (in ``names``): the
             statements that check it (an integer division's divisor against 0), or None.
+        checked: ``checked(node, value, bound, mask)`` (the code of a ``checked`` node's
+            operands, ``mask`` None when it has none): the code of its value after the kernel's
+            bounds check, which it may emit through :meth:`line` first
+            (:func:`tilewright.ir.bounds.check_needed`). Without it a ``checked`` node is an
+            error while ``config.index_checks`` is on (nothing would check it).
         prefix: of the names it makes (``t0``, ``t1``, ...).
         indent: of the first statement.
     """
@@ -35,8 +40,10 @@ class ExprEmitter:
     def __init__(self, *, load: Callable[[Node], str], index: Callable[[Node], str] | None = None,
                  acc: Callable[[Node], str] | None = None, reduce: Callable[[Node, str], str] | None = None,
                  prefix: str = "t", indent: str = "", scan: Callable[[Node, str], str] | None = None,
-                 check: Callable[[Node], None] | None = None):
+                 check: Callable[[Node], None] | None = None,
+                 checked: Callable[[Node, str, str, str | None], str] | None = None):
         self.hooks = {"load": load, "index": index, "acc": acc, "reduce": reduce, "scan": scan}
+        self.checked = checked
         self.check = check
         self.prefix = prefix
         self.lines: list[str] = []
@@ -92,6 +99,9 @@ class ExprEmitter:
         for n in toposort([root], stop=lambda n: n in self.names):
             if n in self.names:
                 continue
+            if n.op == "checked":  # the checked value under its operand's name, or the check's
+                self.names[n] = self._checked(n)
+                continue
             code = self._code(n)
             if self.inline(n, code):
                 self.names[n] = code
@@ -102,6 +112,17 @@ class ExprEmitter:
             if self.check is not None and n.op in OPS:
                 self.check(n)
         return self.names[root]
+
+    def _checked(self, n: Node) -> str:
+        value, bound = self.names[n.src[0]], self.names[n.src[1]]
+        mask = self.names[n.src[2]] if len(n.src) > 2 else None
+        if self.checked is not None:
+            return self.checked(n, value, bound, mask)
+        from tilewright.ir.bounds import checks_enabled
+
+        if checks_enabled():
+            raise ValueError("a gathered index to check, and this kernel checks none")
+        return value
 
     def _code(self, n: Node) -> str:
         args = [self.names[s] for s in n.src]

@@ -17,6 +17,13 @@ The ops:
               ``ind0, ind1, ...`` (gather, embedding: an index that is data).
 * ``index``   arg = a sympy expression: the value of an index expression (iota, positions)
 * ``acc``     the GEMM accumulator (fp32), the input of a GEMM epilogue
+* ``checked`` ``src`` = (value, bound[, mask]): an integer index ``value`` passed through
+              unchanged, carrying the bound it must satisfy, ``0 <= value < bound`` (``bound`` an
+              ``index`` node: the extent of the dim of the *view* a gather reads, or of the dim a
+              one-hot scatter writes); where ``mask`` is given, only its lanes are checked (a
+              ``cat`` part or combo kernel share whose other lanes read 0). Emitters report a
+              value outside the bound as eager's IndexError (:func:`checked`,
+              :mod:`tilewright.ir.bounds`).
 * ``cast``    arg = explicit: convert ``src[0]`` to ``dtype``. An explicit cast (the model's own
               ``.to()``) rounds; the casts lowering inserts to compute narrow floats in fp32 and
               back (``explicit=False``) cancel when they meet, as eager's fused kernels and
@@ -165,6 +172,27 @@ def load_mask(n: Node) -> Node | None:
 def load_indirect(n: Node) -> tuple[Node, ...]:
     """The indirect index values of a load node (the values of ``ind0, ind1, ...``)."""
     return n.src[1:] if n.arg[2] else n.src
+
+
+def checked(value: Node, size: Any, mask: Node | None = None) -> Node:
+    """``value`` (an integer index, as i64) with the bound it must satisfy, ``0 <= value <
+    size`` (``size`` a sympy expression of the kernel's sizes): the lowering of a gather wraps
+    each gathered index in one, bounded by the extent of the dim it indexes in the tensor the
+    user indexed (a view's, which the buffer's dim behind it may exceed: ``w[:3][i]``). Every
+    emitter checks it where it is computed unless it is proven in range
+    (:func:`tilewright.ir.bounds.check_needed`); ``mask``: only the lanes where it holds."""
+    value = cast(value, "i64")
+    if value.op == "checked" and mask is None and len(value.src) == 2:
+        inner = sympy.sympify(value.src[1].arg)
+        if inner == sympy.sympify(size):
+            return value
+    src = (value, index(size, "i64")) + ((mask,) if mask is not None else ())
+    return Node("checked", "i64", src, None)
+
+
+def checked_mask(n: Node) -> Node | None:
+    """The mask of a ``checked`` node (the lanes it is checked on), or None: every lane."""
+    return n.src[2] if len(n.src) > 2 else None
 
 
 def indirect_symbol(k: int) -> sympy.Symbol:

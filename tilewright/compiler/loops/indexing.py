@@ -157,6 +157,14 @@ def _plain(ind: E.Node, size: sympy.Expr) -> E.Node:
     return E.cast(ind, "i64")
 
 
+def _bounded(ind: E.Node, size: sympy.Expr) -> E.Node:
+    """A gathered index checked against ``size``, the extent of the dim it indexes in the
+    tensor the user indexed: a view's (``w[:3][i]``, an expanded 0-d table), which the
+    buffer's dim behind it may exceed, so the buffer's own check would let ``i = 5`` read
+    ``w[5]`` (:func:`tilewright.ir.expr.checked`)."""
+    return E.checked(ind, size)
+
+
 def _gathered(ctx, x):
     """Gathers read through an index that is data: a buffer in memory, or a view of one (its
     index map applies to the gathered index; a view of a computed value makes the scheduler
@@ -172,7 +180,7 @@ def _embedding(ctx, node, a):
         raise Unsupported("embedding weight of rank != 2")
 
     def body(idx):
-        ind = _plain(ids.load(idx[:-1]), w.shape[0])
+        ind = _bounded(_plain(ids.load(idx[:-1]), w.shape[0]), w.shape[0])
         return w.load((E.indirect_symbol(0), idx[-1]), indirect=(ind,))
     return ctx.loop(node, body)
 
@@ -182,9 +190,10 @@ def _gather_along(ctx, node, a, index_at):
     x = _gathered(ctx, _tensor(ctx, a["self"]))
     index = _tensor(ctx, a["index"])
     dim = a["dim"] % max(x.ndim, 1)
+    size = x.shape[dim] if x.ndim else sympy.Integer(1)  # a 0-d self is one element along dim 0
 
     def body(idx):
-        ind = _plain(index.load(index_at(idx, dim, index)), x.shape[dim])
+        ind = _bounded(_plain(index.load(index_at(idx, dim, index)), size), size)
         src = idx[:dim] + (E.indirect_symbol(0),) + idx[dim + 1:]
         return x.load(src, indirect=(ind,))
     return ctx.loop(node, body)
@@ -225,7 +234,7 @@ def _index(ctx, node, a):
         for k, v in zip(used, idx_vals):
             lead = nb - v.ndim
             vi = tuple(sympy.Integer(0) if is_one(s) else bidx[lead + d] for d, s in enumerate(v.shape))
-            ind.append(_wrapped(v.load(vi), x.shape[k]))
+            ind.append(_bounded(_wrapped(v.load(vi), x.shape[k]), x.shape[k]))
         others = iter(idx[:first] + idx[first + nb:])
         src = [E.indirect_symbol(used.index(d)) if d in used else next(others) for d in range(x.ndim)]
         return x.load(tuple(src), indirect=tuple(ind))

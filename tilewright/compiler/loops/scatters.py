@@ -143,7 +143,10 @@ def _scatter_reduce(ctx, node, a, kind: str, include_self: bool = True):
 @lowering(aten.scatter.value, aten.scatter.src, aten.scatter.reduce, aten.scatter.value_reduce)
 def _scatter(ctx, node, a):
     """Collision-free one-hot writes (an index of size 1 along ``dim`` and the self's size
-    elsewhere, as nll_loss's backward makes) are one pointwise node; the rest scatter."""
+    elsewhere, as nll_loss's backward makes) are one pointwise node; the rest scatter. The
+    one-hot form compares each element's position with the index, so an index outside the dim
+    matches nothing: it is checked against the dim (a ``checked`` node), or the write would be
+    dropped where eager raises."""
     x = _tensor(ctx, a["self"])
     index = _tensor(ctx, a["index"])
     dim = a["dim"] % max(x.ndim, 1)
@@ -156,7 +159,7 @@ def _scatter(ctx, node, a):
 
         def body(idx):
             at = idx[:dim] + (sympy.Integer(0),) + idx[dim + 1:]
-            hit = E.op("eq", E.cast(index.load(at), "i64"), E.cast(E.index(idx[dim]), "i64"))
+            hit = E.op("eq", E.checked(index.load(at), x.shape[dim]), E.cast(E.index(idx[dim]), "i64"))
             new = E.cast(srcv.load(at), cdt) if srcv is not None else E.const(value, cdt)
             return E.where(hit, new, E.cast(x.load(idx), cdt))
         return ctx.loop(node, body)

@@ -141,9 +141,12 @@ def capture_bounds(values: list[E.Node], shapes: list[tuple[int, ...]]) -> dict[
             for j, ind in enumerate(E.load_indirect(n)):
                 sym = E.indirect_symbol(j)
                 dims = [d for d, e in enumerate(n.arg[1]) if sym in e.free_symbols]
-                if not dims:
+                size = shape[dims[0]] if dims else None
+                if ind.op == "checked" and ind.src[1].arg.is_number:  # a view's extent
+                    bound = int(ind.src[1].arg)
+                    size = bound if size is None else min(size, bound)
+                if size is None:
                     continue
-                size = shape[dims[0]]
                 for inner in E.toposort([ind]):
                     if inner.op == "load" and inner.arg[0].startswith("c") and dtypes.is_int(inner.dtype):
                         k = int(inner.arg[0][1:])

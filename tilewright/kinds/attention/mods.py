@@ -155,6 +155,14 @@ def evaluate(value: E.Node, env: dict[str, Any], *, reference: bool) -> torch.Te
             if n.arg and n.dtype in ("bf16", "fp16") and x.is_floating_point():
                 x = x.to(_TORCH[n.dtype])  # an explicit cast rounds
             v = x.to(compute(n.dtype))
+        elif n.op == "checked":  # a gathered index inside its bound, else eager's IndexError
+            v = args[0]
+            bad = (v < 0) | (v >= args[1])
+            if len(args) > 2:
+                bad = bad & args[2]
+            if bool(bad.any()):
+                raise IndexError(f"index {int(torch.broadcast_to(v, bad.shape)[bad][0])} is out of bounds "
+                                 f"for a dimension of size {int(args[1])}")
         elif n.op in OPS:
             v = OPS[n.op].torch(*args)
         else:

@@ -25,7 +25,7 @@ import sympy
 import torch
 
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import checks_enabled, guard_divisions, proven_in_range, var_ranges
+from tilewright.ir.bounds import check_needed, checks_enabled, guard_divisions, unchecked_dims, var_ranges
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import affine, code
 from tilewright.ir.kernel import LoopKernel, Store
@@ -158,6 +158,10 @@ class TorchExpr:
     def emit(self, root: Node) -> str:
         for n in toposort([root], stop=lambda n: n in self.names):
             if n not in self.names:
+                if n.op == "checked":  # the value itself, once its bound is checked
+                    self._check_bound(n)
+                    self.names[n] = self.names[n.src[0]]
+                    continue
                 if n.op == "cast":
                     x = self.names[n.src[0]]
                     code = self._cast(x, n.src[0].dtype, n.dtype)
@@ -209,7 +213,7 @@ class TorchExpr:
             return f"{name}.as_strided({size}, {stride}, {off}){flip}{conv}"
         extra = {indirect_symbol(k): self.names[v] for k, v in enumerate(indirect)}
         if indirect and checks_enabled():
-            self._check_gathered(name, idx, indirect, extra, mask)
+            self._check_gathered(n, extra, mask)
         # offsets through iotas only (and a mask of them) depend on the sizes and strides alone
         static = not indirect and (mask_node is None or self.is_static(mask_node))
         offs = self.fresh()
@@ -223,17 +227,29 @@ class TorchExpr:
         zero = "False" if n.dtype == "bool" else "0"
         return f"torch.where({mask}, {flat}[{offs}]{conv}, {zero})"
 
-    def _check_gathered(self, name: str, idx, indirect, extra: dict, mask: str | None) -> None:
+    def _check_bound(self, n: Node) -> None:
+        """A ``checked`` index against its bound (a view's extent): IndexError, as eager's,
+        where it is outside on a lane its mask keeps."""
+        if not check_needed(n, var_ranges(self.k)):
+            return
+        value, bound = self.names[n.src[0]], self.names[n.src[1]]
+        static = self.is_static(n)
+        bad = self.fresh()
+        self.line(f"{bad} = ({value} < 0) | ({value} >= {bound})", static)
+        if len(n.src) > 2:
+            self.line(f"{bad} = {bad} & {self.names[n.src[2]]}", static)
+        self.line(f"if {bad}.any():", static)
+        self.line(f"    raise IndexError(f'index {{int(torch.broadcast_to({value}, torch.broadcast_shapes({value}.shape, "
+                  f"{bad}.shape))[{bad}][0])}} is out of bounds for a dimension of size {{int({bound})}}')", static)
+
+    def _check_gathered(self, n: Node, extra: dict, mask: str | None) -> None:
         """A gather's data-dependent dim indices checked against their dims (IndexError, as
         eager's) where the load reads (``mask``), unless proven in range: a flat offset out of
         its dim would read another row, or wrap from the end, without an error."""
+        name, idx, _ = n.arg
         buf = self.k.buffer(name)
-        syms = {indirect_symbol(k): v for k, v in enumerate(indirect)}
-        for d, (e, size) in enumerate(zip(idx, buf.shape)):
-            if not sympy.sympify(e).free_symbols & set(syms):
-                continue
-            if e in syms and proven_in_range(syms[e], size, var_ranges(self.k)):
-                continue
+        for d in unchecked_dims(self.k, n, idx, var_ranges(self.k)):
+            e, size = idx[d], buf.shape[d]
             at, top = self.fresh(), code(size, self.sizes)
             self.line(f"{at} = torch.as_tensor({self.index_tensor(e, extra)}, device=device)")
             bad = f"(({at} < 0) | ({at} >= {top}))"

@@ -37,7 +37,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
-from tilewright.ir.bounds import checks_enabled, unchecked_dims, var_ranges
+from tilewright.ir.bounds import check_needed, checks_enabled, unchecked_dims, var_ranges
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import code as py_code
 from tilewright.ir.index import offset
@@ -156,7 +156,22 @@ class _Body(LoopSchedule):
             self._plan_buffers()
 
     def make_emitter(self) -> CppExpr:
-        return CppExpr(load=self._load, index=self._index, reduce=self.reduce_inline, indent="    ")
+        e = CppExpr(load=self._load, index=self._index, reduce=self.reduce_inline, indent="    ")
+        e.checked = self._checked
+        return e
+
+    def _checked(self, n: Node, value: str, bound: str, mask: str | None) -> str:
+        """A gathered index checked against its bound (a view's extent): eager's IndexError
+        through ``tw_err``, 0 in its place (nothing read outside memory)."""
+        if not check_needed(n, self.extents):
+            return value
+        at = f"int64_t({value})"
+        if mask is not None:  # a lane outside its part (a cat's, a combo kernel's): nothing to check
+            at = f"({mask} ? {at} : int64_t(0))"
+        name = self.e.fresh()
+        self.e.helpers_used.add("tw_index")
+        self.e.line(f"const int64_t {name} = tw_index({at}, int64_t({bound}), tw_err);")
+        return name
 
     def _depends(self, vars_) -> dict[Node, bool]:
         """Whether each node varies along ``vars_`` (a reduction's result does not)."""

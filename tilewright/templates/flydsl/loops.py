@@ -121,7 +121,10 @@ class _Body(LoopSchedule):
         super().__init__(kernel)
 
     def make_emitter(self) -> FlyExpr:
-        return FlyExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
+        e = FlyExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
+        # no check written: supports() refuses a checked index not proven in range
+        e.checked = lambda n, value, bound, mask: value
+        return e
 
     # -- values -----------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import checks_enabled, unchecked_dims
+from tilewright.ir.bounds import check_needed, checks_enabled, unchecked_dims, var_ranges
 from tilewright.ir.expr import Node, load_indirect, load_mask
 from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel, Store
@@ -82,7 +82,22 @@ class _Body(LoopSchedule):
         super().__init__(kernel, persistent)
 
     def make_emitter(self) -> MetalExpr:
-        return MetalExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
+        e = MetalExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
+        e.checked = self._checked
+        return e
+
+    def _checked(self, n: Node, value: str, bound: str, mask: str | None) -> str:
+        """A gathered index checked against its bound (a view's extent): eager's IndexError
+        through ``tw_err``, 0 in its place (nothing read outside memory)."""
+        if not check_needed(n, var_ranges(self.k)):
+            return value
+        at = f"long({value})"
+        if mask is not None:  # a lane outside its part (a cat's, a combo kernel's): nothing to check
+            at = f"({mask} ? {at} : 0L)"
+        name = self.e.fresh()
+        self.e.helpers_used.add("tw_index")
+        self.e.line(f"const long {name} = tw_index({at}, long({bound}), tw_err);")
+        return name
 
     # -- values ---------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:

@@ -37,7 +37,7 @@ import sympy
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import checks_enabled, unchecked_dims
+from tilewright.ir.bounds import check_needed, checks_enabled, unchecked_dims, var_ranges
 from tilewright.ir.expr import Node, load_mask
 from tilewright.ir.index import offset
 from tilewright.ir.index import code as py_code
@@ -80,7 +80,22 @@ class _Body(LoopSchedule):
         super().__init__(kernel)
 
     def make_emitter(self) -> SyclExpr:
-        return SyclExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
+        e = SyclExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
+        e.checked = self._checked
+        return e
+
+    def _checked(self, n: Node, value: str, bound: str, mask: str | None) -> str:
+        """A gathered index checked against its bound (a view's extent): eager's IndexError
+        through ``tw_err``, 0 in its place (nothing read outside memory)."""
+        if not check_needed(n, var_ranges(self.k)):
+            return value
+        at = f"int64_t({value})"
+        if mask is not None:  # a lane outside its part (a cat's, a combo kernel's): nothing to check
+            at = f"({mask} ? {at} : int64_t(0))"
+        name = self.e.fresh()
+        self.e.helpers_used.add("tw_int_div")  # tw_index lives with the division helpers
+        self.e.line(f"const int64_t {name} = tw_index({at}, int64_t({bound}), tw_err);")
+        return name
 
     # -- values -----------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import INT_DIVISIONS, checks_enabled, unchecked_dims, var_ranges
+from tilewright.ir.bounds import INT_DIVISIONS, check_needed, checks_enabled, unchecked_dims, var_ranges
 from tilewright.ir.expr import Node, load_indirect, load_mask
 from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel
@@ -121,15 +121,18 @@ class _Body(RowOpsHooks, LoopSchedule):
         self.index_checks = checks_enabled()
         self.reported = False  # the body checks something: the kernel takes ``tw_err`` / asserts
         self._ranges: dict = {}
+        self._ok: dict[Node, str] = {}  # a checked index -> the block saying where it held
         super().__init__(kernel, persistent)
         self.extents = var_ranges(self.k)
 
     def make_emitter(self) -> TritonExpr:
         # integer division by zero: an error on the CPU (eager's), none on a GPU (eager's CUDA
         # kernels divide by zero without a trap or an error: the value is undefined there too)
-        return TritonExpr(interpreted=self.interpreted, load=self._load, index=self._index,
-                          reduce=self.reduce_inline, scan=self.scan_value,
-                          check=self._check_division if self.interpreted else None)
+        e = TritonExpr(interpreted=self.interpreted, load=self._load, index=self._index,
+                       reduce=self.reduce_inline, scan=self.scan_value,
+                       check=self._check_division if self.interpreted else None)
+        e.checked = self._checked
+        return e
 
     # -- checks -----------------------------------------------------------------------------------
     def report(self, bad: str, status: int, message: str) -> None:
@@ -157,6 +160,22 @@ class _Body(RowOpsHooks, LoopSchedule):
         lanes = self._mask(has_x, has_r)
         zero = f"({self.e.names[divisor]} == 0)"
         self.report(f"{zero} & {lanes}" if lanes else zero, 1, "integer division by zero")
+
+    def _checked(self, n: Node, value: str, bound: str, mask: str | None) -> str:
+        """A gathered index checked against its bound (a view's extent, a one-hot scatter's
+        dim) on the lanes that compute it, reported like any gather's; 0 where it fails, and
+        the loads through it masked there too (nothing read outside memory)."""
+        if not check_needed(n, self.extents, self._ranges):
+            return value
+        lanes = self._mask(*self.node_deps(n.src[0]))
+        live = " & ".join(f"({m})" for m in (lanes, mask) if m)
+        ok = self.e.fresh()
+        self.e.line(f"{ok} = ({value} >= 0) & ({value} < {bound})")
+        self.report(f"~{ok} & {live}" if live else f"~{ok}", 2, "index out of bounds")
+        safe = self.e.fresh()
+        self.e.line(f"{safe} = tl.where({ok}, {value}, 0)")
+        self._ok[n] = ok
+        return safe
 
     def _index_guard(self, n: Node, idx, mask: str | None) -> str | None:
         """For a gather (a load whose index reads data): the condition that every data-dependent
@@ -201,6 +220,9 @@ class _Body(RowOpsHooks, LoopSchedule):
         own = load_mask(n)
         ok = self._index_guard(n, idx, f"({mask} & {self.e.names[own]})" if own is not None and mask else
                                self.e.names[own] if own is not None else mask)
+        for v in indirect:  # a checked index: nothing read where it failed (its view may be empty)
+            if v in self._ok:
+                ok = self._ok[v] if ok is None else f"{ok} & {self._ok[v]}"
         if ok is not None:  # nothing read outside the buffer, checked or not
             mask = f"{mask} & {ok}" if mask else ok
         if own is not None:  # a masked load (cat, pad): only where the mask holds
