@@ -31,6 +31,8 @@ T = torch.tensor(2.5)
 VIEW_GATHERS = {
     "index_of_a_slice": (lambda w, i: w[:3][i] * 2, W, [0, 2, -1, 1], [3, 4, -4]),
     "index_select_of_a_slice": (lambda w, i: w[1:4].index_select(0, i) + 1, W, [0, 2, 1, 2], [3, -1]),
+    # one index for every lane: the interpreter refused the check's scalar mask
+    "index_select_of_a_slice_at_a_0d_index": (lambda w, i: w[1:4].index_select(0, i) + 1, W, 2, [3, -1]),
     "embedding_of_a_slice": (lambda w, i: F.embedding(i, w[:3]) * 2, W, [2, 0, 1, 1], [3, 4]),
     "gather_of_a_column_slice": (lambda w, i: w[:, :2].gather(1, i) * 3, W,
                                  [[0, 1]] * 5, [[0, 2]] + [[1, 0]] * 4),
@@ -58,8 +60,12 @@ def test_a_gather_through_a_view_is_checked_against_the_views_dim(emitter, name)
     fn, table, good, bad, problem = _gather_case(name)
     (got,) = _run(emitter, problem, _tensors(problem, table, good))
     assert torch.equal(got, fn(table, good)), f"{emitter}: in range must match eager"
-    bads = [torch.tensor(bad)] if isinstance(bad[0], list) else [good.clone().index_fill_(0, torch.tensor([1]), b)
-                                                                 for b in bad]
+    if not good.ndim:
+        bads = [torch.tensor(b) for b in bad]
+    elif isinstance(bad[0], list):
+        bads = [torch.tensor(bad)]
+    else:
+        bads = [good.clone().index_fill_(0, torch.tensor([1]), b) for b in bad]
     for i in bads:
         with pytest.raises(IndexError):
             _run(emitter, problem, _tensors(problem, table, i))
@@ -128,3 +134,54 @@ def test_compiled_view_gathers_and_one_hot_scatters_raise_eagers_error(backend):
                 compiled(table, bad)
             assert str(want) in str(got.value)
             assert torch.equal(compiled(table, good), fn(table, good))
+
+
+# -- attention modifications ----------------------------------------------------------------------
+def test_a_modifications_gather_through_a_loaded_index_is_unproven_and_refused_by_triton():
+    # score + bias[doc[m]]: doc's values are data, so the gather is checked (here: refused by
+    # the Triton attention kernels, which write no check, so ATen's form raises eager's error);
+    # bias[h] with a bias of H entries is proven and keeps the kernel
+    from tilewright.kinds.attention import mods
+    from tilewright.ir import expr as E
+
+    sizes = {"b": 1, "h": 4, "m": 16, "n": 16}
+    doc = E.load("c1", (mods.M_VAR,), "i64")
+    by_doc = E.op("add", mods.score(), E.load("c0", (E.indirect_symbol(0),), "fp32", indirect=(E.checked(doc, 4),)))
+    by_head = E.op("add", mods.score(), E.load("c0", (E.indirect_symbol(0),), "fp32",
+                                               indirect=(E.checked(mods.index_var("h"), 4),)))
+    assert len(mods.unchecked_indices(by_doc, sizes)) == 1
+    assert mods.unchecked_indices(by_head, sizes) == []
+    assert len(mods.unchecked_indices(by_head, {**sizes, "h": 5})) == 1  # 5 heads, 4 biases
+    with tilewright.config.patch(index_checks=False):
+        assert mods.unchecked_indices(by_doc, sizes) == []
+    env = {"score": torch.zeros(1, 1, 16, 1), "b": torch.zeros(1, 1, 1, 1, dtype=torch.int64),
+           "h": torch.zeros(1, 1, 1, 1, dtype=torch.int64), "m": torch.arange(16).view(1, 1, 16, 1),
+           "n": torch.zeros(1, 1, 1, 1, dtype=torch.int64), "c0": torch.arange(4.0), "c1": torch.arange(16) // 4}
+    assert torch.equal(mods.evaluate(by_doc, env, reference=False).flatten(), (torch.arange(16) // 4).float())
+    env["c1"] = torch.arange(16) // 4 + 1
+    with pytest.raises(IndexError):
+        mods.evaluate(by_doc, env, reference=False)
+
+
+@pytest.mark.slow
+def test_a_compiled_flex_score_mod_gather_out_of_range_raises_eagers_error():
+    # forced Triton returned an answer for bias[doc[m]] with doc[m] == 4 and 4 biases
+    from torch.nn.attention.flex_attention import flex_attention
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=gen) for _ in range(3))
+    bias, doc = torch.randn(4, generator=gen), torch.arange(16) // 4
+
+    def f(q, k, v):
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, m, n: s + bias[doc[m]])
+
+    want = f(q, k, v)
+    torch._dynamo.reset()
+    fast = dict(force_backend="triton", strict=True, graph_race="off", bench_rep=1, bench_min_rep=1,
+                bench_warmup=0, bench_budget_ms=0.0)
+    with tilewright.config.patch(**fast):
+        compiled = torch.compile(f, backend="tilewright")
+        torch.testing.assert_close(compiled(q, k, v), want)
+        doc.add_(1)
+        with pytest.raises(IndexError, match="out of bounds"):
+            compiled(q, k, v)

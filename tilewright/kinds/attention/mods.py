@@ -112,6 +112,22 @@ def uses(value: E.Node | None) -> set[str]:
     return {s.name for s in E.free_index_symbols([value]) if s in INDEX_VARS}
 
 
+def unchecked_indices(value: E.Node | None, sizes: dict[str, int], dynamic=()) -> list[E.Node]:
+    """The gathered indices of a modification (``checked`` nodes: a captured tensor read at a
+    loaded position, ``bias[doc[m]]``) not proven inside their bounds, given the extents of
+    ``b, h, m, n`` in ``sizes`` (``"b"`` -> B, ...; a name in ``dynamic`` varies, so proves
+    nothing): what a kernel must check before it reads through them. Empty when
+    ``config.index_checks`` is off."""
+    from tilewright.ir.bounds import checks_enabled, proven_in_range
+
+    if value is None or not checks_enabled():
+        return []
+    extents = {SYMBOLS[k]: sympy.Integer(v) for k, v in sizes.items() if k not in dynamic}
+    memo: dict = {}
+    return [n for n in E.toposort([value])
+            if n.op == "checked" and not proven_in_range(n.src[0], n.src[1].arg, extents, memo)]
+
+
 # -- meaning ------------------------------------------------------------------------------------
 _TORCH = {"fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
           "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tilewright.kinds.attention import mods
 from tilewright.kinds.attention.problem import AttentionProblem
 from tilewright.kinds.attention.views import block_mask_names
 from tilewright.ir.index import ceil_pow2
@@ -132,6 +133,14 @@ class AttentionTemplate(TemplateSpec):
             return Support(False, f"head dim {max(problem.D, problem.Dv)} > {MAX_HEAD_DIM}")
         if len(problem.captures) and any(len(c.shape) > 6 for c in problem.captures):
             return Support(False, "a captured tensor of rank > 6")
+        sizes = {"b": problem.B, "h": problem.H, "m": problem.Sq, "n": problem.Skv}
+        dynamic = {v for v, d in (("b", "B"), ("m", "Sq"), ("n", "Skv")) if d in problem.dynamic}
+        for text in (problem.score_mod, problem.mask_mod):
+            if mods.unchecked_indices(mods.loads(text), sizes, dynamic):
+                # eager raises IndexError for one outside its dim; no check is written here
+                return Support(False, "a modification reads a captured tensor at a loaded index not proven in "
+                                      "range: the attention kernels write no bounds check (ATen's form raises "
+                                      "eager's error); config.index_checks=False lets it render")
         return SUPPORTED
 
     # -- resources ------------------------------------------------------------------------------

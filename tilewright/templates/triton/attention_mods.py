@@ -72,6 +72,8 @@ def _emitter(interpreted: bool, names: IndexNames, prefix: str) -> TritonExpr:
         return f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
 
     e = TritonExpr(interpreted=interpreted, load=load, index=index, acc=lambda n: "s", prefix=prefix)
+    # problem_support refuses an index to check (mods.unchecked_indices): what is left is proven
+    e.checked = lambda n, value, bound, mask: value
     return e
 
 

@@ -168,6 +168,9 @@ class _Body(RowOpsHooks, LoopSchedule):
         if not check_needed(n, self.extents, self._ranges):
             return value
         lanes = self._mask(*self.node_deps(n.src[0]))
+        if lanes is None:  # one index for every lane (a 0-d index): as a block, or the
+            # interpreter's compare of a scalar makes an int32 mask its stores refuse
+            value, lanes = f"(({value}) + tl.zeros_like(xindex))", "xmask"
         live = " & ".join(f"({m})" for m in (lanes, mask) if m)
         ok = self.e.fresh()
         self.e.line(f"{ok} = ({value} >= 0) & ({value} < {bound})")
