@@ -6,7 +6,9 @@ The checks are a compare and a branch (C++: ``tw_index``), a compare, a store of
 masked load (the Triton interpreter), or a ``tl.device_assert`` with the kernel compiled in
 debug mode (Triton on a GPU); the rows say what each costs against the same kernel unchecked.
 
-Rows: embedding (a Llama-sized vocabulary, rows of ``--dim``) and gather, on the C++ template
+Rows: embedding (a Llama-sized vocabulary, rows of ``--dim``), gather, an embedding of a view
+(half the table's rows: its index checked against the view's rows), and the one-hot scatter
+of nll_loss's backward (``tokens / 8`` rows of the vocabulary), on the C++ template
 (cpu target; skipped without a compiler) and, on a machine with a CUDA or ROCm GPU, Triton.
 ``--dry-run``: toy sizes (CI; the Triton interpreter then stands in for the GPU).
 
@@ -38,8 +40,14 @@ def _problems(tokens: int, vocab: int, dim: int):
     ids = torch.randint(0, vocab, (tokens,), generator=g)
     x = torch.randn(tokens, dim, generator=g)
     pos = torch.randint(0, dim, (tokens, dim), generator=g)
+    # one-hot: nll_loss's backward form (scatter of an (N, 1) index), its index checked in
+    # each of the N x vocab lanes; a view's gather: checked against the view's rows
+    logits = torch.randn(max(tokens // 8, 1), vocab, generator=g)
+    target = torch.randint(0, vocab, (logits.shape[0], 1), generator=g)
     cases = [("embedding", lambda w, i: F.embedding(i, w) * 2.0, (w, ids)),
-             ("gather", lambda x, i: x.gather(1, i) + 1.0, (x, pos))]
+             ("gather", lambda x, i: x.gather(1, i) + 1.0, (x, pos)),
+             ("view_gather", lambda w, i: F.embedding(i // 2, w[: vocab // 2]) * 2.0, (w, ids)),
+             ("one_hot", lambda x, t: x.scatter(1, t, -1.0) * 2.0, (logits, target))]
     out = []
     for name, fn, args in cases:
         gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*args)
