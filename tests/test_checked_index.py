@@ -17,10 +17,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_bounds import EMITTERS, _run, _skip_unless
+from test_bounds import EMITTERS, FACTORY, _run, _skip_unless
 from test_loop_kernels import loop_problems
 
 import tilewright
+from tilewright.autotune.kinds import make_loop_inputs
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template
 
@@ -185,3 +186,20 @@ def test_a_compiled_flex_score_mod_gather_out_of_range_raises_eagers_error():
         doc.add_(1)
         with pytest.raises(IndexError, match="out of bounds"):
             compiled(q, k, v)
+
+
+@pytest.mark.parametrize("emitter", ["triton", "cpp", "torch", "metal"])
+def test_a_cat_with_an_empty_part_reads_nothing_of_it(emitter):
+    # the other lanes read the empty part masked off: the torch form (the tuner's reference)
+    # read its element 0 all the same (IndexError: no candidate worked; a cat of an empty
+    # gather, found while checking the view gathers)
+    _skip_unless(emitter)
+    fn = lambda e, j: torch.cat([e, j]) * 2  # noqa: E731
+    e, j = torch.zeros(0, 3), torch.randn(3, 3, generator=torch.Generator().manual_seed(3))
+    (problem,) = loop_problems(fn, e, j)
+    by_shape = {(0, 3): e, (3, 3): j}
+    tensors = [by_shape[tuple(int(s) for s in b.shape)] for b in problem.kernel.inputs]
+    (got,) = _run(emitter, problem, tensors)
+    assert torch.equal(got, fn(e, j))
+    ref = FACTORY.reference(problem, make_loop_inputs(problem, "cpu", seed=1))
+    assert ref[0].shape == got.shape
