@@ -46,7 +46,7 @@ def check_row(name: str, template_id: str, problem, target, device, desc: bool) 
     from tilewright.kinds.attention import checks as tuning
     from tilewright.kinds.attention.policy import AttentionPolicy
     from tilewright.autotune.bench import time_callable
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.templates import get_template
 
     template = get_template(template_id)

@@ -54,7 +54,7 @@ def main(out: Path, dry_run: bool) -> int:
     from tilewright.autotune.select import select
     from tilewright.compiler import aot
     from tilewright.compiler.capture import ModelSpec
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.runtime.targets import detect_target, get_target
 
     dev = "cpu" if dry_run else "cuda"

@@ -25,7 +25,7 @@ from test_loop_kernels import loop_problems
 
 import tilewright
 from tilewright.autotune.kinds import make_loop_inputs, poisoned_loop_outputs
-from tilewright.kernels.build import TemplateKernelFactory
+from tilewright.compiler.kernel_factory import TemplateKernelFactory
 from tilewright.runtime import cpp as cpp_runtime
 from tilewright.runtime import sycl as sycl_runtime
 from tilewright.runtime.metal_check import check_shader

@@ -108,7 +108,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import tilewright
     from tilewright.autotune.select import select_gemm
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
     from tilewright.problem import GemmProblem
     from tilewright.runtime.targets import get_target
 

@@ -12,7 +12,7 @@ from tilewright.compiler.fusion import BuiltKernel, combine
 from tilewright.ir import expr as E
 from tilewright.ir.index import var
 from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol
-from tilewright.kernels.build import default_factory
+from tilewright.compiler.kernel_factory import default_factory
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template

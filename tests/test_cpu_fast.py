@@ -26,7 +26,7 @@ from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.programs import attach_programs
 from tilewright.compiler.report import collect_reports
 from tilewright.compiler.schedule import schedule
-from tilewright.kernels.build import TemplateKernelFactory
+from tilewright.compiler.kernel_factory import TemplateKernelFactory
 from tilewright.problem import LoopProblem
 from tilewright.templates import get_template
 from tilewright.templates.aten.unfused import is_native

@@ -302,7 +302,7 @@ def test_the_torch_form_reads_a_flipped_view_without_negative_strides():
     from test_loop_kernels import loop_problems
 
     from tilewright.autotune.candidates import Candidate
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
     from tilewright.kinds.loop import make_loop_inputs
     from tilewright.runtime.targets import get_target
     from tilewright.templates import get_template

@@ -209,7 +209,7 @@ def test_a_run_time_failure_at_a_later_size_costs_that_bucket_for_that_kernel(mo
 def test_a_kernel_whose_aten_form_fails_too_runs_its_graph_ops(monkeypatch, inputs):
     """The last resort of a loop kernel: its generated kernel and its ATen form both fail at
     launch; its FX nodes run as the graph had them, and the rest stays generated."""
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
 
     _inject_at(monkeypatch, "launch")
     real, real_rescue = TemplateKernelFactory.build, KernelCall.rescue

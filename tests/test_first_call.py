@@ -69,7 +69,7 @@ def test_each_candidate_gets_its_own_copy_of_the_special_inputs():
     from test_loop_kernels import loop_problems
 
     from tilewright.autotune.candidates import Candidate
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
     from tilewright.runtime.targets import get_target
     from tilewright.templates import get_template
 
@@ -153,7 +153,7 @@ def test_a_cpp_candidate_prebuilt_in_the_background_is_the_library_its_module_lo
 
     from tilewright._config import config
     from tilewright.autotune.candidates import Candidate
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
     from tilewright.runtime import cpp
     from tilewright.runtime.targets import get_target
     from tilewright.templates import get_template

@@ -12,7 +12,7 @@ from tilewright import grouped
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error, tolerance
 from tilewright.grouped import GroupedGemmProblem
-from tilewright.kernels.build import default_factory
+from tilewright.compiler.kernel_factory import default_factory
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 from tilewright.runtime import flydsl_launch as rt
 from tilewright.runtime.targets import get_target

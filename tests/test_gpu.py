@@ -19,7 +19,7 @@ from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error, 
 from tilewright.autotune.policy import policy_for
 from tilewright.autotune.select import select_gemm
 from tilewright.compiler.report import collect_reports
-from tilewright.kernels.build import default_factory
+from tilewright.compiler.kernel_factory import default_factory
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 from tilewright.runtime.targets import detect_target
 

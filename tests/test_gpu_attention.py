@@ -44,7 +44,7 @@ def _problems():
 @pytest.mark.parametrize("desc", [False, True])
 def test_attention_templates_match_float64_on_the_gpu(target, case, desc):
     from tilewright.autotune.attention_policy import AttentionPolicy
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.templates import get_template
 
     template_id, problem = _problems()[case]

@@ -144,7 +144,7 @@ def test_kernel_never_reads_offsets_on_the_host(cpu):
 # -- tuning, and the compiler ---------------------------------------------------------------------
 def test_select_forced_triton_checks_against_reference(cpu, fresh_cache):
     from tilewright.autotune.select import select
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
 
     p = GroupedGemmProblem("2d3d", 4, 64, 32, 32, "fp32", **_epilogue("2d3d", "bias+silu"))
     with tilewright.config.patch(force_backend="triton"):

@@ -32,7 +32,7 @@ from tilewright.autotune.select import select  # noqa: E402
 from tilewright.compiler import aot  # noqa: E402
 from tilewright.compiler.capture import ModelSpec  # noqa: E402
 from tilewright.compiler.report import collect_reports  # noqa: E402
-from tilewright.kernels.build import TemplateKernelFactory  # noqa: E402
+from tilewright.compiler.kernel_factory import TemplateKernelFactory  # noqa: E402
 from tilewright.kinds import kind_of  # noqa: E402
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem  # noqa: E402
 from tilewright.runtime.aot import CompileJob, compile_jobs  # noqa: E402

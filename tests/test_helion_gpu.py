@@ -21,7 +21,7 @@ from tilewright.autotune.select import select  # noqa: E402
 from tilewright.compiler import aot  # noqa: E402
 from tilewright.compiler.capture import ModelSpec  # noqa: E402
 from tilewright.compiler.report import collect_reports  # noqa: E402
-from tilewright.kernels.build import default_factory  # noqa: E402
+from tilewright.compiler.kernel_factory import default_factory  # noqa: E402
 from tilewright.runtime.targets import detect_target  # noqa: E402
 
 pytestmark = pytest.mark.gpu

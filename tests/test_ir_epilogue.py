@@ -12,7 +12,7 @@ from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error
 from tilewright.compiler.report import collect_reports
 from tilewright.ir import expr as E
 from tilewright.ir.epilogue import dumps, input_load, problem_epilogue
-from tilewright.kernels.build import default_factory
+from tilewright.compiler.kernel_factory import default_factory
 from tilewright.problem import EpilogueInput, GemmProblem
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template

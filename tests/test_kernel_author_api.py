@@ -127,7 +127,7 @@ def test_a_helion_kernel_that_returns_its_result_is_refused_at_registration(tmp_
 def test_a_kernel_that_leaves_out_untouched_fails_its_check_naming_the_fix():
     from tilewright.autotune.candidates import Candidate
     from tilewright.autotune.evaluate import EvalTask, evaluate, forget_inputs
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
     from tilewright.templates import get_template
 
     class ReturnsInstead(TemplateKernelFactory):

@@ -10,7 +10,7 @@ import torch
 import tilewright
 from tilewright.compiler.report import collect_reports
 from tilewright.errors import KernelCompileError
-from tilewright.kernels.build import TemplateKernelFactory
+from tilewright.compiler.kernel_factory import TemplateKernelFactory
 
 
 def _rms(x, w):

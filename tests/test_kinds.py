@@ -301,7 +301,7 @@ def test_toy_kind_is_chosen_through_select(axpy, tmp_path):
     """ATen alone on the CPU (untimed); with Triton forced, the interpreted kernel is built,
     run into a NaN-poisoned output, checked against the float64 reference and timed."""
     from tilewright.autotune.select import select
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
 
     cpu = get_target("cpu")
     p = AxpyProblem(1000)
@@ -323,7 +323,7 @@ def test_a_wrong_toy_kernel_is_caught_by_its_check(axpy, tmp_path, monkeypatch):
     forced nothing is left, which the pipeline answers by running that kernel on ATen."""
     from tilewright.autotune.select import select
     from tilewright.errors import NoValidCandidateError
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
 
     monkeypatch.setitem(globals(), "TRITON_AXPY", TRITON_AXPY.replace("(ALPHA * x + y)", "(ALPHA * x)"))
     with tilewright.config.patch(cache_dir=str(tmp_path), force_backend="triton"), \

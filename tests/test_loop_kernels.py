@@ -19,7 +19,7 @@ from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.graph import FusedNode
 from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.schedule import schedule
-from tilewright.kernels.build import TemplateKernelFactory
+from tilewright.compiler.kernel_factory import TemplateKernelFactory
 from tilewright.problem import LoopProblem
 from tilewright.runtime.aot import CompileJob, compile_jobs
 from tilewright.runtime.targets import get_target, triton_can_target

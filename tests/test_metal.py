@@ -415,7 +415,7 @@ def run_on_host(problem: LoopProblem, params: dict, tensors: list[torch.Tensor] 
     from metal_host import host_launcher
 
     from tilewright.autotune.kinds import LoopInputs, make_loop_inputs, poisoned_loop_outputs
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
 
     sizes = [problem.size_map[z] for z in problem.kernel.size_symbols()]
     x = LoopInputs(tensors, sizes) if tensors is not None else make_loop_inputs(problem, "cpu", seed=1)
@@ -499,7 +499,7 @@ def test_metal_gemm_matches_the_reference_on_the_host():
     from metal_host import host_launcher
 
     from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error, tolerance
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
 
     for p in gemm_problems():
         params = GEMM.seed_params(p, MPS)[0]
@@ -524,7 +524,7 @@ def test_the_gemv_path_matches_the_reference_for_decode_shapes():
     from metal_host import host_launcher
 
     from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error, tolerance
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
     from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 
     gemv = get_template("metal.gemv")

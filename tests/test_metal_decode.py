@@ -154,7 +154,7 @@ def test_grouped_gemv_refuses_what_it_cannot_run_naming_why():
 # -- the policy chooses them for decode shapes on the mps target ----------------------------------
 def _winner(problem):
     from tilewright.autotune.select import select
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
 
     return select(problem, MPS, default_factory).winner.template_id
 

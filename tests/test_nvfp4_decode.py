@@ -162,7 +162,7 @@ def test_nvfp4_decode_suites():
 
 def test_bench_runs_block_scaled_problems_with_their_scales(tmp_path):
     from tilewright.autotune.shapes import NamedProblem
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.perf.run import run_suite
 
     problems = [NamedProblem("nvfp4.tiny.M4", decode_problem(4, 64, 64))]

@@ -279,7 +279,7 @@ def test_perf_gate_does_not_cry_wolf(fresh_cache):
     a real 10% slowdown of tilewright's measured calls fails it, on every problem. Measured here,
     on whatever else this machine is running; the absolute metric is not asserted on (it is
     the one that cried wolf)."""
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.perf.run import run_suite
     from tilewright.runtime.targets import get_target
 

@@ -26,7 +26,7 @@ def _model(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def _library(problem, cand) -> object:
     """The C++ library a candidate's module loads."""
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.runtime.targets import get_target
     from tilewright.templates.cpp import _MODULE_KERNEL
 

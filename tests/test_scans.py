@@ -108,7 +108,7 @@ def test_logcumsumexp_keeps_infinities_and_nan_as_torch():
 
 
 def test_the_torch_form_of_a_scan_matches_eager():
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
 
     factory = TemplateKernelFactory()
     for name in ("cumsum_bf16", "cummax", "cumsum_dim0", "logcumsumexp"):

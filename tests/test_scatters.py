@@ -125,7 +125,7 @@ def test_values_computed_before_a_scatter_fuse_into_its_kernel():
 
 def test_out_of_range_indices_are_never_written_by_the_kernel_and_raise_in_both_forms(cpu):
     from tilewright.autotune.kinds import LoopInputs
-    from tilewright.kernels.build import TemplateKernelFactory
+    from tilewright.compiler.kernel_factory import TemplateKernelFactory
 
     fn = lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True)  # noqa: E731
     x, v = randn(6, 4), randn(5, 4)

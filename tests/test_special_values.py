@@ -20,7 +20,7 @@ import torch
 
 import special_values as sv
 from tilewright.autotune.kinds import LoopInputs, poisoned_loop_outputs
-from tilewright.kernels.build import TemplateKernelFactory
+from tilewright.compiler.kernel_factory import TemplateKernelFactory
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template

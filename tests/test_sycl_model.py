@@ -68,7 +68,7 @@ def test_the_setting_refuses_other_values():
 @needs_sycl
 def test_the_sycl_cpu_target_is_measured_here_aten_and_sycl_side_by_side(fresh_cache):
     from tilewright.autotune.select import _measurable, local_devices, select
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.problem import GemmProblem
 
     assert _measurable(SYCL_CPU) == torch.device("cpu") and local_devices(SYCL_CPU) == ["cpu"]
@@ -187,7 +187,7 @@ def test_aot_for_xpu_writes_sources_spirv_and_a_manifest(tmp_path):
 def test_bench_sycl_cpu_suite_times_sycl_beside_aten(fresh_cache, capsys):
     from tilewright.cli.bench import results_table
     from tilewright.cli.common import console
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.perf.run import run_suite
     from tilewright.perf.suites import SUITE_TARGETS, suite_problems
 

@@ -360,7 +360,7 @@ PEAK = textwrap.dedent("""
     from tilewright._config import config
     from tilewright.autotune.cache import TuningCache
     from tilewright.autotune.select import select
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.problem import GemmProblem
     from tilewright.runtime.targets import get_target
     p = GemmProblem(M=4, N=16384, K=4096, dtype="bf16", layout_b="col", op="mm")

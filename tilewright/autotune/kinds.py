@@ -11,10 +11,19 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from tilewright.kinds import ProblemKind, get_kind, kind_name, kind_names, kind_of, problem_from_json
-from tilewright.kinds.loop import (  # noqa: F401 - re-exported
-    DISCRETE_TOLERANCE, LOOP_TOLERANCE, LoopInputs, _loop_error, _loop_run, loop_error, make_loop_inputs,
-    poisoned_loop_outputs, special_loop_inputs,
-)
+
+# the loop kind's helpers, read from its module when first asked for: a kind module imports the
+# autotuner (its layer), so the autotuner imports no kind module at its own import
+_LOOP_NAMES = ("DISCRETE_TOLERANCE", "LOOP_TOLERANCE", "LoopInputs", "_loop_error", "_loop_run", "loop_error",
+               "make_loop_inputs", "poisoned_loop_outputs", "special_loop_inputs")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOOP_NAMES:
+        from tilewright.kinds import loop
+
+        return getattr(loop, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Registry(Mapping):

@@ -25,7 +25,7 @@ _results: dict[tuple, tuple[float, float, float]] = {}
 
 
 def _runner(problem: Any, candidate: Candidate, target: Any, device: torch.device, seed: int):
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
 
     kind = kind_of(problem)
     launch = default_factory.build(problem, candidate, target)

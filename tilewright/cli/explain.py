@@ -93,7 +93,7 @@ def explain_problem(problem: Any, target: Any, cache: Any) -> None:
     from tilewright.autotune.kinds import kind_name
     from tilewright.autotune.policy import policy_for
     from tilewright.autotune.select import select, tied_with_best
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
 
     sel = select(problem, target, default_factory, cache=cache)
     _, ties = tied_with_best(sel.results)

@@ -15,7 +15,7 @@ def load_factory(spec: str | None):
     """The kernel factory: the installed templates', or ``module:attr`` (an object or a
     zero-argument callable returning one; for simulated devices and plugins)."""
     if not spec:
-        from tilewright.kernels.build import default_factory
+        from tilewright.compiler.kernel_factory import default_factory
 
         return default_factory
     from tilewright.errors import ConfigError

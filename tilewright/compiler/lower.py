@@ -25,14 +25,19 @@ from tilewright.compiler.graph import (
 )
 from tilewright.compiler.fallbacks import contain
 from tilewright.compiler.views import fold_double_transposes
-import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_mm
-import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
 from tilewright.kinds import kinds
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, VALUES_PER_BYTE, EpilogueInput, EpilogueOp
 
 aten = torch.ops.aten
-NVFP4_MM = torch.ops.tilewright.nvfp4_mm.default
-MX_MM = torch.ops.tilewright.mx_mm.default
+# the public block-scaled ops (tilewright.kernels, the layer above the compiler) by name: a graph
+# holding one was traced from a call of it, so it is registered; the compiler never imports them
+NVFP4_MM = "tilewright::nvfp4_mm"
+MX_MM = "tilewright::mx_mm"
+
+
+def is_op(target, name: str) -> bool:
+    """Whether an FX node's target is the default overload of the custom op ``name``."""
+    return isinstance(target, torch._ops.OpOverload) and target.name() == name
 
 GEMM_OPS = {
     aten.mm.default: "mm",
@@ -269,11 +274,11 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
                 scaled := _contained(lower_scaled_mm, node, n_gemm)) is not None:
             nodes.append(scaled)
             n_gemm += 1
-        elif node.op == "call_function" and node.target == NVFP4_MM and (
+        elif node.op == "call_function" and is_op(node.target, NVFP4_MM) and (
                 fp4 := _contained(lower_nvfp4_mm, node, n_gemm)) is not None:
             nodes.append(fp4)
             n_gemm += 1
-        elif node.op == "call_function" and node.target == MX_MM and (
+        elif node.op == "call_function" and is_op(node.target, MX_MM) and (
                 mxn := _contained(lower_mx_mm, node, n_gemm)) is not None:
             nodes.append(mxn)
             n_gemm += 1

@@ -45,7 +45,7 @@ from tilewright.compiler.schedule import schedule
 from tilewright.compiler.traffic import compiled_cost, eager_cost
 from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
 from tilewright.errors import UnknownTargetError
-from tilewright.kernels.build import default_factory
+from tilewright.compiler.kernel_factory import default_factory
 from tilewright.kinds import ProblemKind, kernel_nodes, kind_of_node
 from tilewright.runtime.targets import Target, detect_target, get_target, host_target
 from tilewright.templates import get_template

@@ -143,7 +143,7 @@ def counting_grouped() -> Iterator[Counter]:
     grouped kernel of a graph compiled in the block once (its graph report lists it, with the
     kernel the select stage chose), and each call of the eager op ``tilewright.grouped_mm`` (a
     call the compiler left to the op, or one outside any compiled graph), which asks
-    :func:`tilewright.kernels.build.tuned_launcher` for its kernel on every call; the launcher
+    :func:`tilewright.kernels.launchers.tuned_launcher` for its kernel on every call; the launcher
     carries its rendering (``.rendered``), so wrapping the lookup sees which template each call
     ran, ATen's included. The counts are complete when the block ends.
     """

@@ -13,7 +13,7 @@ import torch
 
 from tilewright._config import config
 from tilewright.errors import InvalidInputError
-from tilewright.kernels.build import tuned_launcher
+from tilewright.kernels.launchers import tuned_launcher
 from tilewright.problem import (
     DTYPE_NAMES, GEMM_INPUT_DTYPES, UNARY_EPILOGUES, EpilogueInput, EpilogueOp, GemmProblem,
 )

@@ -17,7 +17,7 @@ import torch
 from tilewright.autotune.buckets import bucket
 from tilewright.errors import InvalidInputError
 from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem, case_of
-from tilewright.kernels.build import tuned_launcher
+from tilewright.kernels.launchers import tuned_launcher
 from tilewright.kernels.gemm import _layout
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, UNARY_EPILOGUES, EpilogueInput, EpilogueOp
 

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from tilewright.errors import InvalidInputError
-from tilewright.kernels.build import tuned_launcher
+from tilewright.kernels.launchers import tuned_launcher
 from tilewright.kernels.mx import block_scaled_problem
 from tilewright.problem import GemmProblem
 from tilewright.quant import nvfp4

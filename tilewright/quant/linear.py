@@ -14,10 +14,16 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_*
-import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_*
 from tilewright.errors import InvalidInputError
 from tilewright.quant import mx, nvfp4
+
+
+def register_ops() -> None:
+    """Register ``torch.ops.tilewright.nvfp4_*`` and ``mx_*``, which the layers call: they are
+    public ops (:mod:`tilewright.kernels`, a layer above the formats of this package, which it
+    imports), so a layer imports them when it is made, not this module at its import."""
+    import tilewright.kernels.mx  # noqa: F401
+    import tilewright.kernels.nvfp4  # noqa: F401
 
 
 INFERENCE_ONLY = ("NVFP4Linear and MX linear layers are inference-only (their input requires grad, and they have no "
@@ -36,6 +42,7 @@ class NVFP4Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  dtype: torch.dtype = torch.float32, device=None):
         super().__init__()
+        register_ops()
         if in_features % nvfp4.BLOCK:
             raise InvalidInputError(f"NVFP4Linear needs in_features divisible by {nvfp4.BLOCK}, got {in_features}")
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
@@ -111,6 +118,7 @@ class MXLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  dtype: torch.dtype = torch.float32, device=None, fmt: str | None = None):
         super().__init__()
+        register_ops()
         self.fmt = fmt or type(self).fmt
         vpb = mx.values_per_byte(self.fmt)
         if in_features % mx.BLOCK:

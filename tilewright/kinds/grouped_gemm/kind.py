@@ -154,9 +154,9 @@ class GroupedGemmKind(ProblemKind):
 
     def lower(self, node: Any, index: int) -> Any:
         from tilewright.compiler.graph import ExternNode, KernelNode, TensorMeta
-        from tilewright.kinds.grouped_gemm.lower import TILEWRIGHT_GROUPED_MM
+        from tilewright.kinds.grouped_gemm.lower import is_ours
 
-        if node.target is not TILEWRIGHT_GROUPED_MM:
+        if not is_ours(node.target):
             return None
         # arguments as lower_grouped_mm leaves them: positional (a call written with keywords
         # stays the op)

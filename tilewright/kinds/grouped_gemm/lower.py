@@ -32,7 +32,6 @@ import operator
 import sys
 
 from tilewright.compiler.graph import TensorMeta
-import tilewright.kernels.grouped  # noqa: F401 - registers torch.ops.tilewright.grouped_mm
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES
 
 prims = torch.ops.prims
@@ -42,7 +41,26 @@ ACTIVATIONS = {aten.silu.default: "silu", aten.relu.default: "relu", aten.sigmoi
                aten.tanh.default: "tanh", aten.gelu.default: "gelu"}
 
 GROUPED_MM = torch.ops.aten._grouped_mm.default
-TILEWRIGHT_GROUPED_MM = torch.ops.tilewright.grouped_mm.default
+OURS = "tilewright::grouped_mm"  # the public op (tilewright.kernels), by name
+
+
+def tilewright_grouped_mm():
+    """The public op this module retargets ``_grouped_mm`` to: registered by
+    :mod:`tilewright.kernels.grouped`, the layer above the compiler, imported when first needed."""
+    import tilewright.kernels.grouped  # noqa: F401
+
+    return torch.ops.tilewright.grouped_mm.default
+
+
+def __getattr__(name: str):
+    if name == "TILEWRIGHT_GROUPED_MM":  # the op itself, as this module's constant was
+        return tilewright_grouped_mm()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_ours(target) -> bool:
+    """Whether an FX node's target is the public grouped op (compared by name)."""
+    return isinstance(target, torch._ops.OpOverload) and target.name() == OURS
 ARG_NAMES = ("self", "mat2", "offs", "bias", "out_dtype")
 # the fused op's arguments after aten's: tilewright::grouped_mm(..., activation, glu)
 ACTIVATION, GLU = 5, 6
@@ -73,7 +91,7 @@ def lower_grouped_mm(node: fx.Node) -> bool:
     if node.target is not GROUPED_MM or why_not_grouped(node) is not None:
         return False
     bound = dict(zip(ARG_NAMES, node.args)) | dict(node.kwargs)
-    node.target = TILEWRIGHT_GROUPED_MM
+    node.target = tilewright_grouped_mm()
     node.args = tuple(bound.get(n) for n in ARG_NAMES)
     node.kwargs = {}
     return True
@@ -153,7 +171,7 @@ def fuse_glu(gm: fx.GraphModule) -> int:
     its name, meta (the (…, N/2) result) and users."""
     folded = 0
     for node in list(gm.graph.nodes):
-        if node.target is not TILEWRIGHT_GROUPED_MM or _arg(node, ACTIVATION) != "none" or _arg(node, GLU) != "none":
+        if not is_ours(node.target) or _arg(node, ACTIVATION) != "none" or _arg(node, GLU) != "none":
             continue
         meta, ma, mb = TensorMeta.of(node), TensorMeta.of(node.args[0]), TensorMeta.of(node.args[1])
         # not with a bias (before or after the product?), nor for 3d2d, whose N is ragged
@@ -168,7 +186,7 @@ def fuse_glu(gm: fx.GraphModule) -> int:
         if kind is None or mul is None or mul.target is not aten.mul.Tensor or _only_user(act) is not mul \
                 or set(mul.args) != {act, up} or len(mul.args) != 2 or mul.kwargs:
             continue
-        mul.target = TILEWRIGHT_GROUPED_MM
+        mul.target = tilewright_grouped_mm()
         mul.args = tuple(node.args[:5]) + ("none", kind)
         mul.kwargs = {}
         for dead in [act] + splits + [node]:
@@ -183,14 +201,14 @@ def fuse_activations(gm: fx.GraphModule) -> int:
     the activation applies to that product (the op's epilogue runs on it)."""
     folded = 0
     for node in list(gm.graph.nodes):
-        if node.target is not TILEWRIGHT_GROUPED_MM or _arg(node, ACTIVATION) != "none":
+        if not is_ours(node.target) or _arg(node, ACTIVATION) != "none":
             continue
         user = _only_user(node)
         kind = _activation(user, node) if user is not None else None
         if kind is None:
             continue
         # the activation's node becomes the fused call (it keeps its name, meta and users)
-        user.target = TILEWRIGHT_GROUPED_MM
+        user.target = tilewright_grouped_mm()
         user.args = tuple(node.args[:5]) + (kind, _arg(node, GLU))
         user.kwargs = {}
         gm.graph.erase_node(node)
@@ -205,7 +223,7 @@ def fuse_casts(gm: fx.GraphModule) -> int:
     dtype, instead of to the operands' dtype first."""
     folded = 0
     for node in list(gm.graph.nodes):
-        if node.target is not TILEWRIGHT_GROUPED_MM or (user := _only_user(node)) is None or user.target not in CASTS:
+        if not is_ours(node.target) or (user := _only_user(node)) is None or user.target not in CASTS:
             continue
         if user.target is aten._to_copy.default:
             mo, mn = TensorMeta.of(user), TensorMeta.of(node)
@@ -221,7 +239,7 @@ def fuse_casts(gm: fx.GraphModule) -> int:
             dtype = user.args[1]
         if dtype not in OUT_DTYPES:
             continue
-        user.target = TILEWRIGHT_GROUPED_MM
+        user.target = tilewright_grouped_mm()
         args = list(node.args) + ["none"] * (GLU + 1 - len(node.args))
         args[4] = dtype
         user.args = tuple(args)
