@@ -36,9 +36,6 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
-import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_mm
-import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_mm
-import tilewright.kernels.scaled  # noqa: F401 - registers torch.ops.tilewright.block_scales_rows
 from tilewright.quant.scales import swizzled_numel
 
 log = logging.getLogger("tilewright.compiler")
@@ -49,9 +46,24 @@ SCALED_MM_V2 = getattr(aten, "_scaled_mm_v2", None)
 SCALED_MM_V2 = SCALED_MM_V2.default if SCALED_MM_V2 is not None else None
 GROUPED = tuple(getattr(aten, n).default for n in ("_scaled_grouped_mm", "_scaled_grouped_mm_v2")
                 if hasattr(aten, n))
-MX_MM = torch.ops.tilewright.mx_mm.default
-NVFP4_MM = torch.ops.tilewright.nvfp4_mm.default
-ROWS = torch.ops.tilewright.block_scales_rows.default
+# the public ops a rewrite retargets to (tilewright.kernels, the layer above the compiler),
+# imported when a graph is first rewritten; MX_MM, NVFP4_MM and ROWS read as the ops themselves
+_OPS = {"MX_MM": "mx_mm", "NVFP4_MM": "nvfp4_mm", "ROWS": "block_scales_rows"}
+
+
+def op(name: str):
+    """The default overload of ``torch.ops.tilewright.<name>``, its module imported first."""
+    import tilewright.kernels.mx  # noqa: F401 - mx_mm
+    import tilewright.kernels.nvfp4  # noqa: F401 - nvfp4_mm
+    import tilewright.kernels.scaled  # noqa: F401 - block_scales_rows
+
+    return getattr(torch.ops.tilewright, name).default
+
+
+def __getattr__(name: str):
+    if name in _OPS:
+        return op(_OPS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # torch.nn.functional.ScalingType / SwizzleType values (the same in torch 2.11 and 2.13)
 TENSORWISE, ROWWISE, BLOCK_1X16, BLOCK_1X32 = 0, 1, 2, 3
@@ -179,7 +191,7 @@ def _scales_rows(build: _Builder, scale: fx.Node, swizzle: int, rows, cols: int)
             raise Refused(f"swizzle type {swizzle}")
         if not s.is_contiguous():
             raise Refused("scales that are not contiguous")
-        return build.call(ROWS, scale, rows, cols) if swizzle == SWIZZLE_32_4_4 else \
+        return build.call(op("block_scales_rows"), scale, rows, cols) if swizzle == SWIZZLE_32_4_4 else \
             build.call(aten.reshape.default, scale, [rows, cols])
     if swizzle == SWIZZLE_32_4_4:
         if s.numel() != swizzled_numel(rows, cols):
@@ -187,7 +199,7 @@ def _scales_rows(build: _Builder, scale: fx.Node, swizzle: int, rows, cols: int)
                           f"(need {swizzled_numel(rows, cols)})")
         if not s.is_contiguous():
             raise Refused("swizzled scales that are not contiguous")
-        return build.call(ROWS, scale, rows, cols)
+        return build.call(op("block_scales_rows"), scale, rows, cols)
     if swizzle != NO_SWIZZLE:
         raise Refused(f"swizzle type {swizzle}")
     if s.numel() != rows * cols:
@@ -297,9 +309,9 @@ def _build(build: _Builder, node: fx.Node, plan: dict, fmt: str, vpb: int, M: in
             if not isinstance(vg, torch.Tensor) or vg.numel() != 1 or vg.dtype != torch.float32:
                 raise Refused("NVFP4 global scales that are not one fp32 value")
         gsa, gsb = (build.call(aten.reshape.default, g, []) if _val(g).dim() else g for g in (gsa, gsb))
-        node.target, node.args = NVFP4_MM, (a, sa, gsa, b, sb, gsb, bias, out_dtype)
+        node.target, node.args = op("nvfp4_mm"), (a, sa, gsa, b, sb, gsb, bias, out_dtype)
     else:
-        node.target, node.args = MX_MM, (a, sa, b, sb, None, bias, fmt, out_dtype)
+        node.target, node.args = op("mx_mm"), (a, sa, b, sb, None, bias, fmt, out_dtype)
     node.kwargs = {}
 
 
