@@ -203,3 +203,35 @@ def test_a_violation_is_reported(layers):
     g = nx.DiGraph([("tilewright.ir.expr", "tilewright.compiler.pipeline")])
     assert layer_of("tilewright.compiler.pipeline", layers) > layer_of("tilewright.ir.expr", layers)
     assert [e for e in g.edges if layer_of(e[1], layers) > layer_of(e[0], layers)]
+
+
+def test_the_factorys_old_path_warns_and_is_the_same_objects(graph):
+    # kernels/ holds the public ops only: the render-and-load factory the pipeline imports moved
+    # below them (compiler/kernel_factory.py), the ops' tuned launchers to kernels/launchers.py
+    import importlib
+    import sys
+
+    from tilewright.compiler import kernel_factory
+    from tilewright.kernels import launchers
+
+    sys.modules.pop("tilewright.kernels.build", None)
+    with pytest.warns(DeprecationWarning, match="tilewright.compiler.kernel_factory"):
+        old = importlib.import_module("tilewright.kernels.build")
+    assert old.default_factory is kernel_factory.default_factory
+    assert old.TemplateKernelFactory is kernel_factory.TemplateKernelFactory
+    assert old.tuned_launcher is launchers.tuned_launcher
+    users = sorted(a for a, b in graph.edges if b == "tilewright.kernels.build")
+    assert not users, f"import tilewright.compiler.kernel_factory / kernels.launchers instead: {users}"
+
+
+def test_the_compiler_recognises_the_public_ops_by_name():
+    import torch
+
+    from tilewright.compiler.lower import is_op
+    from tilewright.kinds.grouped_gemm.lower import is_ours, tilewright_grouped_mm
+
+    import tilewright.kernels.nvfp4  # noqa: F401 - the op a user's graph was traced from
+
+    assert is_op(torch.ops.tilewright.nvfp4_mm.default, "tilewright::nvfp4_mm")
+    assert not is_op(torch.ops.aten.mm.default, "tilewright::nvfp4_mm")
+    assert is_ours(tilewright_grouped_mm()) and not is_ours(torch.ops.aten._grouped_mm.default)

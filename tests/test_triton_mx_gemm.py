@@ -81,7 +81,7 @@ def test_device_check_times_mxfp8_rows(tmp_path):
     import dataclasses
 
     from tilewright.autotune.shapes import NamedProblem
-    from tilewright.kernels.build import default_factory
+    from tilewright.compiler.kernel_factory import default_factory
     from tilewright.perf.run import run_suite
     from tilewright.perf.suites import mxfp8_problem, suite_problems
 

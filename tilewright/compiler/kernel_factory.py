@@ -10,8 +10,6 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_all
 from typing import Any, Callable
 
-import torch
-
 from tilewright.autotune.candidates import Candidate
 from tilewright.errors import KernelCompileError
 from tilewright.kinds import kind_of

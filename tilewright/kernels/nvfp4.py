@@ -15,24 +15,7 @@ from tilewright.errors import InvalidInputError
 from tilewright.kernels.launchers import tuned_launcher
 from tilewright.kernels.mx import block_scaled_problem
 from tilewright.problem import GemmProblem
-from tilewright.quant import nvfp4
-
-
-@torch.library.custom_op("tilewright::nvfp4_quantize", mutates_args=())
-def nvfp4_quantize(x: torch.Tensor, global_scale: Optional[torch.Tensor]
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Quantise ``x`` (..., K) along K: (uint8 (..., K/2), float8_e4m3fn (..., K/16), fp32 ())."""
-    q = nvfp4.quantize(x, global_scale)
-    # a custom op's outputs may not alias its inputs: a calibrated scale comes back as a copy
-    return q.data, q.scale, q.global_scale.reshape(()).clone()
-
-
-@nvfp4_quantize.register_fake
-def _(x, global_scale):
-    K = x.shape[-1]
-    return (x.new_empty((*x.shape[:-1], K // 2), dtype=torch.uint8),
-            x.new_empty((*x.shape[:-1], K // nvfp4.BLOCK), dtype=torch.float8_e4m3fn),
-            x.new_empty((), dtype=torch.float32))
+from tilewright.quant.ops import nvfp4_quantize  # noqa: F401 - the public op, defined with the format
 
 
 def nvfp4_problem(M: int, N: int, K: int, out_dtype: torch.dtype, bias: torch.Tensor | None) -> GemmProblem:

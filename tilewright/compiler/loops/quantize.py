@@ -30,7 +30,7 @@ import operator
 import sympy
 import torch
 
-import tilewright.kernels.nvfp4  # noqa: F401 - registers torch.ops.tilewright.nvfp4_quantize
+import tilewright.quant.ops  # noqa: F401 - registers torch.ops.tilewright.nvfp4_quantize
 from tilewright._config import config
 from tilewright.compiler.loops import LoopLowering, Scalar, Unsupported, lowering
 from tilewright.compiler.loops.reductions import _meta
