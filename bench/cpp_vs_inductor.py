@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from tilewright.runtime import cpp
+    from tilewright.templates.cpp import runtime as cpp
 
     names = [n for n in args.cases.split(",") if n] or list(_cases(args.quick))
     out = run(names, args.rounds, args.burst_ms, args.quick)

@@ -70,7 +70,7 @@ def run(dry: bool, tokens: int, dim: int) -> dict:
     import tilewright
     from tilewright.autotune.kinds import make_loop_inputs
     from tilewright.compiler.kernel_factory import TemplateKernelFactory
-    from tilewright.runtime import cpp as cpp_runtime
+    from tilewright.templates.cpp import runtime as cpp_runtime
     from tilewright.runtime.targets import detect_target, get_target
     from tilewright.templates import get_template
 

@@ -1,6 +1,6 @@
 """C++ templates for the host CPU (the ``cpu`` target): loop kernels as scalar C++ per element,
 vectorised by g++ and threaded with OpenMP over rows, and GEMM epilogues as one such pass after
-ATen's product; built by :mod:`tilewright.runtime.cpp`."""
+ATen's product; built by :mod:`tilewright.templates.cpp.runtime`."""
 
 import re
 from typing import Any
@@ -12,7 +12,7 @@ from tilewright.templates.cpp.loops import CppPointwise, CppReduction
 
 
 def _unavailable() -> str | None:
-    from tilewright.runtime import cpp
+    from tilewright.templates.cpp import runtime as cpp
 
     return cpp.unavailable_reason()
 
@@ -23,10 +23,10 @@ _MODULE_KERNEL = re.compile(
 
 
 def _prebuild(rendered: Any) -> None:
-    """Build the library a rendered C++ module loads (``runtime.cpp.build``: cached by hash, a
+    """Build the library a rendered C++ module loads (``templates.cpp.runtime.build``: cached by hash, a
     file lock per library), so that loading the module finds it built. The autotuner runs this
     in background threads, outside the module loader's lock."""
-    from tilewright.runtime import cpp
+    from tilewright.templates.cpp import runtime as cpp
 
     m = _MODULE_KERNEL.search(rendered.source)
     if m is not None:

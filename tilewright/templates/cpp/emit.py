@@ -11,7 +11,7 @@ CPU has them). Every op computes what its torch function (:data:`tilewright.ir.o
 computes:
 
 * math calls the C library's single- or double-precision function (``expf``/``exp``); with
-  libmvec (``TW_LIBMVEC``, see :mod:`tilewright.runtime.cpp`) g++ calls its SIMD variants in
+  libmvec (``TW_LIBMVEC``, see :mod:`tilewright.templates.cpp.runtime`) g++ calls its SIMD variants in
   vectorised loops;
 * the op table, the integer division helpers and ``erfinv`` are the C++ family's
   (:mod:`tilewright.templates.c_math`, shared with SYCL): integer division and remainder by zero

@@ -1,6 +1,6 @@
 """C++ templates for loop kernels (:class:`~tilewright.problem.LoopProblem`) on the ``cpu``
 target: scalar C++ per element that g++ vectorises (``#pragma omp simd``), OpenMP threads over
-rows, built and cached by :mod:`tilewright.runtime.cpp`.
+rows, built and cached by :mod:`tilewright.templates.cpp.runtime`.
 
 Pointwise (``cpp.pointwise``): the iteration space as rows (every dim but the last) times the
 last dim, cut into tasks of ``BLOCK`` elements of one row; threads take tasks, each task one

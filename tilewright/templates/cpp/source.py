@@ -18,7 +18,7 @@ from typing import Any
 import sympy
 
 from tilewright.ir.kernel import LoopKernel
-from tilewright.runtime.cpp import MVEC
+from tilewright.templates.cpp.runtime import MVEC
 from tilewright.templates.cpp.emit import ERR_MEMORY, LIBM, STORAGE, CppExpr, ccode
 
 LANES = 16  # partial accumulators per reduction: one 512-bit vector of fp32, or two 256-bit ones
