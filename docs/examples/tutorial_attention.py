@@ -2,7 +2,7 @@
 attention template"): FlashAttention's forward with the problem's ``score_mod`` (FlexAttention's
 ``score_mod``: softcapping, ALiBi, relative position biases), in the ``tutorial`` language.
 
-The problem is an :class:`~tilewright.attention.AttentionProblem`; its ``score_mod`` is
+The problem is an :class:`~tilewright.kinds.attention.AttentionProblem`; its ``score_mod`` is
 expression IR over the score and the indices ``b, h, m, n``, which
 :func:`~tilewright.templates.triton.attention_mods.render_all` writes as Triton statements over
 ``s`` (the scaled scores of a key tile), as ``render_epilogue`` does a GEMM's epilogue. This
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import tilewright
-from tilewright.attention import AttentionProblem
+from tilewright.kinds.attention import AttentionProblem
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.templates import SUPPORTED, Knob, ParamSpace, RenderedKernel, Support, TemplateSpec
