@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import tilewright.kernels as K
 from tilewright.errors import InvalidInputError
-from tilewright.kernels import gate
+from tilewright.templates.flydsl import gate
 
 rms_mod = __import__("sys").modules["tilewright.kernels.rms_norm"]
 topk_mod = __import__("sys").modules["tilewright.kernels.topk"]

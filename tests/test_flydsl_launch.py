@@ -394,7 +394,7 @@ def test_the_eager_overrides_build_on_the_module_launchers(request):
         return
     import importlib
 
-    from tilewright.kernels import gate
+    from tilewright.templates.flydsl import gate
 
     rms_norm = importlib.import_module("tilewright.kernels.rms_norm")  # the package exports the functions
     topk = importlib.import_module("tilewright.kernels.topk")

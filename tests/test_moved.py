@@ -28,6 +28,8 @@ MOVED = {
     "tilewright.compiler.lower_eager_attention": "tilewright.kinds.attention.lower_eager",
     "tilewright.compiler.lower_grouped": "tilewright.kinds.grouped_gemm.lower",
     "tilewright.autotune.grouped_policy": "tilewright.kinds.grouped_gemm.policy",
+    # kernels/ holds the public ops only: the eager FlyDSL gate is the FlyDSL folder's
+    "tilewright.kernels.gate": "tilewright.templates.flydsl.gate",
 }
 # old modules split or turned into packages: a module of their own that re-exports what it had
 # from the new place (and warns)

@@ -9,7 +9,7 @@ from tilewright.kernels.topk import topk
 def explain_dispatch(op: str, *args, **kwargs):
     """Which path an eager override call takes and why, without running it: ``op`` is
     "rms_norm" or "topk", the rest that op's arguments. Returns a
-    :class:`tilewright.kernels.gate.Route` (``.path`` "aten", "flydsl" or "gate" when its shape
+    :class:`tilewright.templates.flydsl.gate.Route` (``.path`` "aten", "flydsl" or "gate" when its shape
     class is not measured yet; ``.reason``; ``str()`` says both).
 
     Raises:

@@ -1,5 +1,5 @@
 """``tilewright.kernels.rms_norm``: RMSNorm over the last dim, with a FlyDSL kernel on gfx950
-where the gate (:mod:`tilewright.kernels.gate`) measured it faster, ATen everywhere else.
+where the gate (:mod:`tilewright.templates.flydsl.gate`) measured it faster, ATen everywhere else.
 
 The math is ``torch.nn.functional.rms_norm(x, (H,), weight, eps)``'s: ``x * rsqrt(mean(x^2) +
 eps) * weight`` computed in fp32 and cast back to x's dtype (HF's ``Qwen3RMSNorm`` computes the
@@ -19,7 +19,7 @@ import functools
 import torch
 
 from tilewright.errors import InvalidInputError
-from tilewright.kernels import gate
+from tilewright.templates.flydsl import gate
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 

@@ -1,5 +1,5 @@
 """``tilewright.kernels.topk``: ``torch.topk`` with a FlyDSL kernel on gfx950 where the gate
-(:mod:`tilewright.kernels.gate`) measured it faster, ATen everywhere else.
+(:mod:`tilewright.templates.flydsl.gate`) measured it faster, ATen everywhere else.
 
 The FlyDSL path takes the MoE router's case: the last dim of a 2-D (or flattened N-D) tensor
 with a contiguous last dim, at most 256 long, k 1..8, fp32/bf16/fp16. Any other valid input runs
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from tilewright.errors import InvalidInputError
-from tilewright.kernels import gate
+from tilewright.templates.flydsl import gate
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
