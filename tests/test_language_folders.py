@@ -224,9 +224,10 @@ def test_pinned_knobs_come_from_the_language():
 
 @pytest.mark.parametrize("old, new", [("tilewright.runtime.sycl", "tilewright.templates.sycl.runtime"),
                                       ("tilewright.runtime.metal_check", "tilewright.templates.metal.check"),
-                                      ("tilewright.runtime.cpp", "tilewright.templates.cpp.runtime")])
+                                      ("tilewright.runtime.cpp", "tilewright.templates.cpp.runtime"),
+                                      ("tilewright.runtime.cutedsl", "tilewright.templates.cutedsl.runtime")])
 def test_a_language_runtime_lives_in_its_folder_and_the_old_name_is_the_same_module(old, new):
-    """The SYCL and C++ runtimes and the Metal check moved into their language folders; the old names
+    """The SYCL, C++ and CuTeDSL runtimes and the Metal check moved into their language folders; the old names
     are the moved modules themselves (patching one patches the other), with a warning."""
     import sys
 

@@ -4,7 +4,8 @@ this machine does not have.
 Each job is compiled by its language's compiler (``Language.aot_compile``, looked up by the
 ``AotSpec.language`` name in :mod:`tilewright.runtime.languages`): ``triton.compile(ASTSource(...),
 target=GPUTarget(...))`` for Triton (:func:`compile_triton`) and Gluon (:func:`compile_gluon`),
-the rendered module's own ``compile_aot(arch, dump_dir)`` for CuTeDSL (:func:`compile_cutedsl`,
+the rendered module's own ``compile_aot(arch, dump_dir)`` for CuTeDSL (``compile_cutedsl`` in
+its language folder, :mod:`tilewright.templates.cutedsl.runtime`,
 whose ``cute.compile`` gets ``--gpu-arch`` explicitly), FlyDSL's compile-only driver for FlyDSL.
 Jobs run in worker processes: some invalid AMD compiles abort the process (LLVM), and a hang must not stall the
 build, so a crash or a timeout costs one kernel, and a fresh worker takes the next job. Every
@@ -20,8 +21,6 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
-import re
-import shutil
 import signal
 import time
 import traceback
@@ -160,43 +159,6 @@ def _load_source(job: CompileJob, folder: Path) -> tuple[Any, Path]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module, src_path
-
-
-# CuTeDSL dump files by suffix -> artifact stage (the MLIR dumps, when asked for, keep theirs)
-_CUTEDSL_STAGES = {".ptx": "ptx", ".cubin": "cubin", ".sass": "sass"}
-
-
-def compile_cutedsl(job: CompileJob, root: Path) -> CompileResult:
-    """Call the rendered module's ``compile_aot(arch, dump_dir)`` and collect what it dumped
-    (``<host function>.<arch>.ptx`` and ``.cubin``) as ``kernel.ptx`` / ``kernel.cubin``."""
-    from tilewright.runtime.cutedsl import dsl_version
-
-    folder = root / job.name
-    arch = job.spec["options"]["gpu_arch"]
-    t0 = time.perf_counter()
-    module, src_path = _load_source(job, folder)
-    dump = folder / "dump"
-    shutil.rmtree(dump, ignore_errors=True)
-    module.compile_aot(arch, str(dump))
-    seconds = time.perf_counter() - t0
-    artifacts, hashes = {"source": f"{job.name}/kernel.py"}, {"source": _sha256(src_path)}
-    for f in sorted(dump.iterdir()):
-        stage = _CUTEDSL_STAGES.get(f.suffix, f.suffix.lstrip("."))
-        if not stage or stage in artifacts:
-            continue
-        path = folder / f"kernel.{stage}"
-        f.replace(path)
-        artifacts[stage] = f"{job.name}/{path.name}"
-        hashes[stage] = _sha256(path)
-    shutil.rmtree(dump, ignore_errors=True)
-    if "ptx" not in artifacts or "cubin" not in artifacts:
-        raise RuntimeError(f"compile_aot({arch!r}) dumped {sorted(artifacts)}: no PTX/cubin")
-    ptx = (folder / "kernel.ptx").read_text(errors="replace")
-    entries = re.findall(r"\.entry\s+(\w+)", ptx)
-    target = re.search(r"^\.target\s+(\S+)", ptx, re.M)
-    metadata = {"name": entries[0] if entries else "", "gpu_arch": target.group(1) if target else "",
-                "cutlass_dsl": dsl_version()}
-    return CompileResult(job.name, job.key, "built", seconds, artifacts, hashes, metadata)
 
 
 def compile_triton(job: CompileJob, root: Path) -> CompileResult:

@@ -2,8 +2,8 @@
 and sm_100a (tcgen05, dense and block-scaled), compiled with ``cute.compile`` on the device or
 ahead of time for another chip. Registering them needs neither the DSL nor a GPU."""
 
-from tilewright.runtime import cutedsl as dsl_runtime
-from tilewright.runtime.aot import compile_cutedsl
+from tilewright.templates.cutedsl import runtime as dsl_runtime
+from tilewright.templates.cutedsl.runtime import compile_cutedsl
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.cutedsl.blockscaled_sm100 import CuteBlockScaledSm100
