@@ -7,6 +7,7 @@ from typing import Any
 
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
+from tilewright.templates.cpp.attention import CppAttention
 from tilewright.templates.cpp.gemm import CppGemm
 from tilewright.templates.cpp.loops import CppPointwise, CppReduction
 
@@ -43,4 +44,4 @@ LANGUAGE = Language(
     priority=70,
     prebuild=_prebuild,
 )
-MANIFEST = BackendManifest.of(LANGUAGE, (CppPointwise(), CppReduction(), CppGemm()))
+MANIFEST = BackendManifest.of(LANGUAGE, (CppPointwise(), CppReduction(), CppGemm(), CppAttention()))
