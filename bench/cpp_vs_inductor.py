@@ -20,7 +20,8 @@ kernel); the median burst is reported beside it. Outputs are compared with eager
 
 Cases: RMSNorm, softmax and LayerNorm+GELU on [rows, hidden] in fp32 and bf16, and one Llama
 decoder block (transformers' ``LlamaDecoderLayer``, RMSNorms, rotary, SDPA, SwiGLU) in fp32
-inference. Prints a table; ``--json`` writes every number.
+inference; FlexAttention (a causal block mask with soft-capping, and decode: one query, GQA,
+2048 keys) and causal SDPA in fp32 and bf16. Prints a table; ``--json`` writes every number.
 """
 
 from __future__ import annotations
@@ -68,6 +69,46 @@ def _cases(quick: bool) -> dict[str, tuple[Callable, Callable[[], list], str]]:
                                          f"[{rows}, {hidden}]")
     block, inputs, shape = _llama_block(quick)
     out["llama_block_fp32"] = (block, inputs, shape)
+    out.update(_attention_cases(quick))
+    return out
+
+
+def _attention_cases(quick: bool) -> dict[str, tuple[Callable, Callable[[], list], str]]:
+    """FlexAttention with a causal block mask and a soft-capping score_mod, flex decode (one
+    query, GQA, a long KV) and causal SDPA, in fp32 and bf16."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, H, S, D = (1, 2, 128, 32) if quick else (2, 8, 512, 64)
+    H_kv, S_kv = (1, 256) if quick else (2, 2048)
+    mask = create_block_mask(lambda b, h, m, n: m >= n, 1, 1, S, S, device="cpu")
+
+    def softcap(score, b, h, m, n):
+        return 20.0 * torch.tanh(score / 20.0)
+
+    def flex(q, k, v):
+        return flex_attention(q, k, v, score_mod=softcap, block_mask=mask)
+
+    def decode(q, k, v):
+        return flex_attention(q, k, v, enable_gqa=True)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def make(dtype, *shapes):
+        def build():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(*s, generator=g).to(dtype) for s in shapes]
+        return build
+
+    out = {}
+    for dt, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        qkv = [(B, H, S, D)] * 3
+        out[f"flex_causal_softcap_{name}"] = (flex, make(dt, *qkv), f"[{B}, {H}, {S}, {D}]")
+        out[f"flex_decode_{name}"] = (decode, make(dt, (B, H, 1, D), (B, H_kv, S_kv, D), (B, H_kv, S_kv, D)),
+                                      f"[{B}, {H}/{H_kv}, 1/{S_kv}, {D}]")
+        out[f"sdpa_causal_{name}"] = (sdpa, make(dt, *qkv), f"[{B}, {H}, {S}, {D}]")
     return out
 
 

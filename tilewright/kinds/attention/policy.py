@@ -8,7 +8,10 @@ warps, stages, the split; with ``DESC`` where the target moves tiles with TMA/TD
 ``check`` refuses those that exceed the target's shared memory/LDS or registers before
 anything compiles, and :func:`estimate` ranks the rest. As for the other kinds, interpreted
 kernels are proposed only when a backend is forced (they can only lose to ATen on a CPU), and
-then one tile per template.
+then one tile per template. Templates compiled for the CPU (``cpp.attention``: C++, not
+interpreted Triton) are offered there under ``auto`` too, their first seeds in their own order
+(the interpreter's estimate says nothing of them), and timed against ATen like every
+candidate: they run only where they win.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewright.autotune.cost_model import INTERP_MAC_MS, INTERP_STEP_MS, LAUNCH_US, CostEstimate
+from tilewright.autotune.loop_policy import offered_on
 from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.kinds.attention.problem import AttentionProblem
 from tilewright.runtime.targets import Target
@@ -26,6 +30,7 @@ from tilewright.templates import TemplateSpec
 # tiles moved by TMA/TDM free the warps from address math: a prior (as triton.gemm_tma's and
 # the grouped descriptor template's 1.15) until a device measures it
 DESC_EFFICIENCY = 1.15
+CPU_SEEDS = 2  # compiled CPU candidates (cpp.attention) timed per problem: each is a build
 
 
 def estimate(problem: AttentionProblem, params: dict[str, Any], target: Target, *,
@@ -98,6 +103,16 @@ class AttentionPolicy(CandidatePolicy):
                  template: TemplateSpec) -> float:
         return estimate(problem, params, target, efficiency=template.efficiency(target)).ms
 
+    interpreted_aten_only = False  # offered_on decides, per template
+
+    def offers(self, template: TemplateSpec, problem: AttentionProblem, target: Target) -> bool:
+        """On the CPU under ``auto``, compiled templates only (``cpp.attention``)."""
+        return offered_on(template, target) and super().offers(template, problem, target)
+
     def options(self, problem: AttentionProblem, target: Target, template: TemplateSpec) -> list:
+        if target.interpreted and getattr(template, "compiled_on_cpu", False):
+            # its own seeds in its order (decode's packed task first where it fits), ahead of
+            # any interpreted kernel: the interpreter's estimate says nothing of compiled C++
+            return [(0.0, p) for p in self.legal(problem, target, template)[:CPU_SEEDS]]
         ranked = self.ranked(problem, target, template)
         return ranked[:1] if target.interpreted else ranked

@@ -47,11 +47,14 @@ static inline float tw_bf16_to_f(uint16_t b) {
   __builtin_memcpy(&f, &u, 4);
   return f;
 }
+// (branch-free: a select would be control flow to g++ 12, which then leaves a loop that also
+// calls a libmvec function, such as a soft-capping score_mod's tanhf, scalar)
 static inline uint16_t tw_f_to_bf16(float x) {
   uint32_t u;
   __builtin_memcpy(&u, &x, 4);
-  const uint16_t rounded = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-  return x != x ? uint16_t((u >> 16) | 0x40u) : rounded;
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = 0u - uint32_t(x != x);  // all ones for a NaN
+  return uint16_t((rounded & ~nan) | (((u >> 16) | 0x40u) & nan));
 }
 static inline float tw_round_bf16(float x) { return tw_bf16_to_f(tw_f_to_bf16(x)); }
 ''',
