@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import tilewright
 from tilewright.attention import AttentionProblem, BlockMaskSpec, Capture, mods, tuning
