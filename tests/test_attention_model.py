@@ -116,15 +116,19 @@ def test_flex_attention_with_block_mask_and_score_mod_through_a_generated_kernel
     assert (out.double() - want).norm() / want.norm() < 1e-5
 
 
-def test_attention_on_aten_by_default_is_eager_exactly():
-    """Without forcing generated kernels, a CPU runs SDPA's own op: the same values as eager."""
+def test_attention_by_default_is_timed_against_sdpas_own_op():
+    """Without forcing generated kernels, a CPU times SDPA's own op (eager's values exactly)
+    against the compiled C++ kernel (cpp.attention) and runs the faster: either way eager's
+    values, exactly for ATen's."""
     torch.manual_seed(0)
     m = SdpaBlock()
     x = torch.randn(2, 19, 32)
     with collect_reports() as reports:
         out = torch.compile(m, backend="tilewright")(x)
-    assert [k.winner for _, k in attention_reports(reports)] == ["aten.attention"]
-    assert torch.allclose(out, m(x), atol=1e-6, rtol=1e-6)
+    winners = [k.winner for _, k in attention_reports(reports)]
+    assert len(winners) == 1 and winners[0].split("[")[0] in ("aten.attention", "cpp.attention"), winners
+    tol = 1e-6 if winners[0] == "aten.attention" else 1e-5
+    assert torch.allclose(out, m(x), atol=tol, rtol=tol)
 
 
 def test_dropout_attention_stays_on_aten():

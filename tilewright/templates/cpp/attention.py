@@ -195,7 +195,7 @@ class CppAttention(TemplateSpec):
             target=target.name, name="cpp_attention", D=problem.D, Dv=problem.Dv, D_pad=_pad16(problem.D),
             Dv_pad=_pad16(problem.Dv), H=problem.H, H_kv=problem.H_kv, group=problem.group, PACK=pack,
             BLOCK_M=params["BLOCK_M"], BLOCK_N=params["BLOCK_N"], rows_pad=rows_pad, rb_qk=rb_qk, rb_pv=rb_pv,
-            transposed=transposed, scale=repr(float(problem.scale)), empty_lse=empty_lse,
+            transposed=transposed, direct=problem.dtype == "fp32", scale=repr(float(problem.scale)), empty_lse=empty_lse,
             lse_base=problem.lse_base, causal=problem.causal, has_mask=problem.has_mask,
             score_mod=dict(lines=sm_lines, value=sm_value), mask_mod=dict(lines=mk_lines, value=mk_value),
             block_mask=problem.block_mask, bm_names=bm_names, captures=captures, n_captures=len(captures),
