@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import tilewright
-from tilewright.attention import AttentionProblem, BlockMaskSpec, Capture, mods, tuning
+from tilewright.kinds.attention import checks as tuning
+from tilewright.kinds.attention import mods
+from tilewright.kinds.attention.problem import AttentionProblem, BlockMaskSpec, Capture
 from tilewright.compiler.report import collect_reports
 from tilewright.ir import expr as E
 from tilewright.runtime import cpp
@@ -107,7 +109,7 @@ def test_document_mask_gathered_through_a_block_mask_with_full_blocks():
     x = tuning.make_inputs(p, "cpu")
     doc = torch.tensor([0] * 40 + [1] * 32)
     named = dict(zip(x.names, x.tensors)) | {"c0": doc}
-    from tilewright.attention import reference as ref
+    from tilewright.kinds.attention import reference as ref
 
     bm = ref.block_mask_tensors(tuning.dense_keep(p, [doc]), 16, 16)
     named |= dict(zip(tuning.block_mask_names(p), bm))
@@ -161,7 +163,7 @@ def test_refusals_name_the_reason():
 
 
 def test_policy_offers_it_on_the_cpu_under_auto():
-    from tilewright.autotune.attention_policy import AttentionPolicy
+    from tilewright.kinds.attention.policy import AttentionPolicy
 
     with tilewright.config.patch(force_backend="auto"):
         ids = [c.template_id for c in AttentionPolicy().candidates(BASE, CPU)]

@@ -1,5 +1,5 @@
 """``cpp.attention``: attention forward (SDPA, FlexAttention, decode) as one C++ kernel for the
-host CPU, :class:`~tilewright.attention.AttentionProblem`.
+host CPU, :class:`~tilewright.kinds.attention.AttentionProblem`.
 
 FlashAttention-2's forward (Dao, 2023): a task is ``BLOCK_M`` query positions of ``PACK``
 heads (``PACK`` = the GQA group for decode shapes, so a K/V tile is converted once for the
@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tilewright.attention import mods
-from tilewright.attention.problem import AttentionProblem
-from tilewright.attention.tuning import block_mask_names
+from tilewright.kinds.attention import mods
+from tilewright.kinds.attention.problem import AttentionProblem
+from tilewright.kinds.attention.views import block_mask_names
 from tilewright.ir import dtypes
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask
 from tilewright.problem import DTYPES
