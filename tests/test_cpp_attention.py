@@ -212,3 +212,19 @@ def test_bf16_softcap_score_loop_is_vectorised():
     lib = cpp.build(kernel, "cpp_attention")
     calls = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True).stdout
     assert len(re.findall(r"call.*<_ZGV\w*v_tanhf", calls)) >= 2, "a score loop calls scalar tanhf only"
+
+
+def test_threads_take_tasks():
+    """Two OpenMP threads (torch.get_num_threads()) over the tasks give the one-thread values."""
+    p = dataclasses.replace(BASE, causal=True, B=3)
+    x = tuning.make_inputs(p, "cpu", seed=7)
+    launch = launcher(p, BLOCK_M=16, BLOCK_N=32)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = launch(*x.tensors)
+        torch.set_num_threads(2)
+        two = launch(*x.tensors)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
