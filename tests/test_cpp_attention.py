@@ -79,6 +79,9 @@ CASES = {
     "sliding_window_block_mask": (dict(Sq=64, Skv=64, mask_mod=mods.dumps(mods.sliding_window(20)), lse_base="2",
                                        block_mask=BlockMaskSpec(32, 16)), dict(BLOCK_M=32, BLOCK_N=16)),
     "decode_packed_gqa": (dict(Sq=1, Skv=300, H=8, H_kv=2), dict(BLOCK_M=1, BLOCK_N=64, PACK=True)),
+    # query 3 sees no key: out 0 and flex's empty lse (-inf), matched exactly by the check
+    "fully_masked_row_flex": (dict(mask_mod=mods.dumps(E.op("logical_and", E.op("ne", mods.index_var("m"), E.const(3, "i32")),
+                                                              mods.causal())), lse_base="2"), dict(BLOCK_M=16, BLOCK_N=16)),
     # fp32 rows of whole vectors with a unit stride are read in place, not copied
     "fp32_rows_in_place": (dict(D=32, Dv=64, Skv=77, causal=True), dict(BLOCK_M=32, BLOCK_N=16)),
     "decode_fp32_rows_in_place": (dict(Sq=1, Skv=301, H=8, H_kv=2, D=64, Dv=32), dict(BLOCK_M=1, BLOCK_N=64, PACK=True)),
