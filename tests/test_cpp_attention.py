@@ -20,7 +20,7 @@ from tilewright.kinds.attention import mods
 from tilewright.kinds.attention.problem import AttentionProblem, BlockMaskSpec, Capture
 from tilewright.compiler.report import collect_reports
 from tilewright.ir import expr as E
-from tilewright.runtime import cpp
+from tilewright.templates.cpp import runtime as cpp
 from tilewright.runtime.loader import load_module
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template
@@ -132,6 +132,20 @@ def test_gathered_index_out_of_range_raises_index_error():
     p = dataclasses.replace(p, mask_mod=mask)
     with pytest.raises(IndexError):
         launcher(p, BLOCK_M=8, BLOCK_N=16)(x.get("q"), x.get("k"), x.get("v"), bad)
+
+
+def test_a_score_mod_gather_through_a_loaded_index_is_checked():
+    """score + bias[doc[m]] (lower_flex wraps doc[m] in a checked node bounded by bias's 4
+    entries): right while doc stays inside, eager's IndexError once it does not."""
+    doc = E.load("c1", (mods.M_VAR,), "i64")
+    by_doc = E.op("add", mods.score(), E.load("c0", (E.indirect_symbol(0),), "fp32", indirect=(E.checked(doc, 4),)))
+    p = AttentionProblem(B=1, H=2, H_kv=2, Sq=16, Skv=16, D=16, Dv=16, dtype="fp32", scale=0.25,
+                         score_mod=mods.dumps(by_doc), captures=(Capture((4,), "fp32"), Capture((16,), "i64")))
+    x = tuning.make_inputs(p, "cpu", seed=2)
+    check(p, x, BLOCK_M=16, BLOCK_N=16)
+    launch = launcher(p, BLOCK_M=16, BLOCK_N=16)
+    with pytest.raises(IndexError):
+        launch(x.get("q"), x.get("k"), x.get("v"), x.get("c0"), torch.arange(16) // 4 + 1)
 
 
 @pytest.mark.parametrize("fill", ["finfo_min", "-inf"])

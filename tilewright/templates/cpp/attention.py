@@ -97,7 +97,22 @@ def render_mod(problem: AttentionProblem, text: str, prefix: str) -> tuple[list[
     def index(n: Node) -> str:
         return f"{CTYPE[dtypes.compute_type(n.dtype)]}({ccode(n.arg, INDEX_NAMES)})"
 
-    e = CppExpr(load=load, index=index, acc=lambda n: "tw_score", prefix=prefix)
+    sizes = {"b": problem.B, "h": problem.H, "m": problem.Sq, "n": problem.Skv}
+    dynamic = {v for v, d in (("b", "B"), ("m", "Sq"), ("n", "Skv")) if d in problem.dynamic}
+    unproven = set(mods.unchecked_indices(value, sizes, dynamic))
+
+    def checked(n: Node, v: str, bound: str, mask: str | None) -> str:
+        """A gathered index not proven in range (``bias[doc[m]]``): checked against the extent
+        the user indexed, eager's IndexError through ``tw_err`` and 0 in its place."""
+        if n not in unproven:
+            return v
+        at = f"int64_t({v})" if mask is None else f"({mask} ? int64_t({v}) : int64_t(0))"
+        name = e.fresh()
+        e.helpers_used.add("tw_index")
+        e.line(f"const int64_t {name} = tw_index({at}, int64_t({bound}), tw_err);")
+        return name
+
+    e = CppExpr(load=load, index=index, acc=lambda n: "tw_score", prefix=prefix, checked=checked)
     name = e.emit(value)
     if value.dtype != "bool" and dtypes.compute_type(value.dtype) != "fp32":
         name = e.convert(name, value.dtype, "fp32")
