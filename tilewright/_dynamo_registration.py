@@ -47,7 +47,8 @@ def _register(registry: Any) -> None:
 
 # torch 2.11's Dynamo has no trace rule for these builtins (2.13 lists them): it graph-breaks on
 # ``F.scaled_mm`` and runs it eagerly, where tilewright never sees it. They are ordinary ATen ops
-# with fake-tensor kernels in both versions, so they are marked in-graph as 2.13 marks them.
+# with fake-tensor kernels in both versions (``_scaled_grouped_mm_v2`` once
+# :mod:`tilewright._scaled_grouped_meta` gives it one), so they are marked in-graph as 2.13 does.
 IN_GRAPH = ("torch._scaled_mm_v2", "torch._scaled_grouped_mm_v2")
 
 
@@ -58,6 +59,9 @@ def _mark_in_graph(trace_rules: Any) -> None:
     """Add :data:`IN_GRAPH` to ``trace_rules`` (the module, once it has run) where missing."""
     import torch
 
+    from tilewright import _scaled_grouped_meta
+
+    _scaled_grouped_meta.register()  # F.scaled_grouped_mm has no fake kernel in torch 2.11/2.13
     rules = getattr(trace_rules, "torch_c_binding_in_graph_functions", None)
     in_graph = getattr(trace_rules, "TorchInGraphFunctionVariable", None)
     if rules is None or in_graph is None:

@@ -23,8 +23,9 @@ global scales as the GEMM's alpha) on B as stored, (N, K/vpb) (``mat2`` is its t
 with row-major scales: swizzled ones pass through ``tilewright.block_scales_rows`` (the layout
 decoded as :mod:`tilewright.quant.scales` documents), plain ones through a ``reshape`` view.
 A call that does not fit (other recipes, e5m2 or fp8 outputs, a contraction_dim, operands that
-are not K-contiguous, a K or N that varies at run time, ``_scaled_grouped_mm``) stays ATen's: it is logged with its
-reason and stored in ``node.meta["tilewright_aten_reason"]``.
+are not K-contiguous, a K or N that varies at run time) stays ATen's: it is logged with its
+reason and stored in ``node.meta["tilewright_aten_reason"]``. ``_scaled_grouped_mm`` and its v2 are
+the grouped-GEMM kind's (:mod:`tilewright.kinds.grouped_gemm.scaled`).
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ aten = torch.ops.aten
 SCALED_MM = aten._scaled_mm.default
 SCALED_MM_V2 = getattr(aten, "_scaled_mm_v2", None)
 SCALED_MM_V2 = SCALED_MM_V2.default if SCALED_MM_V2 is not None else None
-GROUPED = tuple(getattr(aten, n).default for n in ("_scaled_grouped_mm", "_scaled_grouped_mm_v2")
-                if hasattr(aten, n))
 # the public ops a rewrite retargets to (tilewright.kernels, the layer above the compiler),
 # imported when a graph is first rewritten; MX_MM, NVFP4_MM and ROWS read as the ops themselves
 _OPS = {"MX_MM": "mx_mm", "NVFP4_MM": "nvfp4_mm", "ROWS": "block_scales_rows"}
@@ -231,9 +230,6 @@ def rewrite_scaled_mm(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     try:
-        if node.target in GROUPED:
-            raise Refused("block-scaled grouped GEMMs have no tilewright template yet "
-                          "(F.grouped_mm on bf16/fp16 does)")
         if node.target is SCALED_MM:
             plan = _plan_v1(node)
         elif SCALED_MM_V2 is not None and node.target is SCALED_MM_V2:
