@@ -17,7 +17,7 @@ from tilewright.compiler.capture import ModelSpec, aten_graphs
 from tilewright.demo.scaled_grouped import moe_example
 from tilewright.errors import InvalidInputError
 from tilewright.kernels import scaled_grouped
-from tilewright.kinds.grouped_gemm.scaled import OP, rewrite_all
+from tilewright.kinds.grouped_gemm.lower_scaled import OP, rewrite_all
 from tilewright.quant import mx, nvfp4
 from tilewright.quant.nvfp4 import swizzle_scales
 from tilewright.quant.scales import swizzled_numel, unswizzle_groups, unswizzle_stacked

@@ -148,7 +148,7 @@ class GroupedGemmKind(ProblemKind):
     # -- the compiler's side (compiler modules imported in the hooks: it imports the registry) --
     def rewrite_fx(self, gm: Any) -> int:
         from tilewright.kinds.grouped_gemm.lower import fuse_epilogues, lower_grouped_mm
-        from tilewright.kinds.grouped_gemm.scaled import rewrite_all as rewrite_scaled
+        from tilewright.kinds.grouped_gemm.lower_scaled import rewrite_all as rewrite_scaled
 
         lowered = sum(lower_grouped_mm(node) for node in list(gm.graph.nodes))
         return lowered + fuse_epilogues(gm) + rewrite_scaled(gm)

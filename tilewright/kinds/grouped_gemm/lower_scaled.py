@@ -32,11 +32,11 @@ import torch
 import torch.fx as fx
 
 from tilewright import _scaled_grouped_meta
+from tilewright.compiler.lower import is_op
 from tilewright.compiler.lower_scaled import (
     BLOCK_1X16, E4M3, E8M0, FP4, NO_SWIZZLE, OUT_DTYPES, SWIZZLE_32_4_4, TENSORWISE, Refused, _Builder, _fmt,
     _recipe, _static, _val,
 )
-from tilewright.kernels import scaled_grouped  # noqa: F401 - registers the ops
 from tilewright.quant.scales import swizzled_numel
 
 log = logging.getLogger("tilewright.compiler")
@@ -46,10 +46,24 @@ _scaled_grouped_meta.register()
 V1 = aten._scaled_grouped_mm.default
 V2 = getattr(aten, "_scaled_grouped_mm_v2", None)
 V2 = V2.default if V2 is not None else None
-OP = torch.ops.tilewright.scaled_grouped_mm.default
-GROUPED_ROWS = torch.ops.tilewright.grouped_scales_rows.default
-STACKED_ROWS = torch.ops.tilewright.stacked_scales_rows.default
+OURS = "tilewright::scaled_grouped_mm"  # the public op (tilewright.kernels), by name
 ACTIVATION = 9  # the op's argument index of its fused activation
+
+
+def op(name: str):
+    """``torch.ops.tilewright.<name>.default``: the public ops of
+    :mod:`tilewright.kernels.scaled_grouped`, the layer above the compiler, imported when a
+    graph is first rewritten."""
+    import tilewright.kernels.scaled_grouped  # noqa: F401 - registers them
+
+    return getattr(torch.ops.tilewright, name).default
+
+
+def __getattr__(name: str):
+    if name in ("OP", "GROUPED_ROWS", "STACKED_ROWS"):
+        return op({"OP": "scaled_grouped_mm", "GROUPED_ROWS": "grouped_scales_rows",
+                   "STACKED_ROWS": "stacked_scales_rows"}[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _plan_v1(node: fx.Node) -> dict:
@@ -99,7 +113,7 @@ def _scales_a(build: _Builder, scale: fx.Node, swizzle: int, offs: fx.Node, rows
         tile = swizzled_numel(128, cols)  # each group's scales are whole 128-row tiles
         if isinstance(s.numel(), int) and s.numel() % tile:
             raise Refused(f"A's per-group SWIZZLE_32_4_4 scales have {s.numel()} elements, not whole 128-row tiles")
-        return build.call(GROUPED_ROWS, scale, offs, rows, cols)
+        return build.call(op("grouped_scales_rows"), scale, offs, rows, cols)
     if swizzle != NO_SWIZZLE:
         raise Refused(f"swizzle type {swizzle}")
     if isinstance(rows, int) and s.numel() != rows * cols:
@@ -115,7 +129,7 @@ def _scales_b(build: _Builder, scale: fx.Node, swizzle: int, G: int, N: int, col
         if s.numel() != G * swizzled_numel(N, cols):
             raise Refused(f"B's SWIZZLE_32_4_4 scales have {s.numel()} elements, {G} experts x {N}x{cols} "
                           f"blocks need {G * swizzled_numel(N, cols)}")
-        return build.call(STACKED_ROWS, scale, G, N, cols)
+        return build.call(op("stacked_scales_rows"), scale, G, N, cols)
     if swizzle != NO_SWIZZLE:
         raise Refused(f"swizzle type {swizzle}")
     if s.numel() != G * N * cols:
@@ -164,7 +178,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node, plan: dict) -> None:
         build.undo()
         raise
     ga, gb = (plan["scales_a"][1], plan["scales_b"][1]) if two_level else (None, None)
-    node.target, node.kwargs = OP, {}
+    node.target, node.kwargs = op("scaled_grouped_mm"), {}
     node.args = (a, sa, b, sb, offs, ga, gb, fmt, vo.dtype, "none")
     if isinstance(mat2, fx.Node) and not mat2.users:
         gm.graph.erase_node(mat2)
@@ -192,13 +206,13 @@ def fuse_activations(gm: fx.GraphModule) -> int:
 
     folded = 0
     for node in list(gm.graph.nodes):
-        if node.target is not OP or node.args[ACTIVATION] != "none":
+        if not is_op(node.target, OURS) or node.args[ACTIVATION] != "none":
             continue
         user = _only_user(node)
         kind = _activation(user, node) if user is not None else None
         if kind is None:
             continue
-        user.target, user.kwargs = OP, {}
+        user.target, user.kwargs = node.target, {}
         user.args = tuple(node.args[:ACTIVATION]) + (kind,)
         gm.graph.erase_node(node)
         folded += 1
