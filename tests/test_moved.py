@@ -30,6 +30,11 @@ MOVED = {
     "tilewright.autotune.grouped_policy": "tilewright.kinds.grouped_gemm.policy",
     # kernels/ holds the public ops only: the eager FlyDSL gate is the FlyDSL folder's
     "tilewright.kernels.gate": "tilewright.templates.flydsl.gate",
+    # a language's toolchain runtime is its folder's
+    "tilewright.runtime.sycl": "tilewright.templates.sycl.runtime",
+    "tilewright.runtime.cpp": "tilewright.templates.cpp.runtime",
+    "tilewright.runtime.metal_check": "tilewright.templates.metal.check",
+    "tilewright.runtime.cutedsl": "tilewright.templates.cutedsl.runtime",
 }
 # old modules split or turned into packages: a module of their own that re-exports what it had
 # from the new place (and warns)
@@ -47,7 +52,8 @@ def _shim_files() -> dict[str, str]:
         if "alias(__name__," not in text:
             continue
         call = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "alias")
-        name = ".".join(("tilewright",) + f.relative_to(PKG).with_suffix("").parts)
+        parts = f.relative_to(PKG).with_suffix("").parts
+        name = ".".join(("tilewright",) + (parts[:-1] if parts[-1] == "__init__" else parts))
         found[name] = call.args[1].value
     return found
 
@@ -99,6 +105,7 @@ def test_tilewright_imports_only_the_new_paths():
     own modules, templates and rendered kernels off the old paths anyway."""
     old = set(MOVED) | set(MOVED_PACKAGES)
     shims = {PKG.joinpath(*name.split(".")[1:]).with_suffix(".py") for name in MOVED}
+    shims |= {PKG.joinpath(*name.split(".")[1:], "__init__.py") for name in MOVED}  # a package moved
     shims |= {PKG.joinpath(*name.split(".")[1:], "__init__.py") for name in MOVED_PACKAGES}
     shims |= {PKG.joinpath(*name.split(".")[1:]).with_suffix(".py") for name in MOVED_PACKAGES}
     bad = {}

@@ -1,13 +1,9 @@
-"""Deprecated: the CuTeDSL glue (and its AOT compile, ``compile_cutedsl``) lives in its
-language's folder now, :mod:`tilewright.templates.cutedsl.runtime`. Importing this name gives
-that module itself (so patching an attribute here patches it there), with a DeprecationWarning,
-for one release.
+"""Moved to :mod:`tilewright.templates.cutedsl.runtime`.
+
+The CuTeDSL glue and its AOT compile (``compile_cutedsl``) belong to the language's folder; this path is kept for one release (a
+DeprecationWarning).
 """
 
-import importlib
-import sys
-import warnings
+from tilewright._moved import alias
 
-warnings.warn("tilewright.runtime.cutedsl is deprecated; use tilewright.templates.cutedsl.runtime",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = importlib.import_module("tilewright.templates.cutedsl.runtime")
+alias(__name__, "tilewright.templates.cutedsl.runtime")

@@ -1,12 +1,9 @@
-"""Deprecated: the Metal host syntax check lives in its language's folder now,
-:mod:`tilewright.templates.metal.check`. Importing this name gives that module itself (so
-patching an attribute here patches it there), with a DeprecationWarning, for one release.
+"""Moved to :mod:`tilewright.templates.metal.check`.
+
+The Metal host syntax check belongs to the language's folder; this path is kept for one release (a
+DeprecationWarning).
 """
 
-import importlib
-import sys
-import warnings
+from tilewright._moved import alias
 
-warnings.warn("tilewright.runtime.metal_check is deprecated; use tilewright.templates.metal.check",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = importlib.import_module("tilewright.templates.metal.check")
+alias(__name__, "tilewright.templates.metal.check")

@@ -1,13 +1,9 @@
-"""Deprecated: the C++ kernels' build driver, kernel cache and CPython launcher live in their
-language's folder now, :mod:`tilewright.templates.cpp.runtime`. Importing this name gives that
-module itself (so patching an attribute here patches it there), with a DeprecationWarning, for
-one release.
+"""Moved to :mod:`tilewright.templates.cpp.runtime`.
+
+The C++ kernels' build driver, kernel cache and CPython launcher belong to the language's folder; this path is kept for one release (a
+DeprecationWarning).
 """
 
-import importlib
-import sys
-import warnings
+from tilewright._moved import alias
 
-warnings.warn("tilewright.runtime.cpp is deprecated; use tilewright.templates.cpp.runtime",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = importlib.import_module("tilewright.templates.cpp.runtime")
+alias(__name__, "tilewright.templates.cpp.runtime")
