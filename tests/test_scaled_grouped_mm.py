@@ -64,9 +64,11 @@ def _operands(fmt: str, sizes, N: int, K: int, seed: int = 0):
     return (qa.data, qa.scale, torch.stack([q.data for q in qb]), torch.stack([q.scale for q in qb]), offs, ga, gb)
 
 
-@pytest.mark.parametrize("fmt,activation,out_dtype", [("mxfp8", "silu", torch.float32), ("mxfp4", "none", torch.float32),
-                                                      ("nvfp4", "gelu", torch.float32), ("mxfp8", "none", torch.bfloat16)])
-def test_the_kernel_matches_float64_on_ragged_groups(fmt, activation, out_dtype):
+@pytest.mark.parametrize("fmt,activation,out_dtype,glu", [
+    ("mxfp8", "silu", torch.float32, "none"), ("mxfp4", "none", torch.float32, "none"),
+    ("nvfp4", "gelu", torch.float32, "none"), ("mxfp8", "none", torch.bfloat16, "none"),
+    ("mxfp8", "none", torch.float32, "silu"), ("nvfp4", "relu", torch.float32, "gelu")])
+def test_the_kernel_matches_float64_on_ragged_groups(fmt, activation, out_dtype, glu):
     """Groups of 20, 0 (empty), 37 and 7 tokens (none a multiple of the 32-row tile), K = 96 (a
     partial K step), N = 40 (a partial tile); the output poisoned with NaN: every grouped row
     is written, the 5 rows past offs[-1] are not."""
@@ -74,10 +76,10 @@ def test_the_kernel_matches_float64_on_ragged_groups(fmt, activation, out_dtype)
     pad = 5  # rows after the last group
     a = torch.cat([a.view(torch.uint8), torch.zeros(pad, a.shape[1], dtype=torch.uint8)]).view(a.dtype)
     sa = torch.cat([sa.view(torch.uint8), torch.full((pad, sa.shape[1]), 127, dtype=torch.uint8)]).view(sa.dtype)
-    launch = scaled_grouped._launcher(fmt, out_dtype, activation, ga is not None, a.device)
-    out = torch.full((a.shape[0], 40), float("nan"), dtype=out_dtype)
+    launch = scaled_grouped._launcher(fmt, out_dtype, activation, ga is not None, a.device, glu)
+    out = torch.full((a.shape[0], 20 if glu != "none" else 40), float("nan"), dtype=out_dtype)
     launch(a, sa, b, sb, offs, ga, gb, out=out)
-    ref = scaled_grouped.reference(a, sa, b, sb, offs, ga, gb, fmt=fmt, activation=activation)
+    ref = scaled_grouped.reference(a, sa, b, sb, offs, ga, gb, fmt=fmt, activation=activation, glu=glu)
     rows = int(offs[-1])
     assert not out[:rows].isnan().any() and out[rows:].isnan().all()
     tol = FP32_TOL if out_dtype == torch.float32 else BF16_TOL
@@ -117,6 +119,21 @@ def test_compiled_moe_is_one_grouped_kernel_with_the_activation(tmp_path, recipe
     calls = _wrapper_calls(tmp_path)
     assert sum("scaled_grouped_mm" in c for c in calls) == 1, calls
     assert not [c for c in calls if "silu" in c.lower() and "scaled_grouped" not in c], calls
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4_global"])
+def test_gate_up_projection_fuses_its_gated_product(tmp_path, recipe):
+    """The MoE expert MLP's ``silu(gate) * up`` after the block-scaled gate_up call: one
+    kernel writes the (M_total, N/2) product (no split, silu or mul left), against float64."""
+    torch._dynamo.reset()
+    model, args = moe_example(recipe, sizes=(9, 0, 23), glu=True)
+    with torch.no_grad(), tilewright.config.patch(debug_dir=str(tmp_path)):
+        out = torch.compile(model, backend="tilewright")(*args)
+    ref = model.reference(*args)
+    assert out.shape == (32, 32) and rel_err(out, ref) < BF16_TOL, rel_err(out, ref)
+    calls = _wrapper_calls(tmp_path)
+    assert sum("scaled_grouped_mm" in c for c in calls) == 1, calls
+    assert not [c for c in calls if any(w in c.lower() for w in ("silu", "mul", "split", "slice"))], calls
 
 
 def test_v1_mxfp8_call_lowers_too():
@@ -179,7 +196,7 @@ def test_fake_tensors_trace_f_scaled_grouped_mm():
     assert tuple(val.shape) == (17, 64) and val.dtype == torch.bfloat16
     assert rewrite_all(gm) == 2  # retargeted, then the silu folded into it
     (op,) = [n for n in gm.graph.nodes if n.target is OP]
-    assert op.args[7:] == ("mxfp8", torch.bfloat16, "silu")
+    assert op.args[7:] == ("mxfp8", torch.bfloat16, "silu", "none")
 
 
 @pytest.mark.slow

@@ -57,12 +57,14 @@ def dequantize_groups(data: torch.Tensor, scales: list[torch.Tensor], offs: list
 
 
 class ScaledMoE(nn.Module):
-    """``silu(F.scaled_grouped_mm(x, w.transpose(-2, -1), ..., offs=offs))``: G experts' (N, K)
-    weights stored in ``recipe``; ``forward(x, offs, *x_scales)``."""
+    """``silu(F.scaled_grouped_mm(x, w.transpose(-2, -1), ..., offs=offs))`` (with ``glu``: the
+    gate_up projection's ``silu(gate) * up`` of its two halves): G experts' (N, K) weights stored
+    in ``recipe``; ``forward(x, offs, *x_scales)``."""
 
     def __init__(self, G: int = 4, N: int = 64, K: int = 128, recipe: str = "mxfp8", swizzled: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, glu: bool = False):
         super().__init__()
+        self.glu = glu  # the gate_up projection: silu(gate) * up of the two halves instead
         g = torch.Generator().manual_seed(seed)
         w = torch.randn(G, N, K, generator=g)
         parts = [quantize(w[i], recipe, swizzled) for i in range(G)]
@@ -87,6 +89,9 @@ class ScaledMoE(nn.Module):
             recipe, swizzle, sa, sb = block, swz, x_scales[0], self.w_scale
         y = F.scaled_grouped_mm(x, self.w.transpose(-2, -1), sa, recipe, sb, recipe, swizzle_a=swizzle,
                                 swizzle_b=swizzle, offs=offs, output_dtype=torch.bfloat16)
+        if self.glu:
+            gate, up = y.chunk(2, dim=-1)
+            return F.silu(gate) * up
         return F.silu(y)
 
     def reference(self, x: torch.Tensor, offs: torch.Tensor, *x_scales: torch.Tensor) -> torch.Tensor:
@@ -98,14 +103,17 @@ class ScaledMoE(nn.Module):
             if e > s:
                 sb = [self.w_scale[g]] + ([self.w_global[g]] if self.recipe == "nvfp4_global" else [])
                 out[s:e] = a[s:e] @ dequantize(self.w[g], sb, self.recipe, self.swizzled).t()
+        if self.glu:
+            gate, up = out.chunk(2, dim=-1)
+            return F.silu(gate) * up
         return F.silu(out)
 
 
 def moe_example(recipe: str = "mxfp8", sizes: tuple[int, ...] = (20, 0, 37, 7), N: int = 64, K: int = 128,
-                swizzled: bool = True, seed: int = 1) -> tuple[nn.Module, tuple]:
+                swizzled: bool = True, seed: int = 1, glu: bool = False) -> tuple[nn.Module, tuple]:
     """(model, (x, offs, *x_scales)): ragged token groups of ``sizes`` (an empty one by default)."""
     ends = torch.tensor(sizes).cumsum(0).tolist()
-    model = ScaledMoE(len(sizes), N, K, recipe, swizzled)
+    model = ScaledMoE(len(sizes), N, K, recipe, swizzled, glu=glu)
     x = torch.randn(ends[-1], K, generator=torch.Generator().manual_seed(seed)) * 3
     data, scales = quantize_groups(x, ends, recipe, swizzled)
     return model, (data, torch.tensor(ends, dtype=torch.int32), *scales)

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from tilewright.errors import InvalidInputError
+from tilewright.kinds.grouped_gemm.problem import GLU_ACTIVATIONS
 from tilewright.problem import DTYPE_NAMES, SCALED_FORMATS, UNARY_EPILOGUES, VALUES_PER_BYTE, EpilogueOp
 from tilewright.quant import dequantize_block_scaled, scales
 
@@ -33,7 +34,7 @@ OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=None)
-def _source(fmt: str, out_dtype: str, activation: str, global_scales: bool, target_name: str) -> str:
+def _source(fmt: str, out_dtype: str, activation: str, global_scales: bool, target_name: str, glu: str) -> str:
     from tilewright.ir.epilogue import epilogue_expr
     from tilewright.runtime.targets import get_target
     from tilewright.templates.base import jinja_env
@@ -43,6 +44,8 @@ def _source(fmt: str, out_dtype: str, activation: str, global_scales: bool, targ
     target = get_target(target_name)
     ops = (EpilogueOp(activation),) if activation != "none" else ()
     epilogue = render_epilogue(epilogue_expr(ops, ()), target.interpreted, out_dtype=out_dtype)
+    # the gate's activation, rendered by the same emitter (it updates acc in place)
+    gate = render_epilogue(epilogue_expr((EpilogueOp(glu),), ()), target.interpreted) if glu != "none" else None
     tile = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, num_warps=1, num_stages=1, num_programs=4) \
         if target.interpreted else \
         dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, num_programs=max(1, target.num_sms))
@@ -50,34 +53,41 @@ def _source(fmt: str, out_dtype: str, activation: str, global_scales: bool, targ
     return env.get_template("grouped_gemm_scaled.py.jinja").render(
         kernel_name="tw_grouped_gemm_scaled_kernel", fmt=fmt, pack=VALUES_PER_BYTE[fmt],
         sf_vec=SCALED_FORMATS[fmt], global_scales=global_scales, out_torch_dtype=TORCH_DTYPE[out_dtype],
-        epilogue_text=activation, epilogue_code=epilogue.code, epilogue_helpers=epilogue.helpers,
+        epilogue_text=(f"{glu}(gate)*up, " if gate else "") + activation, epilogue_code=epilogue.code,
+        epilogue_helpers=epilogue.helpers + ("\n\n" + gate.helpers if gate and gate.helpers else ""),
+        glu=gate is not None, glu_code=gate.code if gate else "",
         epilogue_out_value=epilogue.out_value, fp32_mma=target.interpreted, target=target.name, **tile)
 
 
 def render(fmt: str, out_dtype: torch.dtype, activation: str = "none", global_scales: bool = False,
-           target: str = "cpu") -> str:
+           target: str = "cpu", glu: str = "none") -> str:
     """The kernel module's source for ``target`` (a target name: "cpu" is the interpreter)."""
-    return _source(fmt, DTYPE_NAMES[out_dtype], activation, global_scales, target)
+    return _source(fmt, DTYPE_NAMES[out_dtype], activation, global_scales, target, glu)
 
 
-def _launcher(fmt: str, out_dtype: torch.dtype, activation: str, global_scales: bool, device: torch.device):
+def _launcher(fmt: str, out_dtype: torch.dtype, activation: str, global_scales: bool, device: torch.device,
+              glu: str = "none"):
     from tilewright.runtime.loader import load_module
     from tilewright.runtime.targets import detect_target
 
     target = detect_target(device)
     if target.backend not in ("cuda", "hip", "cpu"):
         raise InvalidInputError(f"scaled_grouped_mm runs on CUDA, ROCm or the CPU (interpreted), not {device}")
-    source = render(fmt, out_dtype, activation, global_scales, target.name)
+    source = render(fmt, out_dtype, activation, global_scales, target.name, glu)
     return load_module(source, name="triton_grouped_gemm_scaled", interpret=target.interpreted).launch
 
 
-def _check(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation) -> None:
+def _check(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation, glu) -> None:
     if fmt not in SCALED_FORMATS:
         raise InvalidInputError(f"scaled_grouped_mm: format {fmt!r}; known: {', '.join(SCALED_FORMATS)}")
     if out_dtype not in OUT_DTYPES:
         raise InvalidInputError(f"scaled_grouped_mm: out_dtype {out_dtype}; pass float32, float16 or bfloat16")
     if activation not in ("none", *UNARY_EPILOGUES):
         raise InvalidInputError(f"scaled_grouped_mm: activation {activation!r}; known: none, {', '.join(UNARY_EPILOGUES)}")
+    if glu not in ("none", *GLU_ACTIVATIONS):
+        raise InvalidInputError(f"scaled_grouped_mm: glu {glu!r}; known: none, {', '.join(GLU_ACTIVATIONS)}")
+    if glu != "none" and b.shape[1] % 2:
+        raise InvalidInputError(f"scaled_grouped_mm: a gated product (glu) needs an even N, got {b.shape[1]}")
     if a.dim() != 2 or b.dim() != 3 or a.shape[1] != b.shape[2]:
         raise InvalidInputError(f"scaled_grouped_mm takes a (M_total, K/pack) and b (G, N, K/pack) as stored; "
                                 f"got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -105,7 +115,8 @@ def _check(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, act
 def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                       offs: torch.Tensor, global_a: torch.Tensor | None = None,
                       global_b: torch.Tensor | None = None, *, fmt: str = "mxfp8",
-                      out_dtype: torch.dtype = torch.bfloat16, activation: str = "none") -> torch.Tensor:
+                      out_dtype: torch.dtype = torch.bfloat16, activation: str = "none",
+                      glu: str = "none") -> torch.Tensor:
     """``activation(alpha_g * dequant(a[rows of g]) @ dequant(b[g]).T)`` for each row group g.
 
     Args:
@@ -119,22 +130,25 @@ def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
         global_a, global_b: NVFP4's fp32 per-group decode scales, (G,) each (alpha = their product).
         fmt: "mxfp8", "mxfp4" or "nvfp4"; out_dtype: float32, float16 or bfloat16;
         activation: "none" or a unary epilogue kind, applied to the fp32 accumulator.
+        glu: "none" or the gate's activation of a gated product (the MoE gate_up projection):
+            the N columns are the gate half then the up half, the result ``glu(gate) * up``
+            (N/2 columns), then ``activation``.
 
     Returns:
-        (M_total, N) of ``out_dtype``; rows past ``offs[-1]`` are not written (uninitialised).
+        (M_total, N) (N/2 with ``glu``) of ``out_dtype``; rows past ``offs[-1]`` are not written (uninitialised).
 
     Raises:
         InvalidInputError: shapes, dtypes, layouts or offsets that do not fit (the message says which).
     """
-    _check(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation)
-    launch = _launcher(fmt, out_dtype, activation, global_a is not None, a.device)
+    _check(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation, glu)
+    launch = _launcher(fmt, out_dtype, activation, global_a is not None, a.device, glu)
     ga = global_a.reshape(-1).contiguous() if global_a is not None else None
     gb = global_b.reshape(-1).contiguous() if global_b is not None else None
     return launch(a, a_scale, b, b_scale, offs, ga, gb)
 
 
 def reference(a, a_scale, b, b_scale, offs, global_a=None, global_b=None, *, fmt="mxfp8",
-              activation="none") -> torch.Tensor:
+              activation="none", glu="none") -> torch.Tensor:
     """The float64 result of :func:`scaled_grouped_mm` (dequantised operands, a loop over the
     groups with host offsets); rows past ``offs[-1]`` are NaN."""
     from tilewright.kinds.grouped_gemm.problem import group_starts_ends
@@ -153,21 +167,25 @@ def reference(a, a_scale, b, b_scale, offs, global_a=None, global_b=None, *, fmt
         out[s:e] = y
     acts = {"none": lambda x: x, "relu": F.relu, "gelu": F.gelu, "silu": F.silu, "sigmoid": torch.sigmoid,
             "tanh": torch.tanh, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+    if glu != "none":
+        gate, up = out.chunk(2, -1)
+        out = acts[glu](gate) * up
     return acts[activation](out)
 
 
 @torch.library.custom_op("tilewright::scaled_grouped_mm", mutates_args=())
 def _scaled_grouped_mm_op(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                           offs: torch.Tensor, global_a: Optional[torch.Tensor], global_b: Optional[torch.Tensor],
-                          fmt: str, out_dtype: torch.dtype, activation: str = "none") -> torch.Tensor:
+                          fmt: str, out_dtype: torch.dtype, activation: str = "none",
+                          glu: str = "none") -> torch.Tensor:
     """:func:`scaled_grouped_mm` as the compiler's op (what ``_scaled_grouped_mm`` lowers to)."""
     return scaled_grouped_mm(a, a_scale, b, b_scale, offs, global_a, global_b, fmt=fmt, out_dtype=out_dtype,
-                             activation=activation)
+                             activation=activation, glu=glu)
 
 
 @_scaled_grouped_mm_op.register_fake
-def _(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation="none"):
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+def _(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation="none", glu="none"):
+    return a.new_empty((a.shape[0], b.shape[1] // 2 if glu != "none" else b.shape[1]), dtype=out_dtype)
 
 
 @torch.library.custom_op("tilewright::grouped_scales_rows", mutates_args=())

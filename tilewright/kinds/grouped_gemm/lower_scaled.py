@@ -1,7 +1,9 @@
 """Block-scaled ``F.scaled_grouped_mm`` / ``torch._scaled_grouped_mm`` (MoE experts in MXFP8,
 MXFP4, NVFP4) rewritten to ``tilewright.scaled_grouped_mm`` (:mod:`tilewright.kernels.scaled_grouped`:
 Triton's grouped GEMM dequantising in its prologue), before lowering (this kind's
-``rewrite_fx`` hook), with a unary activation of the result fused into its epilogue.
+``rewrite_fx`` hook), with what follows fused into its epilogue as the grouped kind fuses it
+after ``F.grouped_mm`` (:mod:`tilewright.kinds.grouped_gemm.lower`): the MoE gate_up
+projection's gated product ``act(gate) * up`` (``glu``), then a unary activation.
 
 What PyTorch traces (ATen), the 2d3d case (the MoE forward: tokens (M_total, K) in ragged
 groups by ``offs``, experts' weights ``mat_b`` (G, K, N), column-major, i.e. stored (G, N, K)):
@@ -47,7 +49,7 @@ V1 = aten._scaled_grouped_mm.default
 V2 = getattr(aten, "_scaled_grouped_mm_v2", None)
 V2 = V2.default if V2 is not None else None
 OURS = "tilewright::scaled_grouped_mm"  # the public op (tilewright.kernels), by name
-ACTIVATION = 9  # the op's argument index of its fused activation
+ACTIVATION, GLU = 9, 10  # the op's argument indices of its fused activation and gated product
 
 
 def op(name: str):
@@ -179,7 +181,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node, plan: dict) -> None:
         raise
     ga, gb = (plan["scales_a"][1], plan["scales_b"][1]) if two_level else (None, None)
     node.target, node.kwargs = op("scaled_grouped_mm"), {}
-    node.args = (a, sa, b, sb, offs, ga, gb, fmt, vo.dtype, "none")
+    node.args = (a, sa, b, sb, offs, ga, gb, fmt, vo.dtype, "none", "none")
     if isinstance(mat2, fx.Node) and not mat2.users:
         gm.graph.erase_node(mat2)
 
@@ -199,6 +201,36 @@ def rewrite_scaled_grouped_mm(gm: fx.GraphModule, node: fx.Node) -> bool:
         return False
 
 
+def fuse_glu(gm: fx.GraphModule) -> int:
+    """Fold ``act(y[..., :N/2]) * y[..., N/2:]`` of ``y = tilewright.scaled_grouped_mm(...)``
+    into the call (``glu=act``: the kernel computes both halves and writes the product) when
+    nothing else reads ``y``, its halves or the activation, in place; the number folded. The
+    ``mul`` node becomes the call (its name, meta and users kept)."""
+    from tilewright.compiler.graph import TensorMeta
+    from tilewright.kinds.grouped_gemm.lower import _activation, _halves, _only_user, _static as size
+
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if not is_op(node.target, OURS) or node.args[ACTIVATION] != "none" or node.args[GLU] != "none":
+            continue
+        meta = TensorMeta.of(node)
+        n = size(meta.shape[-1]) if meta is not None else None
+        if n is None or n % 2 or (found := _halves(node, n, meta.ndim)) is None:
+            continue
+        gate, up, splits = found
+        act, mul = _only_user(gate), _only_user(up)
+        kind = _activation(act, gate) if act is not None else None
+        if kind is None or mul is None or mul.target is not aten.mul.Tensor or _only_user(act) is not mul \
+                or set(mul.args) != {act, up} or len(mul.args) != 2 or mul.kwargs:
+            continue
+        mul.target, mul.kwargs = node.target, {}
+        mul.args = tuple(node.args[:ACTIVATION]) + ("none", kind)
+        for dead in [act] + splits + [node]:
+            gm.graph.erase_node(dead)
+        folded += 1
+    return folded
+
+
 def fuse_activations(gm: fx.GraphModule) -> int:
     """Fold ``act(tilewright.scaled_grouped_mm(...))`` (its only user, a unary activation) into
     the call's epilogue, in place; the number folded."""
@@ -213,17 +245,19 @@ def fuse_activations(gm: fx.GraphModule) -> int:
         if kind is None:
             continue
         user.target, user.kwargs = node.target, {}
-        user.args = tuple(node.args[:ACTIVATION]) + (kind,)
+        user.args = tuple(node.args[:ACTIVATION]) + (kind, node.args[GLU])
         gm.graph.erase_node(node)
         folded += 1
     return folded
 
 
 def rewrite_all(gm: fx.GraphModule) -> int:
-    """:func:`rewrite_scaled_grouped_mm` on every node, then :func:`fuse_activations`; the
-    number of nodes retargeted or folded."""
+    """:func:`rewrite_scaled_grouped_mm` on every node, then :func:`fuse_glu` and
+    :func:`fuse_activations`; the number of nodes retargeted or folded."""
     done = sum(rewrite_scaled_grouped_mm(gm, n) for n in list(gm.graph.nodes))
-    done += fuse_activations(gm) if done else 0
+    if done:
+        done += fuse_glu(gm)
+        done += fuse_activations(gm)
     if done:
         gm.recompile()
     return done
