@@ -200,8 +200,8 @@ def test_fake_tensors_trace_f_scaled_grouped_mm():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
-def test_the_kernel_builds_for_sm90a_and_sm100a_with_their_mma(tmp_path, fmt):
+@pytest.mark.parametrize("fmt,glu", [("mxfp8", "none"), ("mxfp4", "none"), ("nvfp4", "silu")])
+def test_the_kernel_builds_for_sm90a_and_sm100a_with_their_mma(tmp_path, fmt, glu):
     from tilewright.problem import GemmProblem
     from tilewright.runtime.aot import CompileJob, compile_jobs
     from tilewright.runtime.targets import get_target
@@ -211,7 +211,7 @@ def test_the_kernel_builds_for_sm90a_and_sm100a_with_their_mma(tmp_path, fmt):
     jobs, targets = [], [get_target(n) for n in ("sm_90a", "sm_100a")]
     for t in targets:
         spec = scaled_grouped.aot_spec(fmt, torch.bfloat16, t.name)
-        jobs.append(CompileJob(f"{fmt}_{t.name}", scaled_grouped.render(fmt, torch.bfloat16, target=t.name),
+        jobs.append(CompileJob(f"{fmt}_{t.name}", scaled_grouped.render(fmt, torch.bfloat16, target=t.name, glu=glu),
                                spec.to_json(), t.triton))
     for t, res in zip(targets, compile_jobs(jobs, tmp_path)):
         assert res.ok, res.error[-800:]
@@ -234,3 +234,12 @@ def test_scaled_grouped_mm_compiled_on_the_gpu(recipe):
     with torch.no_grad():
         out = torch.compile(model.cuda(), backend="tilewright")(*[a.cuda() for a in args])
     assert out.is_cuda and rel_err(out.cpu(), ref) < BF16_TOL, rel_err(out.cpu(), ref)
+
+
+def test_a_gpu_without_e4m3_conversions_is_told_so(monkeypatch):
+    """sm_80: Triton cannot convert e4m3 values or scales there; a clear error, not a compile failure."""
+    from tilewright.runtime import targets
+
+    monkeypatch.setattr(targets, "detect_target", lambda device: targets.get_target("sm_80"))
+    with pytest.raises(InvalidInputError, match="sm_89 or later"):
+        scaled_grouped._launcher("mxfp8", torch.bfloat16, "none", False, torch.device("cpu"))

@@ -73,6 +73,10 @@ def _launcher(fmt: str, out_dtype: torch.dtype, activation: str, global_scales: 
     target = detect_target(device)
     if target.backend not in ("cuda", "hip", "cpu"):
         raise InvalidInputError(f"scaled_grouped_mm runs on CUDA, ROCm or the CPU (interpreted), not {device}")
+    if target.backend == "cuda" and not target.has("fp8_e4m3") and fmt in ("mxfp8", "nvfp4"):
+        # as triton.gemm_nvfp4: Triton converts e4m3 values or scales from sm_89 on
+        raise InvalidInputError(f"scaled_grouped_mm {fmt} needs e4m3 conversions (sm_89 or later); "
+                                f"{target.name} has none")
     source = render(fmt, out_dtype, activation, global_scales, target.name, glu)
     return load_module(source, name="triton_grouped_gemm_scaled", interpret=target.interpreted).launch
 
