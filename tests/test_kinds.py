@@ -390,7 +390,6 @@ ALLOWED = {
     "autotune/decode.py": {"GemmProblem"}, "autotune/heuristics.py": {"GemmProblem"},
     "autotune/inputs.py": {"GemmProblem"}, "autotune/shapes.py": {"GemmProblem"},
     "autotune/policy.py": {"GemmPolicy", "GemmProblem", "gemm"},
-    "autotune/loop_policy.py": {"LoopProblem", "reduction"},
 }
 
 

@@ -35,6 +35,7 @@ MOVED = {
     "tilewright.runtime.cpp": "tilewright.templates.cpp.runtime",
     "tilewright.runtime.metal_check": "tilewright.templates.metal.check",
     "tilewright.runtime.cutedsl": "tilewright.templates.cutedsl.runtime",
+    "tilewright.autotune.loop_policy": "tilewright.kinds.loop.policy",
 }
 # old modules split or turned into packages: a module of their own that re-exports what it had
 # from the new place (and warns)

@@ -61,7 +61,7 @@ def _attach(kg: KernelGraph, gm: fx.GraphModule) -> int:
     done = 0
     for f in kg.fused:
         if getattr(f.device, "type", "cpu") != "cpu":
-            continue  # a candidate on the CPU only (autotune/loop_policy.py)
+            continue  # a candidate on the CPU only (kinds/loop/policy.py)
         try:
             prog = unfused_program(f, by_name, order, gm)
         except NoProgram as e:

@@ -99,7 +99,7 @@ def scatter_apart(a: list[LoopNode], b: list[LoopNode]) -> bool:
     not: fusing saves nothing there and costs the other group its C++ kernel. Measured on the
     demo Llama's backward: the last norm's gradient fused with the embedding's ran in ~190 us.
     Only where the tuner chooses among those (``force_backend`` "auto", ``cpu_target`` "cpu":
-    autotune/loop_policy.py); a forced backend (the Triton interpreter) fuses as on a GPU.
+    kinds/loop/policy.py); a forced backend (the Triton interpreter) fuses as on a GPU.
     (Drop this rule for a CPU language that writes scatters.)"""
     scatters = (any(m.scatter is not None for m in a), any(m.scatter is not None for m in b))
     if scatters[0] == scatters[1] or config.force_backend != "auto" or config.cpu_target != "cpu":

@@ -462,7 +462,7 @@ class _CppLoops(TemplateSpec):
     backend = "cpp"
     jinja = "loops.py.jinja"
     # compiled code on the cpu target: the loop policy offers it there under auto
-    # (autotune/loop_policy.py offered_on), timed against the ATen ops and the torch form
+    # (kinds/loop/policy.py offered_on), timed against the ATen ops and the torch form
     compiled_on_cpu = True
 
     def problem_support(self, problem: Any, target: Target) -> Support:
