@@ -389,7 +389,6 @@ ALLOWED = {
     "autotune/buckets.py": {"GemmProblem"}, "autotune/cost_model.py": {"GemmProblem", "reduction"},
     "autotune/decode.py": {"GemmProblem"}, "autotune/heuristics.py": {"GemmProblem"},
     "autotune/inputs.py": {"GemmProblem"}, "autotune/shapes.py": {"GemmProblem"},
-    "autotune/policy.py": {"GemmPolicy", "GemmProblem", "gemm"},
 }
 
 

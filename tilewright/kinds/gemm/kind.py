@@ -1,8 +1,8 @@
 """The GEMM kind, "gemm": :class:`~tilewright.problem.GemmProblem` (mm, addmm, bmm, baddbmm,
 scaled_mm, the block-scaled NVFP4/MX GEMMs) with its fused epilogue.
 
-Policy :class:`~tilewright.autotune.policy.GemmPolicy` (per target backend:
-``autotune.policy.POLICIES``), cost model :func:`~tilewright.autotune.cost_model.estimate_gemm`,
+Policy :class:`~tilewright.kinds.gemm.policy.GemmPolicy` (per target backend:
+``kinds.gemm.policy.POLICIES``), cost model :func:`~tilewright.autotune.cost_model.estimate_gemm`,
 inputs and checks :mod:`tilewright.autotune.inputs`, ATen template ``aten.gemm`` (also the
 float64 reference, B a slab of columns at a time). Its kernels are the kernel graph's
 :class:`~tilewright.compiler.graph.GemmNode`\\ s, which lowering makes itself
@@ -20,8 +20,8 @@ import torch
 from tilewright.autotune import inputs as gemm_inputs
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.cost_model import estimate_gemm
-from tilewright.autotune.policy import POLICIES, GemmPolicy
 from tilewright.kinds import ProblemKind
+from tilewright.kinds.gemm.policy import POLICIES, GemmPolicy
 from tilewright.problem import VALUES_PER_BYTE, EpilogueInput, EpilogueOp, GemmProblem
 
 GEMM_DIMS = ("M", "N", "K", "batch")
