@@ -169,8 +169,8 @@ def _ir_step(node: fx.Node, cur: fx.Node, chain: _Chain, descendants: set[str]):
     """``node`` as epilogue IR, when it is a pointwise op with a loop-lowering rule whose other
     tensor operands broadcast to the chain's shape: (its body over the output index, with the
     chain's value loaded as ``__acc__``; the operands as (fx name, FusedInput)). None otherwise."""
-    import tilewright.compiler.loops.rules  # noqa: F401 - registers the rules
-    from tilewright.compiler.loops import RULES, Buffer, LoopLowering, Unsupported, bind
+    import tilewright.kinds.loop.lower.rules  # noqa: F401 - registers the rules
+    from tilewright.kinds.loop.lower import RULES, Buffer, LoopLowering, Unsupported, bind
     from tilewright.ir import dtypes
 
     rule = RULES.get(node.target)
@@ -208,7 +208,7 @@ def _absorb_ir(g: GemmNode, body, operands, *, ndim: int, cur_shape) -> bool:
     """Fold one IR step into ``g``'s epilogue (turning its kinds into IR the first time);
     False, with ``g`` unchanged, when the step reads anything but the chain's value at the
     current element and its operands broadcast."""
-    from tilewright.compiler.loops import broadcast_index
+    from tilewright.kinds.loop.lower import broadcast_index
     from tilewright.ir import expr as E
     from tilewright.ir.epilogue import epilogue_expr, input_index
     from tilewright.ir.index import variables

@@ -300,7 +300,7 @@ def lower_loop_nodes(kg: KernelGraph, gm: fx.GraphModule, skip: set[str] = froze
     removed when nobody does). FX nodes named in ``skip`` stay ATen calls. Returns the number
     of loop nodes made."""
     from tilewright.compiler.graph import LoopNode
-    from tilewright.compiler.loops import lower_loops
+    from tilewright.kinds.loop.lower import lower_loops
 
     # what a GEMM or another kind's kernel computes is theirs, never a loop node's
     kernel_fx = {f.name for k in kg.kernels for f in k.fx_nodes} | set(skip)

@@ -185,7 +185,7 @@ def unfused_program(f: FusedNode, by_name: dict[str, fx.Node], order: dict[str, 
     inputs = {name: k for k, name in enumerate(f.args)}
     for n in f.fx_nodes:
         # a scatter fused with the ops after its target's producer reads that target through the
-        # buffer the lowering made of it (``<scatter>_init``, compiler/loops/scatters.py), which
+        # buffer the lowering made of it (``<scatter>_init``, kinds/loop/lower/scatters.py), which
         # holds exactly ``self``'s values: ``self`` is that input
         init = f"{n.name}_init"
         if (n.target in _SCATTERS_FROM_SELF and init in inputs and isinstance(n.args[0], fx.Node)

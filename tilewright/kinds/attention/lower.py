@@ -12,7 +12,7 @@ What is recognised (anything else stays the ATen call it is, so a model never fa
   ``aten._scaled_dot_product_efficient_attention`` (an additive bias) when its padded lse is
   not used;
 * ``higher_order.flex_attention`` and ``flex_attention_backward``: the score_mod and mask_mod
-  subgraphs are lowered by the loop rules (:mod:`tilewright.compiler.loops`) into the
+  subgraphs are lowered by the loop rules (:mod:`tilewright.kinds.loop.lower`) into the
   expression IR (:mod:`tilewright.kinds.attention.mods`), their captured tensors become the problem's
   captures, the block mask's tensors run-time inputs. The operator's lse is base 2. A mask
   covering everything with one block (what flex builds when no block mask is given) is no block

@@ -54,8 +54,8 @@ def lower_mod_graph(sub: fx.GraphModule, leading: tuple[str, ...], capture_ids: 
     Raises:
         NotAttention: an op without a loop rule, or arguments the rule cannot express.
     """
-    import tilewright.compiler.loops.rules  # noqa: F401 - registers the rules
-    from tilewright.compiler.loops import RULES, Buffer, LoopLowering, Unsupported, bind
+    import tilewright.kinds.loop.lower.rules  # noqa: F401 - registers the rules
+    from tilewright.kinds.loop.lower import RULES, Buffer, LoopLowering, Unsupported, bind
 
     ctx = LoopLowering()
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]

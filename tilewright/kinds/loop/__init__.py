@@ -10,7 +10,7 @@ ops, reductions, scans and scatters in the expression IR
                ATen ops it labels when they stay ATen's
 ============== ===========================================================================
 
-The FX lowering rules are :mod:`tilewright.compiler.loops`; the fusion scheduler that groups
+The FX lowering rules are :mod:`tilewright.kinds.loop.lower`; the fusion scheduler that groups
 loop nodes into kernels is the compiler's (:mod:`tilewright.compiler.schedule`). The
 templates live in the language folders (``templates/<language>/loops*``). The checks'
 names are importable from here (as from the module this package replaced); ``KIND``,

@@ -1,7 +1,7 @@
 """Lowering rules for ops that move data by index: concatenation, padding, the backward of
 slicing and selecting, and gathers (embedding, advanced indexing, ``gather``, ``index_select``).
 Out-of-range parts are masked loads: nothing is read where the mask is false. Indexing that
-writes (scatter, index_put, ...) is in :mod:`~tilewright.compiler.loops.scatters`."""
+writes (scatter, index_put, ...) is in :mod:`~tilewright.kinds.loop.lower.scatters`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 import torch.fx as fx
 
 from tilewright.compiler.graph import TensorMeta
-from tilewright.compiler.loops import Scalar, Unsupported, is_one, lowering
-from tilewright.compiler.loops.views import _normalise_start, _sym
+from tilewright.kinds.loop.lower import Scalar, Unsupported, is_one, lowering
+from tilewright.kinds.loop.lower.views import _normalise_start, _sym
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 

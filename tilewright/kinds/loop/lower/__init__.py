@@ -320,7 +320,7 @@ def computation_dtype(node: fx.Node, operands: Sequence[Any], kind: Promotion) -
 def lower_loops(gm: fx.GraphModule, skip: set[str]) -> tuple[dict[str, LoopNode], dict[str, Value | tuple]]:
     """Lower every FX node with a rule (except those in ``skip``, already lowered as GEMMs):
     the loop nodes by name, and the value of every FX node the IR can read."""
-    import tilewright.compiler.loops.rules  # noqa: F401 - registers the rules
+    import tilewright.kinds.loop.lower.rules  # noqa: F401 - registers the rules
 
     ctx = LoopLowering()
     by_name: dict[str, LoopNode] = {}

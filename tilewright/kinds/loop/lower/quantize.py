@@ -32,8 +32,8 @@ import torch
 
 import tilewright.quant.ops  # noqa: F401 - registers torch.ops.tilewright.nvfp4_quantize
 from tilewright._config import config
-from tilewright.compiler.loops import LoopLowering, Scalar, Unsupported, lowering
-from tilewright.compiler.loops.reductions import _meta
+from tilewright.kinds.loop.lower import LoopLowering, Scalar, Unsupported, lowering
+from tilewright.kinds.loop.lower.reductions import _meta
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.quant.nvfp4 import BLOCK, E2M1_MAX, E4M3_MAX

@@ -26,8 +26,8 @@ import torch
 import torch.fx as fx
 
 from tilewright.compiler.graph import LoopNode, Scatter, TensorMeta
-from tilewright.compiler.loops import Buffer, Scalar, Unsupported, broadcast_index, lowering
-from tilewright.compiler.loops.indexing import _wrapped
+from tilewright.kinds.loop.lower import Buffer, Scalar, Unsupported, broadcast_index, lowering
+from tilewright.kinds.loop.lower.indexing import _wrapped
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.index import variables

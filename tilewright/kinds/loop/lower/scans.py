@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from tilewright.compiler.graph import TensorMeta
-from tilewright.compiler.loops import Scalar, Unsupported, View, lowering
-from tilewright.compiler.loops.reductions import _meta
+from tilewright.kinds.loop.lower import Scalar, Unsupported, View, lowering
+from tilewright.kinds.loop.lower.reductions import _meta
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 

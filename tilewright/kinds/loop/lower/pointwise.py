@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.loops import (
+from tilewright.kinds.loop.lower import (
     LoopLowering, Promotion, Scalar, Unsupported, View, computation_dtype, lowering,
 )
 from tilewright.ir import dtypes

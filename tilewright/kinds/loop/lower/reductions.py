@@ -11,7 +11,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.loops import LoopLowering, Scalar, Unsupported, lowering
+from tilewright.kinds.loop.lower import LoopLowering, Scalar, Unsupported, lowering
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.index import product

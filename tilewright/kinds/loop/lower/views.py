@@ -7,7 +7,7 @@ import torch
 import torch.fx as fx
 
 from tilewright.compiler.graph import TensorMeta, to_sympy
-from tilewright.compiler.loops import Scalar, Unsupported, View, is_one, lowering
+from tilewright.kinds.loop.lower import Scalar, Unsupported, View, is_one, lowering
 from tilewright.ir.index import expand_index, permute_index, reshape_index
 
 aten = torch.ops.aten
