@@ -45,6 +45,27 @@ MOVED_PACKAGES = {
 }
 
 
+# packages that moved whole: the old package and each of its modules are the new ones
+MOVED_TREES = {
+    "tilewright.compiler.loops": "tilewright.kinds.loop.lower",
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_TREES))
+def test_old_package_and_its_modules_are_the_new_ones(old):
+    import pkgutil
+
+    new = importlib.import_module(MOVED_TREES[old])
+    for name in [k for k in sys.modules if k == old or k.startswith(old + ".")]:
+        del sys.modules[name]
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED_TREES[old]}"):
+        assert importlib.import_module(old) is new
+    modules = [m.name for m in pkgutil.iter_modules(new.__path__)]
+    assert "scatters" in modules and "scans" in modules
+    for m in modules:
+        assert importlib.import_module(f"{old}.{m}") is importlib.import_module(f"{new.__name__}.{m}")
+
+
 # modules that stay, some of whose names moved: each such name still resolves there, with a warning
 MOVED_NAMES = {
     "tilewright.autotune.policy": ("tilewright.kinds.gemm.policy", (
@@ -120,20 +141,26 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+def _old_imports(path: Path, old: set[str]) -> list[str]:
+    trees = tuple(f"{t}." for t in MOVED_TREES)
+    return sorted(n for n in _imports(path) if n in old or n.startswith(trees))
+
+
 def test_tilewright_imports_only_the_new_paths():
     """The suite runs with DeprecationWarning ignored (pyproject.toml); this keeps tilewright's
     own modules, templates and rendered kernels off the old paths anyway."""
-    old = set(MOVED) | set(MOVED_PACKAGES) | {f"{m}.{n}" for m, (_, names) in MOVED_NAMES.items() for n in names}
+    old = set(MOVED) | set(MOVED_PACKAGES) | set(MOVED_TREES) | {f"{m}.{n}" for m, (_, names) in MOVED_NAMES.items() for n in names}
     shims = {PKG.joinpath(*name.split(".")[1:]).with_suffix(".py") for name in MOVED}
     shims |= {PKG.joinpath(*name.split(".")[1:], "__init__.py") for name in MOVED}  # a package moved
     shims |= {PKG.joinpath(*name.split(".")[1:], "__init__.py") for name in MOVED_PACKAGES}
     shims |= {PKG.joinpath(*name.split(".")[1:]).with_suffix(".py") for name in MOVED_PACKAGES}
+    shims |= {PKG.joinpath(*name.split(".")[1:], "__init__.py") for name in MOVED_TREES}
     bad = {}
     for f in PKG.rglob("*.py"):
-        if f not in shims and (hits := _imports(f) & old):
+        if f not in shims and (hits := _old_imports(f, old)):
             bad[str(f.relative_to(PKG))] = sorted(hits)
     for f in (PKG.parent / "docs" / "examples").glob("*.py"):  # what kernel authors copy
-        if f.exists() and (hits := _imports(f) & old):
+        if f.exists() and (hits := _old_imports(f, old)):
             bad[f"docs/examples/{f.name}"] = sorted(hits)
     for f in PKG.rglob("*.jinja"):
         if hits := {o for o in old if f"from {o} import" in f.read_text() or f"import {o}\n" in f.read_text()}:

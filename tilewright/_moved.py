@@ -36,3 +36,25 @@ def alias(old: str, new: str) -> ModuleType:
     # the import system returns whatever sys.modules holds once the shim has run
     sys.modules[old] = module
     return module
+
+
+def alias_package(old: str, new: str) -> ModuleType:
+    """Make package ``old`` (a shim ``__init__`` being imported) the package ``new``, and each
+    module of ``new`` its old name's, so ``old.<module>`` is never loaded a second time from
+    the new folder (the import system finds an aliased package's modules on its new
+    ``__path__``); one DeprecationWarning, naming the new path.
+
+    Raises:
+        ImportError: ``new`` or one of its modules cannot be imported.
+    """
+    import pkgutil
+
+    package = importlib.import_module(new)
+    for info in pkgutil.iter_modules(package.__path__):
+        sys.modules[f"{old}.{info.name}"] = importlib.import_module(f"{new}.{info.name}")
+        MOVED[f"{old}.{info.name}"] = f"{new}.{info.name}"
+    MOVED[old] = new
+    warnings.warn(f"{old} moved to {new}; import it from there ({old} is removed in {REMOVED_IN})",
+                  DeprecationWarning, stacklevel=3)
+    sys.modules[old] = package
+    return package
