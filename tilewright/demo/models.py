@@ -90,7 +90,7 @@ def llama_nvfp4_decode_calibrated(tokens: int = 8):
     """:func:`llama_nvfp4_decode` with every activation's global scale calibrated on one
     forward of its own inputs (``NVFP4Linear.calibrate``), as a ModelOpt checkpoint's
     ``input_scale`` fixes it: each activation quantisation is then written by the kernel that
-    produces the activation (the RMSNorm, the SwiGLU; compiler/loops/quantize.py), the PDL
+    produces the activation (the RMSNorm, the SwiGLU; kinds/loop/lower/quantize.py), the PDL
     producer of the NVFP4 GEMM after it."""
     from tilewright.quant.linear import NVFP4Linear
 

@@ -89,7 +89,7 @@ class NVFP4Linear(nn.Module):
         if self.input_global_scale is not None:
             # the op returns a copy of a calibrated scale: reading the buffer itself leaves the
             # op's outputs to the packed values and block scales, which a compiled model's
-            # producer kernel writes itself (compiler/loops/quantize.py)
+            # producer kernel writes itself (kinds/loop/lower/quantize.py)
             xg = self.input_global_scale
         y = torch.ops.tilewright.nvfp4_mm(xq, xs, xg, self.weight, self.weight_scale,
                                           self.weight_global_scale, self.bias, x.dtype)

@@ -198,7 +198,7 @@ def _f32_to_bf16(x):
 def _div_rn(a, b):
     # fp32 a / b rounded to nearest even, as torch divides: Triton's "/" is div.full.f32 on
     # NVIDIA (within 2 ulp), which moves a quotient rounded again later (an E4M3 block scale,
-    # an E2M1 code at a tie: compiler/loops/quantize.py) off torch's bits
+    # an E2M1 code at a tie: kinds/loop/lower/quantize.py) off torch's bits
     a, b = tl.broadcast(a, b)
     return tl.div_rn(a, b)
 ''',
