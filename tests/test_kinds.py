@@ -414,3 +414,31 @@ def test_shared_code_names_no_problem_kind(path):
         elif isinstance(n, ast.Name) and n.id in KIND_TYPES or isinstance(n, ast.alias) and n.name in KIND_TYPES:
             named.add(getattr(n, "id", None) or n.name)
     assert not named - ALLOWED.get(path, set()), f"{path} names {sorted(named)}: ask tilewright.kinds"
+
+
+def test_aten_calls_left_as_they_are_are_labelled_by_their_kind():
+    """lower() names no kind: an ATen call no kind lowered is labelled by the kind whose op it is
+    (ProblemKind.extern_label), else "view", "getitem" or "extern"."""
+    import operator
+
+    import torch.fx as fx
+
+    from tilewright.compiler.lower import _kind
+
+    aten = torch.ops.aten
+    g = fx.Graph()
+    x = g.placeholder("x")
+    registered = kinds()
+    cases = {aten.exp.default: "pointwise", aten._softmax.default: "reduction",
+             aten._scaled_dot_product_flash_attention_for_cpu.default: "attention",
+             aten.view.default: "view", operator.getitem: "getitem", aten.sort.default: "extern"}
+    for target, label in cases.items():
+        assert _kind(g.call_function(target, (x,)), registered) == label, target
+    # a kind registered from outside labels its own ops
+    toy = register_kind(type("Toy", (ProblemKind,), {
+        "names": ("toy_label",), "problem_type": AxpyProblem,
+        "extern_label": lambda self, node: "toy" if node.target is aten.sort.default else None})())
+    try:
+        assert _kind(g.call_function(aten.sort.default, (x,)), kinds()) == "toy"
+    finally:
+        unregister_kind(toy)
