@@ -1,6 +1,6 @@
 """``torch.ops.tilewright.nvfp4_quantize``: activation quantisation as a custom op, defined beside
 the format it computes. It needs no kernel choice (its eager form is :func:`tilewright.quant.nvfp4.quantize`;
-a compiled graph lowers it to a loop kernel, ``compiler/loops/quantize.py``), so it sits in the
+a compiled graph lowers it to a loop kernel, ``kinds/loop/lower/quantize.py``), so it sits in the
 base layer, where the compiler can import it; :mod:`tilewright.kernels.nvfp4` re-exports it with
 the NVFP4 GEMM.
 """

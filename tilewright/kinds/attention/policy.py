@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewright.autotune.cost_model import INTERP_MAC_MS, INTERP_STEP_MS, LAUNCH_US, CostEstimate
-from tilewright.autotune.loop_policy import offered_on
 from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.kinds.attention.problem import AttentionProblem
+from tilewright.kinds.loop.policy import offered_on
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec
 
