@@ -15,6 +15,7 @@ import tilewright
 from tilewright.autotune.kinds import make_loop_inputs, poisoned_loop_outputs
 from tilewright.compiler.report import collect_reports
 from tilewright.quant import nvfp4
+import tilewright.quant.ops  # noqa: F401 - registers torch.ops.tilewright.nvfp4_quantize (Q below)
 from tilewright.quant.linear import quantize_linears
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template
