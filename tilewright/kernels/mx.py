@@ -39,6 +39,26 @@ def _(x, fmt):
             x.new_empty((*x.shape[:-1], K // mx.BLOCK), dtype=torch.float8_e8m0fnu))
 
 
+@torch.library.custom_op("tilewright::mx_quantize_bytes", mutates_args=())
+def mx_quantize_bytes(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mx_quantize` with the E8M0 scales as their uint8 bytes (``e + 127``; 255 NaN).
+
+    What the compiler rewrites ``mx_quantize`` to before lowering
+    (:func:`tilewright.compiler.loops.quantize_mx.expose_scale_bytes`), followed by a free
+    ``view(float8_e8m0fnu)``: the loop kernel that fuses the quantisation into its producer
+    stores bytes, a dtype every emitter has, so the kernel IR needs no E8M0 type.
+    """
+    q = mx.quantize(x, fmt)
+    return q.data, q.scale.view(torch.uint8)
+
+
+@mx_quantize_bytes.register_fake
+def _(x, fmt):
+    K, vpb = x.shape[-1], mx.values_per_byte(fmt)
+    return (x.new_empty((*x.shape[:-1], K // vpb), dtype=torch.uint8 if vpb == 2 else torch.float8_e4m3fn),
+            x.new_empty((*x.shape[:-1], K // mx.BLOCK), dtype=torch.uint8))
+
+
 def block_scaled_problem(fmt: str, M: int, N: int, K: int, out_dtype: torch.dtype,
                          scalars: int, bias: torch.Tensor | None, op: str) -> GemmProblem:
     """The GEMM a block-scaled op runs (NVFP4 or MX): ``scalars`` multiplies by fp32 0-dim

@@ -1,0 +1,3 @@
+"""Imports every rule module, so the registry is complete."""
+
+from tilewright.compiler.loops import indexing, pointwise, quantize, quantize_mx, reductions, scans, scatters, views  # noqa: F401
