@@ -290,3 +290,33 @@ def test_fused_quantising_producer_is_the_nvfp4_gemms_pdl_producer():
         src = t.render(producer, params, SM100).source
         assert "gdc_wait()" in src and "gdc_launch_dependents()" in src, src[:3000]
         assert "float8e4nv" in src or "fp8e4nv" in src
+
+
+@pytest.mark.slow
+def test_fused_mx_quantising_producer_is_the_mx_gemms_pdl_producer():
+    """An MXFP4 decode step (no calibration: MX scales are per block): the norm or SwiGLU
+    kernel that writes the packed activation and its E8M0 scale bytes (compiler/loops/
+    quantize_mx.py) launches right before the MX GEMM reading them, so it is the producer of a
+    PDL edge, and its Triton rendering for sm_100a waits and releases."""
+    from tilewright.compiler.graph import FusedNode, GemmNode
+    from tilewright.demo.models import build_llama, llama_inputs
+    from tilewright.quant.linear import quantize_linears
+
+    model = build_llama(torch.bfloat16).eval()
+    quantize_linears(model, fmt="mxfp4", skip=("lm_head",))
+    kg, _ = graph_of(model, llama_inputs(batch=4, seq=1))
+    by_name = {n.name: n for n in kg.nodes}
+    edges = [(by_name[p], by_name[c]) for p, c in pdl.chain_edges(kg.nodes)]
+    quantising = [(p, c) for p, c in edges if isinstance(p, FusedNode) and isinstance(c, GemmNode)
+                  and c.fmt == "mxfp4" and c.a in p.outputs
+                  and any(b.dtype == "u8" for b in p.problem.kernel.outputs)]
+    assert len(quantising) >= 2, [(p.name, c.name) for p, c in edges]
+    assert not [n for n in kg.nodes if "mx_quantize" in str(getattr(getattr(n, "fx_node", None), "target", ""))]
+    producer = quantising[0][0].problem
+    t = get_template(f"triton.{producer.kind}")
+    assert t.supports(producer, SM100), t.supports(producer, SM100).reason
+    if runtime_pdl.triton_pdl_refusal(SM100) is None:
+        params = t.space.complete({"PDL": True})
+        assert t.check(params, producer, SM100) is None
+        src = t.render(producer, params, SM100).source
+        assert "gdc_wait()" in src and "gdc_launch_dependents()" in src, src[:3000]

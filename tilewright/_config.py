@@ -120,7 +120,8 @@ class Config:
     fuse_quantisation: bool = _setting(
         True, "TILEWRIGHT_FUSE_QUANTISATION",
         "Let the kernel that produces an activation also write its NVFP4 quantisation (packed "
-        "values and block scales) when the layer's activation scale is calibrated; when off, "
+        "values and block scales; when the layer's activation scale is calibrated) or its MX "
+        "quantisation (always); when off, "
         "the quantisation is an ATen call of its own (the same bytes).")
     max_candidates: int = _setting(
         6, "TILEWRIGHT_MAX_CANDIDATES",
