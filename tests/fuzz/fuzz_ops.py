@@ -82,9 +82,9 @@ NOT_FUZZED = {
 
 def _own_op(op) -> str | None:
     """tilewright's own ops (the NVFP4/MX activation quantisers) have no eager twin the oracle
-    can draw arguments for: tests/test_fused_quant.py checks each against its unfused form, bit
-    for bit."""
-    return "tilewright's own op: tests/test_fused_quant.py checks it" if op.namespace == "tilewright" else None
+    can draw arguments for: tests/test_fused_quant.py and tests/test_fused_mx_quant.py check
+    each against its unfused form, bit for bit."""
+    return "tilewright's own op: tests/test_fused_quant.py / test_fused_mx_quant.py check it" if op.namespace == "tilewright" else None
 
 
 def catalogue() -> tuple[dict[str, list[torch._ops.OpOverload]], dict[torch._ops.OpOverload, str]]:

@@ -19,44 +19,10 @@ import torch
 from tilewright.errors import InvalidInputError
 from tilewright.problem import DTYPE_NAMES, SCALED_FORMATS, VALUES_PER_BYTE, EpilogueInput, EpilogueOp, GemmProblem
 from tilewright.quant import dequantize_block_scaled, mx
+from tilewright.quant.ops import mx_quantize, mx_quantize_bytes  # noqa: F401 - the public ops, defined with the format
 
 # the block scales' dtype per format (raw uint8 bytes are taken too)
 SCALE_DTYPES = {"mxfp4": torch.float8_e8m0fnu, "mxfp8": torch.float8_e8m0fnu, "nvfp4": torch.float8_e4m3fn}
-
-
-@torch.library.custom_op("tilewright::mx_quantize", mutates_args=())
-def mx_quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise ``x`` (..., K) along K to ``fmt``: (data, float8_e8m0fnu scales (..., K/32));
-    data is uint8 (..., K/2) for mxfp4, float8_e4m3fn (..., K) for mxfp8."""
-    q = mx.quantize(x, fmt)
-    return q.data, q.scale
-
-
-@mx_quantize.register_fake
-def _(x, fmt):
-    K, vpb = x.shape[-1], mx.values_per_byte(fmt)
-    return (x.new_empty((*x.shape[:-1], K // vpb), dtype=torch.uint8 if vpb == 2 else torch.float8_e4m3fn),
-            x.new_empty((*x.shape[:-1], K // mx.BLOCK), dtype=torch.float8_e8m0fnu))
-
-
-@torch.library.custom_op("tilewright::mx_quantize_bytes", mutates_args=())
-def mx_quantize_bytes(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`mx_quantize` with the E8M0 scales as their uint8 bytes (``e + 127``; 255 NaN).
-
-    What the compiler rewrites ``mx_quantize`` to before lowering
-    (:func:`tilewright.compiler.loops.quantize_mx.expose_scale_bytes`), followed by a free
-    ``view(float8_e8m0fnu)``: the loop kernel that fuses the quantisation into its producer
-    stores bytes, a dtype every emitter has, so the kernel IR needs no E8M0 type.
-    """
-    q = mx.quantize(x, fmt)
-    return q.data, q.scale.view(torch.uint8)
-
-
-@mx_quantize_bytes.register_fake
-def _(x, fmt):
-    K, vpb = x.shape[-1], mx.values_per_byte(fmt)
-    return (x.new_empty((*x.shape[:-1], K // vpb), dtype=torch.uint8 if vpb == 2 else torch.float8_e4m3fn),
-            x.new_empty((*x.shape[:-1], K // mx.BLOCK), dtype=torch.uint8))
 
 
 def block_scaled_problem(fmt: str, M: int, N: int, K: int, out_dtype: torch.dtype,

@@ -32,7 +32,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_quantize*
+import tilewright.quant.ops  # noqa: F401 - registers torch.ops.tilewright.mx_quantize*
 from tilewright._config import config
 from tilewright.compiler.loops import LoopLowering, Scalar, Unsupported, lowering
 from tilewright.compiler.loops.quantize import e2m1_code, e4m3_round
