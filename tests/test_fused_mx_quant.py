@@ -1,5 +1,5 @@
 """MX activation quantisation fused into its producer's loop kernel
-(compiler/loops/quantize_mx.py): the fused kernel writes the same bytes and E8M0 scales as the
+(kinds/loop/lower/quantize_mx.py): the fused kernel writes the same bytes and E8M0 scales as the
 unfused quantiser (tilewright/quant/mx.py), in every emitter that runs it, and a quantised
 decoder layer launches 4 kernels."""
 
@@ -16,7 +16,7 @@ from test_loop_kernels import FACTORY, loop_problems
 import tilewright
 import tilewright.kernels.mx  # noqa: F401 - registers torch.ops.tilewright.mx_quantize
 from tilewright.autotune.kinds import make_loop_inputs, poisoned_loop_outputs
-from tilewright.compiler.loops.quantize_mx import floor_log2, pow2
+from tilewright.kinds.loop.lower.quantize_mx import floor_log2, pow2
 from tilewright.compiler.report import collect_reports
 from tilewright.ir import expr as E
 from tilewright.quant import mx

@@ -182,7 +182,7 @@ def test_compiled_model_equals_eager_with_one_gemm_per_layer(tmp_path, fmt):
     assert sum(c.startswith("gemm_") for c in calls) == 2, calls  # relu*0.5 and the residual fused
     # views are the tensor's own method (`x.view`), other ops their overload's C++ entry
     others = {c for c in calls if not c.endswith(".view")} - {"gemm_0", "gemm_1", "operator.getitem"}
-    # each activation quantisation is a loop kernel (compiler/loops/quantize_mx.py) whose
+    # each activation quantisation is a loop kernel (kinds/loop/lower/quantize_mx.py) whose
     # scale bytes are viewed as E8M0 (free); the ATen quantiser is gone
     assert others - {"_op_aten_view_dtype"} == {"kernel_0", "kernel_2"}, others
 

@@ -24,7 +24,6 @@ from tilewright.compiler.graph import (
     ExternNode, FusedInput, GemmNode, KernelGraph, Node, TensorMeta, layout_of,
 )
 from tilewright.compiler.fallbacks import contain
-from tilewright.compiler.loops.quantize_mx import expose_scale_bytes
 from tilewright.compiler.views import fold_double_transposes
 from tilewright.kinds import kinds
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, VALUES_PER_BYTE, EpilogueInput, EpilogueOp
@@ -259,8 +258,6 @@ def lower(gm: fx.GraphModule) -> KernelGraph:
     n_gemm = 0
     registered = kinds()
     fold_double_transposes(gm)  # t(t(x)) is x: one Python call less per transpose (views.py)
-    # MX scales as bytes (a free view back to E8M0), so a loop kernel can fuse the quantisation
-    expose_scale_bytes(gm)
     for kind in registered:  # e.g. grouped GEMMs retargeted, their epilogues folded into them
         kind.rewrite_fx(gm)
     lowered_by: dict[int, int] = {}  # kinds' own nodes so far (their index)

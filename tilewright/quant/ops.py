@@ -53,7 +53,7 @@ def mx_quantize_bytes(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Te
     """:func:`mx_quantize` with the E8M0 scales as their uint8 bytes (``e + 127``; 255 NaN).
 
     What the compiler rewrites ``mx_quantize`` to before lowering
-    (``compiler/loops/quantize_mx.py``), followed by a free
+    (``kinds/loop/lower/quantize_mx.py``), followed by a free
     ``view(float8_e8m0fnu)``: the loop kernel that fuses the quantisation into its producer
     stores bytes, a dtype every emitter has, so the kernel IR needs no E8M0 type.
     """

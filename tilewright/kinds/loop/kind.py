@@ -75,6 +75,14 @@ class LoopKind(ProblemKind):
                             '{"native": [], "outputs": [0], "static": [], "steps": []}'),
                 LoopProblem(_example_kernel(True), (("z0", 6), ("z1", 30)), frozenset(), "sum")]
 
+    # -- the compiler's side ----------------------------------------------------------------------
+    def rewrite_fx(self, gm: Any) -> int:
+        """MX activation quantisations get their scales as bytes (a free view back to E8M0),
+        so a loop kernel can write them (lower/quantize_mx.py)."""
+        from tilewright.kinds.loop.lower.quantize_mx import expose_scale_bytes
+
+        return expose_scale_bytes(gm)
+
     # -- choosing ---------------------------------------------------------------------------------
     def policy(self, name: str, target: Any) -> LoopPolicy:
         return LoopPolicy(name)

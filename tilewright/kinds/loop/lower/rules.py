@@ -1,3 +1,3 @@
 """Imports every rule module, so the registry is complete."""
 
-from tilewright.kinds.loop.lower import indexing, pointwise, quantize, reductions, scans, scatters, views  # noqa: F401
+from tilewright.kinds.loop.lower import indexing, pointwise, quantize, quantize_mx, reductions, scans, scatters, views  # noqa: F401

@@ -16,7 +16,8 @@ bytes are the same (``tests/test_fused_mx_quant.py``):
   MXFP8: clamped to +-448 and rounded to E4M3 in IR arithmetic (:func:`.quantize.e4m3_round`),
   so the store's fp8 conversion is exact in every emitter.
 
-E8M0 is no dtype of the kernel IR: before lowering, :func:`expose_scale_bytes` retargets the op
+E8M0 is no dtype of the kernel IR: before lowering (the loop kind's ``rewrite_fx``),
+:func:`expose_scale_bytes` retargets the op
 to ``tilewright.mx_quantize_bytes`` (the scales as uint8) and views its scale output as
 ``float8_e8m0fnu`` (a free view), so the fused kernel stores the scale bytes as ``u8``.
 
@@ -34,9 +35,9 @@ import torch.fx as fx
 
 import tilewright.quant.ops  # noqa: F401 - registers torch.ops.tilewright.mx_quantize*
 from tilewright._config import config
-from tilewright.compiler.loops import LoopLowering, Scalar, Unsupported, lowering
-from tilewright.compiler.loops.quantize import e2m1_code, e4m3_round
-from tilewright.compiler.loops.reductions import _meta
+from tilewright.kinds.loop.lower import LoopLowering, Scalar, Unsupported, lowering
+from tilewright.kinds.loop.lower.quantize import e2m1_code, e4m3_round
+from tilewright.kinds.loop.lower.reductions import _meta
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.quant.mx import BLOCK, E8M0_BIAS, FORMATS

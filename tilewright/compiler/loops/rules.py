@@ -1,3 +1,0 @@
-"""Imports every rule module, so the registry is complete."""
-
-from tilewright.compiler.loops import indexing, pointwise, quantize, quantize_mx, reductions, scans, scatters, views  # noqa: F401
