@@ -134,8 +134,11 @@ def test_mxfp4_variant_plans_flydsl_mx_gemm_for_the_dense_projections(captured_m
         if why is not None:  # refused, and the reason names the fix
             assert not planned and any(r["template"] == "flydsl.mx_gemm" and why in r["reason"] for r in refused)
             continue
-        assert [k.template.id for k in planned] == ["flydsl.mx_gemm"], refused
-        k = planned[0]
+        # FlyDSL's scaled-MFMA GEMM, beside the Triton kernels that dequantise MX in their
+        # prologue (the MX path of every Triton target since block-scaled scaled_mm)
+        ids = [k.template.id for k in planned]
+        assert ids.count("flydsl.mx_gemm") == 1 and set(ids) <= {"flydsl.mx_gemm", "triton.gemm_nvfp4"}, refused
+        k = next(k for k in planned if k.template.id == "flydsl.mx_gemm")
         assert k.name.startswith(f"gfx950/mx_mm_{p.M}x{p.N}x{p.K}_mxfp4_") and k.job.spec["language"] == "flydsl"
         assert p.K % k.params["BLOCK_K"] == 0 and k.predicted_ms > 0
 
@@ -195,11 +198,20 @@ def test_cli_builds_flydsl_dense_grouped_and_mxfp4_kernels_for_gfx950(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("flydsl") is None,
                     reason="flydsl is not installed: these refusals are the ones past the package")
 def test_problems_without_a_kernel_are_reported_with_every_reason(captured_mx, tmp_path, monkeypatch):
-    # no FlyDSL toolchain: nothing builds the MX projections for gfx950; the report says which
-    # problems are left to ATen there and why, template by template (the CLI prints it)
+    # no FlyDSL toolchain and no Triton MX kernel: nothing builds the MX projections for gfx950;
+    # the report says which problems are left to ATen there and why, template by template (the
+    # CLI prints it)
+    from tilewright.templates import get_template
+
     monkeypatch.setenv("TILEWRIGHT_FLYDSL_ROCM", str(tmp_path / "nothing"))
     gfx950 = get_target("gfx950")
     mx = [c for c in captured_mx if isinstance(c.problem, GemmProblem)]
+    kernels, refused = aot.plan(mx, [gfx950])
+    # without FlyDSL the Triton kernel that dequantises MX in its prologue still covers them
+    assert kernels and {k.template.id for k in kernels} == {"triton.gemm_nvfp4"}
+    assert {k.captured.problem for k in kernels} == {c.problem for c in mx}
+    monkeypatch.setattr(get_template("triton.gemm_nvfp4"), "check",
+                        lambda params, problem, target: "switched off by this test")
     kernels, refused = aot.plan(mx, [gfx950])
     report = aot.AotReport(tmp_path, "mx", [gfx950], kernels, refused)
     assert not kernels and len(report.uncovered) == len(mx) == 2
