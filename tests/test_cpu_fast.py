@@ -277,3 +277,55 @@ def test_programs_are_not_part_of_the_problem_key():
     assert ProblemKey.for_problem(a, "cpu").digest == ProblemKey.for_problem(b, "cpu").digest
     assert LoopProblem.from_json(a.to_json()).unfused == a.unfused  # carried through the cache
     assert Counter(json.loads(a.unfused)["outputs"])  # well-formed
+
+
+# -- a kept (static) value never reads one computed per call -------------------------------------------
+def _arange_output_then_read(x):
+    # an iota that is an output (never kept: a caller may write into it) read by views that
+    # read no input: those were kept and ran before it was defined (NameError: v1)
+    p = torch.arange(x.shape[0]) + 0
+    q = p.unsqueeze(0).expand(2, -1)[:, 0:1] - 1
+    return p, q, x.sum()
+
+
+def _positions_scale(x):
+    # position ids (an output) scaling the rows, as a rotary/position-id kernel does
+    pos = torch.arange(x.shape[-1]) + 0
+    return pos, (x * pos.unsqueeze(0).expand(x.shape[0], -1).to(x.dtype)).sum(-1)
+
+
+@pytest.mark.parametrize("fn,shape", [(_arange_output_then_read, (13,)), (_positions_scale, (3, 13))])
+def test_unfused_candidate_defines_every_value_before_reading_it(fn, shape, fresh_cache):
+    x = g(*shape)
+    problems = [p for p in problems_of(fn, x) if p.unfused]
+    assert problems
+    for problem in problems:
+        prog = json.loads(problem.unfused)
+        static = set(prog["static"])
+        for j in static:  # the kept steps are closed: each reads kept values only
+            step = json.dumps(prog["steps"][j])
+            assert all(f'{{"v": {v}}}' not in step for v in range(len(prog["steps"])) if v not in static)
+        _, _, got, ref = run_candidate(problem, f"aten.unfused_{problem.kind}", program_params(problem))
+        for o, r in zip(got, ref):
+            assert rel_err(o, r) < 1e-5
+    # compiled, on a non-contiguous input too: right, and no candidate failed on its own code
+    for arg in (x, g(*shape[:-1], 2 * shape[-1])[..., ::2]):
+        out, want, _, _ = compiled_run(fn, arg)
+        for o, w in zip(out, want):
+            assert o.dtype == w.dtype and rel_err(o, w) < 1e-5
+    reasons = [r.get("reason") or "" for _, e in TuningCache(fresh_cache / "autotune" / "tuning.json").entries()
+               for r in e["records"].values()]
+    assert reasons and not [r for r in reasons if "NameError" in r or "SyntaxError" in r], reasons
+
+
+def test_a_candidate_whose_code_is_broken_is_a_warning_in_strict_mode(caplog):
+    from tilewright.autotune.evaluate import _failed
+
+    base = dict(template_id="aten.unfused_reduction", template_hash="h", params={"program": "p"},
+                rank=0, predicted_ms=None)
+    with tilewright.config.patch(strict=True), caplog.at_level("WARNING", "tilewright.autotune.evaluate"):
+        out = _failed(base, "run", NameError("name 'v1' is not defined"))
+        _failed(base, "run", RuntimeError("shape mismatch"))  # the problem's failure: no warning
+    assert out.record.status == "failed" and "NameError" in out.record.reason
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "aten.unfused_reduction" in msg and "template bug" in msg and "v1" in msg

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -31,6 +32,8 @@ from tilewright.autotune.cache import Record
 from tilewright.autotune.candidates import Candidate
 from tilewright.kinds import kind_of
 from tilewright.runtime.targets import get_target
+
+_log = logging.getLogger(__name__)
 
 # errors after which a process's device state cannot be trusted (a worker is replaced)
 _FATAL_TYPES = ("OutOfMemoryError", "MemoryError", "AcceleratorError")
@@ -81,6 +84,11 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 
 def _failed(base: dict[str, Any], stage: str, e: BaseException, compile_s: float | None = None) -> EvalOutcome:
+    if config.strict and isinstance(e, (NameError, SyntaxError)):
+        # a candidate whose generated source is not valid Python is our bug, not the problem's:
+        # it is only ever marked failed, and another candidate wins, so say so where it shows
+        _log.warning("%s %s: generated code is broken (a template bug): %s: %s",
+                     base["template_id"], base["params"], type(e).__name__, e)
     return EvalOutcome(Record(**base, status="failed", reason=f"{stage}: {type(e).__name__}: {e}"[:500]),
                        compile_s, fatal=is_fatal(e), transient=is_out_of_memory(e))
 

@@ -262,15 +262,33 @@ def unfused_program(f: FusedNode, by_name: dict[str, fx.Node], order: dict[str, 
         return _literal(x)
 
     outputs = [index[o] for o in out_nodes]
-    return {
-        "native": natives,
-        "steps": [steps[s].spec if steps[s].spec is not None else
-                  {"op": steps[s].op, "args": [arg(a) for a in steps[s].args],
-                   "kwargs": {k: arg(v) for k, v in steps[s].kwargs.items()}} for s in ordered],
-        "outputs": outputs,
-        # computed once per shape; never an output (a caller may write into those)
-        "static": [j for j, s in enumerate(ordered) if steps[s].static and j not in outputs],
-    }
+    encoded = [steps[s].spec if steps[s].spec is not None else
+               {"op": steps[s].op, "args": [arg(a) for a in steps[s].args],
+                "kwargs": {k: arg(v) for k, v in steps[s].kwargs.items()}} for s in ordered]
+    # computed once per shape; never an output (a caller may write into those), and so never
+    # a step that reads an output either: the kept steps run before the others, and one
+    # reading a value computed per call read it before its definition (a NameError)
+    static: set[int] = set()
+    for j, s in enumerate(ordered):  # in order: a step's reads are decided before it
+        if steps[s].static and j not in outputs and all(v in static for v in _reads(encoded[j])):
+            static.add(j)
+    return {"native": natives, "steps": encoded, "outputs": outputs, "static": sorted(static)}
+
+
+def _reads(step: dict) -> list[int]:
+    """The program values (``{"v": j}``) an encoded step reads."""
+    out: list[int] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict) and "v" in x:
+            out.append(x["v"])
+
+    walk(step["args"])
+    walk(list(step["kwargs"].values()))
+    return out
 
 
 _ZERO_STARTS = {_aten.new_zeros.default, _aten.zeros_like.default, _aten.zeros.default,

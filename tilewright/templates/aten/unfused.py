@@ -78,11 +78,18 @@ def render_program(problem: LoopProblem) -> str:
             if step["op"] not in ops:
                 ops.append(step["op"])
             text = f"v{j} = OP{ops.index(step['op'])}({', '.join(args)})"
+        if j in static_set and (late := [v for v in _reads(step) if v not in static_set]):
+            # the kept steps run first, apart: this one would read a value not yet defined
+            raise ValueError(f"program step v{j} is marked static but reads "
+                             f"{', '.join(f'v{v}' for v in late)}, computed per call "
+                             "(a bug in compiler/programs.py's static set)")
         (static if j in static_set else body).append(text)
     results = []
     for j in prog["outputs"]:
         # an output derived from kept values only (a view of a cached iota) must not alias them
-        derived = all(a in static_set for a in _reads(prog["steps"][j]))
+        # (one reading no kept value, a reduction of an input, needs no copy)
+        reads = _reads(prog["steps"][j])
+        derived = bool(reads) and all(a in static_set for a in reads)
         results.append(f"v{j}.clone()" if derived and prog["static"] else f"v{j}")
     inits = _zero_started_inits(problem, prog, inputs)
     what = (f"the native op {prog['native'][0]} (the kernel is exactly its decomposition)"
