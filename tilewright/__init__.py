@@ -53,6 +53,26 @@ def launch_report(model, *args, train: bool = False, **kwargs):
     return impl(model, *args, train=train, **kwargs)
 
 
+def collect_reports():
+    """A ``with`` block that gathers the :class:`~tilewright.compiler.report.GraphReport` of every
+    graph tilewright compiles inside it, for an ordinary ``torch.compile`` call (no recompile,
+    unlike :func:`launch_report`). Graphs compile on a compiled model's first call (and on a
+    recompile), so make that call inside the block::
+
+        with tilewright.collect_reports() as reports:     # a list, filled as graphs compile
+            out = compiled(x)
+        for r in reports:
+            print(r.graph_id, r.kind, r.fallback, r.kernel_fallbacks, r.kernel_counts)
+
+    A report is one object that tilewright keeps updating: a kernel that falls back to ATen in a
+    later call (outside the block) is appended to its ``kernel_fallbacks`` there too. Blocks may
+    nest; each gets every graph compiled (in any thread) while it is open.
+    """
+    from tilewright.compiler.report import collect_reports as impl  # the compiler loads on use
+
+    return impl()
+
+
 __all__ = ["Config", "ConfigError", "InvalidInputError", "Language", "TemplateSpec", "TilewrightError",
-           "__version__", "config", "launch_report", "register_language", "register_template",
+           "__version__", "collect_reports", "config", "launch_report", "register_language", "register_template",
            "unregister_language", "unregister_template"]
