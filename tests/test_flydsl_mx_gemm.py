@@ -220,11 +220,12 @@ def test_aot_plan_builds_an_mxfp4_linear_for_gfx950(tmp_path):
                  epilogue=(EpilogueOp("mul", input=0), EpilogueOp("mul", input=1)),
                  epilogue_inputs=(EpilogueInput("", "fp32"), EpilogueInput("", "fp32")))
     kernels, refused = aot.plan([CapturedKernel(problem, ["inference.gemm_0"])], [GFX950])
-    assert [k.template.id for k in kernels] == ["flydsl.mx_gemm"], refused
-    (r,) = compile_jobs([kernels[0].job], tmp_path)
+    # beside the Triton kernels that dequantise MX in their prologue (test_aot_grouped.py)
+    (k,) = [k for k in kernels if k.template.id == "flydsl.mx_gemm"] or [refused]
+    (r,) = compile_jobs([k.job], tmp_path)
     assert r.ok, r
     arts = {"amdgcn": tmp_path / r.artifacts["amdgcn"]}
-    checks = MX.expected_instructions(problem, kernels[0].params, GFX950)
+    checks = MX.expected_instructions(problem, k.params, GFX950)
     assert verify(arts, checks).ok
-    assert r.metadata["shared"] == geometry(problem, kernels[0].params).lds_B
-    assert Path(tmp_path / r.artifacts["source"]).read_text() == kernels[0].job.source
+    assert r.metadata["shared"] == geometry(problem, k.params).lds_B
+    assert Path(tmp_path / r.artifacts["source"]).read_text() == k.job.source
