@@ -21,7 +21,6 @@ import pickle
 import re
 import threading
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tilewright.errors import RegistrationError
@@ -108,8 +107,9 @@ class Language:
     prebuild: Callable[[Any], None] | None = None
     calls_aten: bool = False
     aot_writer: AotWriter | None = None
-    pinned_knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}),
-                                                          hash=False)
+    # a plain dict: a language registered by a call is pickled for tuning workers, and a
+    # MappingProxyType cannot be
+    pinned_knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
 
     def pinned(self, backend: str) -> Mapping[str, Any]:
         """The knob values this language's compiler needs on target backend ``backend``."""
