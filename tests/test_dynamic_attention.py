@@ -145,10 +145,18 @@ def test_flex_decode_over_a_growing_kv_length_with_an_outside_block_mask():
                 s = (q.double() @ k.double().transpose(-1, -2)) / 4.0 + bias[:S].double()
                 s[..., :4] = -math.inf
                 assert rel_err(cf(q, k, v, bm), torch.softmax(s, -1) @ v.double()) < TOL[torch.float32]
+            # past the table's 64 entries eager raises, and so does the compiled graph
+            q, k, v = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 80, 16), torch.randn(1, 2, 80, 16)
+            bm = create_block_mask(window, 1, 1, 1, 80, device="cpu", BLOCK_SIZE=16)
+            with pytest.raises(IndexError):
+                cf(q, k, v, bm)
     kernels = _attention_kernels(reports)
-    assert kernels and all(k.winner.startswith("triton.attention") for k in kernels), [k.winner for k in kernels]
-    assert any("dynamic Skv" in k.problem for k in kernels)
-    assert _aten_ops(reports) == 0
+    static = [k for k in kernels if "dynamic" not in k.problem]
+    dynamic = [k for k in kernels if "dynamic Skv" in k.problem]
+    assert static and all(k.winner.startswith("triton.attention") for k in static), [k.winner for k in static]
+    # bias[n] over a symbolic Skv is not proven inside the table: the Triton kernels, which do not
+    # check a modification's gather yet, refuse it, and ATen's attention runs it (issue 27)
+    assert dynamic and all(k.winner == "aten.attention" for k in dynamic), [k.winner for k in dynamic]
 
 
 def test_hand_written_attention_under_dynamic_true():
