@@ -49,7 +49,7 @@ demo: $(VENV)/.installed flydsl-setup
 # minutes on 2 cores as it grows, and the list says where its time goes. Tests that run real
 # models end to end, subprocesses or whole AOT builds are marked slow (pytest -m slow): their own
 # tier, which CI runs too (.ci/run). The whole suite in one session took 30 min on 2 cores
-# (2026-12-06, 4336 tests, the demo test alone 8 min).
+# (2026-12-06, 4,338 tests, the demo test alone 8 min).
 test: $(VENV)/.installed flydsl-setup
 	$(PY) -m pytest -n 2 -q -m "not slow" --durations=30 $(PYTEST_ARGS)
 
