@@ -38,6 +38,7 @@ import torch.fx as fx
 from tilewright.compiler.graph import FusedNode, KernelGraph, to_sympy
 from tilewright.compiler.native import NativeCall, native_of
 from tilewright.ir.index import code
+from tilewright.templates.aten.unfused import program_reads
 
 log = logging.getLogger("tilewright.compiler")
 
@@ -270,25 +271,9 @@ def unfused_program(f: FusedNode, by_name: dict[str, fx.Node], order: dict[str, 
     # reading a value computed per call read it before its definition (a NameError)
     static: set[int] = set()
     for j, s in enumerate(ordered):  # in order: a step's reads are decided before it
-        if steps[s].static and j not in outputs and all(v in static for v in _reads(encoded[j])):
+        if steps[s].static and j not in outputs and all(v in static for v in program_reads(encoded[j])):
             static.add(j)
     return {"native": natives, "steps": encoded, "outputs": outputs, "static": sorted(static)}
-
-
-def _reads(step: dict) -> list[int]:
-    """The program values (``{"v": j}``) an encoded step reads."""
-    out: list[int] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, list):
-            for v in x:
-                walk(v)
-        elif isinstance(x, dict) and "v" in x:
-            out.append(x["v"])
-
-    walk(step["args"])
-    walk(list(step["kwargs"].values()))
-    return out
 
 
 _ZERO_STARTS = {_aten.new_zeros.default, _aten.zeros_like.default, _aten.zeros.default,

@@ -78,7 +78,7 @@ def render_program(problem: LoopProblem) -> str:
             if step["op"] not in ops:
                 ops.append(step["op"])
             text = f"v{j} = OP{ops.index(step['op'])}({', '.join(args)})"
-        if j in static_set and (late := [v for v in _reads(step) if v not in static_set]):
+        if j in static_set and (late := [v for v in program_reads(step) if v not in static_set]):
             # the kept steps run first, apart: this one would read a value not yet defined
             raise ValueError(f"program step v{j} is marked static but reads "
                              f"{', '.join(f'v{v}' for v in late)}, computed per call "
@@ -88,7 +88,7 @@ def render_program(problem: LoopProblem) -> str:
     for j in prog["outputs"]:
         # an output derived from kept values only (a view of a cached iota) must not alias them
         # (one reading no kept value, a reduction of an input, needs no copy)
-        reads = _reads(prog["steps"][j])
+        reads = program_reads(prog["steps"][j])
         derived = bool(reads) and all(a in static_set for a in reads)
         results.append(f"v{j}.clone()" if derived and prog["static"] else f"v{j}")
     inits = _zero_started_inits(problem, prog, inputs)
@@ -144,7 +144,8 @@ def _inputs_read(step: dict) -> list[dict]:
     return found
 
 
-def _reads(step: dict) -> list[int]:
+def program_reads(step: dict) -> list[int]:
+    """The program values (``{"v": j}``) an encoded step of an unfused program reads."""
     out: list[int] = []
 
     def walk(x: Any) -> None:
