@@ -12,6 +12,9 @@ must behave like eager.
   reference of the element's class; ``M`` is the largest magnitude among the output's
   ancestors times ``sqrt(numel)``, so a result that cancels huge values is judged against the
   values it cancels.
+* Where the program takes a max or min (``maximum``, ``clamp``, ``amax``...), +0 and -0 are one
+  class: IEEE 754 leaves ``max(+0, -0)`` unspecified and eager itself answers either way (its
+  scalar loop returns the first argument, its vector loop the second).
 * Integers and booleans: equal to one of the references.
 * In a forced mode, no generated candidate of a kernel may fail the tuner's check ("wrong"):
   the check is a safety net, a kernel it catches is a bug even when the answer comes out right.
@@ -42,6 +45,11 @@ MODES: dict[str, dict[str, Any]] = {
 }
 # relative error allowed per dtype (of the least precise float the program holds)
 REL_TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+# ops whose result for (+0, -0) IEEE 754 leaves unspecified (see the module docstring), by the
+# name of their ATen packet
+ZERO_SIGN_FREE = {"maximum", "minimum", "fmax", "fmin", "max", "min", "amax", "amin", "clamp", "clamp_min",
+                  "clamp_max", "clip", "relu", "relu6", "hardtanh", "threshold", "cummax", "cummin",
+                  "max_pool2d", "adaptive_max_pool2d", "aminmax", "scatter_reduce", "index_reduce"}
 
 
 def unavailable(mode: str) -> str | None:
@@ -102,8 +110,9 @@ def _run(fn: Callable, xs: list[torch.Tensor]) -> tuple[list[torch.Tensor] | Non
             return None, e
 
 
-def _classes(t: torch.Tensor) -> torch.Tensor:
-    """Per element: 0 finite nonzero, 1 NaN, 2 +inf, 3 -inf, 4 +0, 5 -0."""
+def _classes(t: torch.Tensor, zero_sign: bool = True) -> torch.Tensor:
+    """Per element: 0 finite nonzero, 1 NaN, 2 +inf, 3 -inf, 4 +0, 5 -0 (4 for either zero
+    when not ``zero_sign``)."""
     t = t.double()
     c = torch.zeros(t.shape, dtype=torch.int8)
     c[torch.isnan(t)] = 1
@@ -111,7 +120,7 @@ def _classes(t: torch.Tensor) -> torch.Tensor:
     c[t == -math.inf] = 3
     zero = t == 0
     c[zero & ~torch.signbit(t)] = 4
-    c[zero & torch.signbit(t)] = 5
+    c[zero & torch.signbit(t)] = 5 if zero_sign else 4
     return c
 
 
@@ -121,9 +130,10 @@ def _tolerance(xs: list[torch.Tensor], values: list[torch.Tensor]) -> float:
 
 
 def compare(outs: list[torch.Tensor], eager: list[torch.Tensor], refs: list[list[torch.Tensor]],
-            tol: float, scale: list[float]) -> None:
+            tol: float, scale: list[float], zero_sign: bool = True) -> None:
     """Judge ``outs`` against ``eager`` and the extra references (see the module docstring);
-    ``scale[k]`` is the magnitude output ``k`` is judged against at least."""
+    ``scale[k]`` is the magnitude output ``k`` is judged against at least; ``zero_sign=False``
+    takes +0 and -0 as one class (a program with a max or min)."""
     if len(outs) != len(eager):
         raise WrongMeta(f"{len(outs)} outputs, eager has {len(eager)}")
     for k, (o, e) in enumerate(zip(outs, eager)):
@@ -136,10 +146,10 @@ def compare(outs: list[torch.Tensor], eager: list[torch.Tensor], refs: list[list
                 bad = (o != e).nonzero()[:5].tolist()
                 raise WrongValue(f"output {k} ({o.dtype}): {o.tolist()} != eager {e.tolist()} (first at {bad})")
             continue
-        oc = _classes(o)
+        oc = _classes(o, zero_sign)
         ok = torch.zeros(o.shape, dtype=torch.bool)
         for c in cands:
-            ok |= oc == _classes(c)
+            ok |= oc == _classes(c, zero_sign)
         if not ok.all():
             at = (~ok).nonzero()[0].tolist()
             idx = tuple(at)
@@ -149,7 +159,7 @@ def compare(outs: list[torch.Tensor], eager: list[torch.Tensor], refs: list[list
         # rounding or the exact one, and the norm judges how far the whole is from that choice
         o64 = o.double()
         stack = torch.stack([c.double() for c in cands])
-        same = torch.stack([oc == _classes(c) for c in cands]) & torch.isfinite(stack)
+        same = torch.stack([oc == _classes(c, zero_sign) for c in cands]) & torch.isfinite(stack)
         dist = torch.where(same, (stack - o64).abs(), torch.full_like(stack, math.inf))
         best = stack.gather(0, dist.argmin(0, keepdim=True))[0] if o.numel() else o64
         fin = torch.isfinite(o64)
@@ -208,8 +218,16 @@ def check(fn: Callable, inputs: list[torch.Tensor], mode: str, dynamic: bool = F
     scale = _scales(program, inputs) if program is not None else [0.0] * len(eager)
     if len(scale) != len(eager):
         scale = [max(scale + [0.0])] * len(eager)
-    compare(outs, eager, refs, tol, scale)
+    compare(outs, eager, refs, tol, scale, zero_sign=program is None or not _takes_max_or_min(program))
     _check_candidates(reports, mode)
+
+
+def _takes_max_or_min(program) -> bool:
+    """Whether a step of ``program`` is an op in :data:`ZERO_SIGN_FREE`."""
+    def packet(op) -> str:
+        name = getattr(op, "__name__", str(op))  # aten.maximum.default -> "maximum.default"
+        return name.split(".")[0].rstrip("_")
+    return any(packet(s.op) in ZERO_SIGN_FREE for s in program.steps)
 
 
 def _program_values(program, inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -70,6 +70,27 @@ def test_the_oracle_catches_nan_inf_and_signed_zero_differences():
             _judge(out, ref)
 
 
+def test_the_oracle_takes_either_zero_only_after_a_max_or_min():
+    """IEEE 754 leaves max(+0, -0) unspecified and eager answers either way, so a program with a
+    max or min may return either zero; any other program must match eager's sign."""
+    from fuzz_oracle import SpecialMismatch, _takes_max_or_min, compare
+    from fuzz_program import Program, Step
+
+    ref, out = torch.tensor([1.0, -0.0]), torch.tensor([1.0, 0.0])
+    compare([out], [ref], [[ref]], 1e-4, [0.0], zero_sign=False)
+    with pytest.raises(SpecialMismatch):
+        compare([out], [ref], [[ref]], 1e-4, [0.0])
+    with pytest.raises(SpecialMismatch):  # a zero for a nonzero is still wrong
+        compare([torch.tensor([0.0, 0.0])], [ref], [[ref]], 1e-4, [0.0], zero_sign=False)
+    aten = torch.ops.aten
+
+    def program(*ops):
+        return Program(inputs=[], steps=[Step(["v"], op, [], {}) for op in ops], outputs=["v"])
+    assert _takes_max_or_min(program(aten.exp.default, aten.maximum.default))
+    assert _takes_max_or_min(program(aten.clamp_min_.default))
+    assert not _takes_max_or_min(program(aten.exp.default, aten.mul.Tensor))
+
+
 def test_the_oracle_accepts_either_eager_or_the_exact_value_and_nothing_else():
     from fuzz_oracle import SpecialMismatch, WrongValue
     eager = torch.tensor([float("inf"), 1.0], dtype=torch.float16)  # (x * 2) / 2 overflowed in fp16
