@@ -70,6 +70,8 @@ def test_old_package_and_its_modules_are_the_new_ones(old):
 MOVED_NAMES = {
     "tilewright.autotune.policy": ("tilewright.kinds.gemm.policy", (
         "GPU_SEEDS", "DECODE_SEEDS", "INTERPRETER_SEEDS", "clamp_tile", "GemmPolicy", "POLICIES")),
+    "tilewright.autotune.cost_model": ("tilewright.kinds.loop.cost", (
+        "estimate_loop", "LOOP_BW_EFFICIENCY", "LOOP_DESC_EFFICIENCY", "INTERP_PROGRAM_MS", "INTERP_ELEMENT_MS")),
 }
 
 

@@ -72,7 +72,7 @@ def estimate(problem: AttentionProblem, params: dict[str, Any], target: Target, 
     if decode:
         memory_bytes += problem.B * problem.H * problem.Sq * split * (problem.Dv + 2) * 4 * 2
     memory_ms = memory_bytes / (target.hbm_gbps * 1e6) if target.hbm_gbps else 0.0
-    if engine:  # the loop kernels' descriptor credit (cost_model.estimate_loop): 1.1x bandwidth
+    if engine:  # the loop kernels' descriptor credit (kinds/loop/cost.estimate_loop): 1.1x bandwidth
         memory_ms /= 1.1
     launches = (2 if decode else 1) + (2 if problem.direction == "backward" else 0)
     ms = max(compute_ms, memory_ms) + launches * LAUNCH_US / 1000

@@ -6,6 +6,7 @@ ops, reductions, scans and scatters in the expression IR
 ``checks``     inputs (and a special-values set), poisoned outputs, running a launcher, the
                error measure and its tolerances
 ``policy``     block shapes per problem, the ATen programs first on a CPU, candidates
+``cost``       the cost model the policy ranks block shapes by (bytes over bandwidth, launches)
 ``kind``       :class:`LoopKind`, registered once (:data:`tilewright.kinds.BUILTIN`), and the
                ATen ops it labels when they stay ATen's
 ============== ===========================================================================

@@ -2,7 +2,7 @@
 a fused group of pointwise ops and reductions in the expression IR.
 
 Policy :class:`~tilewright.kinds.loop.policy.LoopPolicy`, cost model
-:func:`~tilewright.autotune.cost_model.estimate_loop`, ATen templates ``aten.pointwise`` and
+:func:`~tilewright.kinds.loop.cost.estimate_loop`, ATen templates ``aten.pointwise`` and
 ``aten.reduction`` (the torch emitter; with ``reference=True`` in float64, the reference). Its
 kernels are the kernel graph's :class:`~tilewright.compiler.graph.FusedNode`\\ s, which the
 fusion scheduler makes (:mod:`tilewright.compiler.schedule`). Sizes are the kernel's size
@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.cost_model import estimate_loop
+from tilewright.kinds.loop.cost import estimate_loop
 from tilewright.kinds import ProblemKind
 from tilewright.kinds.loop.checks import (
     LoopInputs, _loop_error, _loop_run, make_loop_inputs, poisoned_loop_outputs, special_loop_inputs,

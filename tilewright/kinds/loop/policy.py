@@ -17,7 +17,7 @@ replaced (or is one native op: :mod:`tilewright.templates.aten.unfused`): those 
 the torch form second, both timed, so a tie keeps what eager ran (with autotune off, which
 runs rank 0 unchecked, the torch form stays first). On the CPU in ``auto`` mode, other templates are offered only when
 they run compiled there (:func:`offered_on`: C++ kernels, not interpreted Triton). The cost model
-(:func:`~tilewright.autotune.cost_model.estimate_loop`) ranks the rest.
+(:func:`~tilewright.kinds.loop.cost.estimate_loop`) ranks the rest.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from typing import Any
 
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.cost_model import LAUNCH_US, estimate_loop
+from tilewright.autotune.cost_model import LAUNCH_US
+from tilewright.kinds.loop.cost import estimate_loop
 from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target

@@ -25,7 +25,7 @@ So softmax is two launches, not three. A chunk that is all ``-inf`` (masked logi
 combine uses the same shift; a row that is all ``-inf`` gives NaN, as ``torch.softmax`` does.
 
 Offered where rows are few and long (fewer rows than GPU cores, at least 4096 elements): the
-policy's cost model (:func:`tilewright.autotune.cost_model.estimate_loop`, which counts the
+policy's cost model (:func:`tilewright.kinds.loop.cost.estimate_loop`, which counts the
 ``SPLIT`` threadgroups and the extra launches) weighs it against ``metal.reduction``.
 """
 
