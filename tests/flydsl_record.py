@@ -1,6 +1,6 @@
 """Child process of tests/test_flydsl_launch.py: calls rendered FlyDSL modules' ``launch`` with
 CPU tensors under FlyDSL's compile-only mode, with a recording stand-in for the launch
-(:func:`tilewright.runtime.flydsl_launch.record_launches`, which also traces and compiles the
+(:func:`tilewright.templates.flydsl.launch.record_launches`, which also traces and compiles the
 recorded call through ``flyc.compile``) and a spy for the current stream, and prints what each
 launch passed as JSON.
 
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from tilewright.runtime import flydsl_launch as rt
+from tilewright.templates.flydsl import launch as rt
 
 
 class FakeStream:

@@ -117,7 +117,7 @@ def _mx(captured_mx) -> list[GemmProblem]:
 
 
 def test_mxfp4_variant_plans_flydsl_mx_gemm_for_the_dense_projections(captured_mx):
-    from tilewright.runtime.flydsl import toolchain_problem
+    from tilewright.templates.flydsl.runtime import toolchain_problem
 
     dense = _mx(captured_mx)
     assert sorted((p.M, p.N, p.K) for p in dense) == sorted((TOKENS, QWEN[p]["N"], QWEN[p]["K"])
@@ -146,7 +146,7 @@ def test_mxfp4_variant_plans_flydsl_mx_gemm_for_the_dense_projections(captured_m
 def test_one_mxfp4_projection_builds_with_the_scaled_mfma(captured_mx, tmp_path):
     """One FlyDSL compile (~6-12 s): o_proj's MX GEMM for gfx950, checked for the FP4 scaled
     MFMA, LDS traffic and no spills, and its measured resources against the template's model."""
-    from tilewright.runtime.flydsl import toolchain_problem
+    from tilewright.templates.flydsl.runtime import toolchain_problem
     from tilewright.runtime.verify import verify
     from tilewright.templates.flydsl.mx_gemm import geometry
 
@@ -173,7 +173,7 @@ def test_cli_builds_flydsl_dense_grouped_and_mxfp4_kernels_for_gfx950(tmp_path):
     """``tilewright aot`` for gfx950 on the Qwen3-MoE shapes, bf16 and MXFP4 variants (issue 11's
     done-when): FlyDSL dense (``flydsl.gemm``), grouped (``flydsl.grouped_gemm``) and MXFP4
     (``flydsl.mx_gemm``) kernels are all built and keep their instruction promises."""
-    from tilewright.runtime.flydsl import toolchain_problem
+    from tilewright.templates.flydsl.runtime import toolchain_problem
 
     if (why := toolchain_problem()) is not None:
         pytest.skip(f"FlyDSL toolchain missing ({why}); run `make flydsl-setup`")

@@ -133,7 +133,7 @@ def pretend_gfx950(monkeypatch):
     monkeypatch.setattr(gate, "device_problem", lambda device: None)
     monkeypatch.setattr(gate, "device_arch", lambda device: "gfx950")
     # the fakes build nothing: a machine without flydsl (the GPU machine's) still checks the gate
-    from tilewright.runtime import flydsl as fly_runtime
+    from tilewright.templates.flydsl import runtime as fly_runtime
     monkeypatch.setattr(fly_runtime, "toolchain_problem", lambda: None)
     monkeypatch.setattr(gate, "GATE_PAIRS", 5)
     monkeypatch.setattr(gate, "GATE_WARMUP", 1)
@@ -294,7 +294,7 @@ def test_the_captured_rms_norm_loop_problem_computes_rms_norm(dtype):
 
 def test_the_flydsl_rms_norm_kernel_compiles_for_gfx950(tmp_path):
     # what _build_flydsl renders, built compile-only (one compile): loads, the wave combine, LDS
-    from tilewright.runtime import flydsl as fly
+    from tilewright.templates.flydsl import runtime as fly
     from tilewright.runtime.targets import get_target
     from tilewright.runtime.verify import verify
     from tilewright.templates import get_template

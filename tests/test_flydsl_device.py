@@ -14,7 +14,7 @@ from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error, 
 from tilewright.grouped import GroupedGemmProblem
 from tilewright.compiler.kernel_factory import default_factory
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
-from tilewright.runtime import flydsl_launch as rt
+from tilewright.templates.flydsl import launch as rt
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template
 

@@ -20,7 +20,7 @@ from tilewright.grouped import GroupedGemmProblem
 from tilewright.ir import expr as E
 from tilewright.ir.epilogue import dumps, problem_epilogue
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
-from tilewright.runtime import flydsl as fly_runtime
+from tilewright.templates.flydsl import runtime as fly_runtime
 from tilewright.runtime.targets import get_target
 from tilewright.runtime.verify import verify
 from tilewright.templates import get_template, templates_for

@@ -1,5 +1,5 @@
 """The FlyDSL launchers: each template module's ``launch(...)`` maps torch tensors onto its
-``@flyc.jit`` host function and runs it on the current stream (tilewright.runtime.flydsl_launch).
+``@flyc.jit`` host function and runs it on the current stream (tilewright.templates.flydsl.launch).
 
 No gfx950 here, so nothing is launched. What is proven instead:
 
@@ -35,8 +35,8 @@ import torch
 from tilewright.errors import EnvironmentMismatchError, InvalidInputError
 from tilewright.grouped import GroupedGemmProblem
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
-from tilewright.runtime import flydsl as fly
-from tilewright.runtime import flydsl_launch as rt
+from tilewright.templates.flydsl import runtime as fly
+from tilewright.templates.flydsl import launch as rt
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template, templates_for
 

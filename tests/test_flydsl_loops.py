@@ -35,8 +35,8 @@ from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import expr as E
 from tilewright.ir.ops import OPS
 from tilewright.problem import LoopProblem
-from tilewright.runtime import flydsl as fly
-from tilewright.runtime import flydsl_launch
+from tilewright.templates.flydsl import runtime as fly
+from tilewright.templates.flydsl import launch as flydsl_launch
 from tilewright.runtime.loader import load_module
 from tilewright.runtime.targets import get_target
 from tilewright.runtime.verify import verify

@@ -22,7 +22,7 @@ from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import expr as E
 from tilewright.ir.epilogue import dumps
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
-from tilewright.runtime import flydsl as fly_runtime
+from tilewright.templates.flydsl import runtime as fly_runtime
 from tilewright.runtime.aot import compile_jobs
 from tilewright.runtime.targets import get_target
 from tilewright.runtime.verify import verify

@@ -1,4 +1,4 @@
-"""The FlyDSL compile driver (``tilewright.runtime.flydsl``): compile-only for an explicit gfx arch
+"""The FlyDSL compile driver (``tilewright.templates.flydsl.runtime``): compile-only for an explicit gfx arch
 in a child process, the ISA and its LDS/register figures read back, and clear refusals when
 the toolchain or the arch is missing."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.runtime import flydsl as fly
+from tilewright.templates.flydsl import runtime as fly
 
 SMOKE = Path(__file__).parent / "data" / "flydsl_mma_smoke.py"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tilewright.problem import GemmProblem
-from tilewright.runtime import flydsl as fly
+from tilewright.templates.flydsl import runtime as fly
 from tilewright.runtime.targets import get_target
 from tilewright.runtime.verify import verify
 from tilewright.templates import get_template, templates_for

@@ -294,7 +294,7 @@ def test_aot_builds_for_every_triton_target_with_instruction_checks(problems, tm
 
 
 def test_helions_flydsl_softmax_builds_for_gfx950(problems, tmp_path):
-    from tilewright.runtime import flydsl as fly_runtime
+    from tilewright.templates.flydsl import runtime as fly_runtime
 
     if fly_runtime.toolchain_problem():
         pytest.skip(fly_runtime.toolchain_problem())

@@ -35,6 +35,8 @@ MOVED = {
     "tilewright.runtime.cpp": "tilewright.templates.cpp.runtime",
     "tilewright.runtime.metal_check": "tilewright.templates.metal.check",
     "tilewright.runtime.cutedsl": "tilewright.templates.cutedsl.runtime",
+    "tilewright.runtime.flydsl": "tilewright.templates.flydsl.runtime",
+    "tilewright.runtime.flydsl_launch": "tilewright.templates.flydsl.launch",
     "tilewright.autotune.loop_policy": "tilewright.kinds.loop.policy",
 }
 # old modules split or turned into packages: a module of their own that re-exports what it had

@@ -90,7 +90,7 @@ def test_a_misspelt_env_var_warns_once_per_process(tmp_path):
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TILEWRIGHT_")}
     env.update(TILEWRIGHT_GRAPH_RAC="off", TILEWRIGHT_CACHE_DIR=str(tmp_path),
-               TILEWRIGHT_FLYDSL_ROCM=str(tmp_path))  # read by runtime/flydsl.py: no warning
+               TILEWRIGHT_FLYDSL_ROCM=str(tmp_path))  # read by templates/flydsl/runtime.py: no warning
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0 and "ok auto" in out.stdout, out.stdout + out.stderr
     assert out.stderr.count("TILEWRIGHT_GRAPH_RAC ") == 1, out.stderr

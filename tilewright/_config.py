@@ -387,7 +387,7 @@ def _normalise(f: dataclasses.Field, value: Any) -> Any:
 # TILEWRIGHT_* variables read outside this object (so a set one is not taken for a misspelling),
 # with who reads them
 OTHER_ENV = {
-    "TILEWRIGHT_FLYDSL_ROCM": "runtime/flydsl.py: the ROCm folder FlyDSL's compile-only builds use",
+    "TILEWRIGHT_FLYDSL_ROCM": "templates/flydsl/runtime.py: the ROCm folder FlyDSL's compile-only builds use",
     "TILEWRIGHT_TEST_FRESH_PROCESS": "tests/test_flydsl_launch.py: a test re-run in a fresh process",
 }
 _warned_env: set[str] = set()

@@ -42,7 +42,7 @@ class AotSpec:
         language: a registered language's name; its ``aot_compile`` builds the job ("triton",
             "gluon": ``ASTSource`` or ``GluonASTSource``; "cutedsl": the module's
             ``compile_aot(options["gpu_arch"], dump_dir)``; "flydsl": compile-only in a child
-            process, :mod:`tilewright.runtime.flydsl`).
+            process, :mod:`tilewright.templates.flydsl.runtime`).
         pointer_types: pointer arguments and their Triton types ("*bf16", "*fp32", ...).
         constexprs: values of constexpr arguments, and of int arguments specialised as the JIT
             would (a stride known to be 1).

@@ -1,13 +1,13 @@
 """FlyDSL templates (``flydsl``, ROCm/FlyDSL): gfx950 kernels written in FlyDSL's Python DSL,
 rendered from jinja. Each rendered module's ``launch(...)`` (the contract of its problem kind)
 runs the kernel through FlyDSL's JIT on torch's current stream
-(:mod:`tilewright.runtime.flydsl_launch`); ``tilewright aot`` builds it through the same
-``launch``, compile-only, in child processes (:mod:`tilewright.runtime.flydsl`). Registering
+(:mod:`tilewright.templates.flydsl.launch`); ``tilewright aot`` builds it through the same
+``launch``, compile-only, in child processes (:mod:`tilewright.templates.flydsl.runtime`). Registering
 them needs neither FlyDSL nor a GPU.
 
 Each template module adds its spec to ``TEMPLATES`` below (one import, one entry)."""
 
-from tilewright.runtime import flydsl as fly_runtime
+from tilewright.templates.flydsl import runtime as fly_runtime
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.flydsl.gemm import FlyDslGemm

@@ -43,7 +43,7 @@ class FlyDslUnavailable(RuntimeError):
 
 def gate_rules() -> str:
     """The settings a decision depends on: gate constants, torch and flydsl versions."""
-    from tilewright.runtime.flydsl import dsl_version
+    from tilewright.templates.flydsl.runtime import dsl_version
 
     return (f"gate/1 pairs={GATE_PAIRS} warmup={GATE_WARMUP} margin={GATE_MARGIN} "
             f"torch={torch.__version__} flydsl={dsl_version()}")
@@ -104,7 +104,7 @@ _warned: set[GateKey] = set()
 def device_problem(device: torch.device) -> str | None:
     """Why FlyDSL kernels cannot run on ``device`` (None when they can): not a ROCm GPU, not
     gfx950, or flydsl not installed."""
-    from tilewright.runtime import flydsl as fly
+    from tilewright.templates.flydsl import runtime as fly
 
     if device.type != "cuda" or not getattr(torch.version, "hip", None):
         return f"the tensor is on {device.type}{' (CUDA)' if device.type == 'cuda' else ''}; " \

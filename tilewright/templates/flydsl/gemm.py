@@ -18,8 +18,8 @@ Edges: rows/columns past M or N read zeros (buffer descriptors carry the operand
 are never stored; the K tail is not masked, so K must be a static multiple of BLOCK_K.
 
 The module's ``launch(a, b, *epilogue_inputs, out=None)`` runs it on a ROCm gfx950 device on
-torch's current stream (:mod:`tilewright.runtime.flydsl_launch`); ``tilewright aot --target
-gfx950`` builds it through the same ``launch`` compile-only (:mod:`tilewright.runtime.flydsl`).
+torch's current stream (:mod:`tilewright.templates.flydsl.launch`); ``tilewright aot --target
+gfx950`` builds it through the same ``launch`` compile-only (:mod:`tilewright.templates.flydsl.runtime`).
 The index math is proven in torch form by :mod:`tilewright.templates.flydsl.emulate`; the kernel
 is compile-checked only, and has not run on a gfx950.
 """
@@ -47,7 +47,7 @@ PLACEHOLDER_MAX = 512  # largest side of a compile_aot placeholder tensor
 class LaunchedWhereInstalled:
     """Mixin of the FlyDSL templates: each rendered module's ``launch`` maps torch tensors onto
     its ``@flyc.jit`` host function and runs it on the current stream
-    (:mod:`tilewright.runtime.flydsl_launch`), so a compiled model on gfx950 is offered them.
+    (:mod:`tilewright.templates.flydsl.launch`), so a compiled model on gfx950 is offered them.
     Where the language is unavailable (FlyDSL or its ROCm linker folder missing: the FlyDSL
     ``Language.unavailable`` check) nothing can launch them, so they are ``aot_only`` (built by
     ``tilewright aot`` only, never a compiled model's candidate) for the reason

@@ -1,7 +1,7 @@
 """gfx950 budgets for the FlyDSL GEMM templates, and models of what a tile costs, checked
 before anything compiles.
 
-- LDS: 160 KiB per workgroup on gfx950 (CDNA4; :data:`tilewright.runtime.flydsl.LDS_LIMIT`).
+- LDS: 160 KiB per workgroup on gfx950 (CDNA4; :data:`tilewright.templates.flydsl.runtime.LDS_LIMIT`).
   :func:`lds_bytes` is what the kernels of ``gemm.py.jinja`` / ``grouped_gemm.py.jinja``
   allocate: one ``fx.SharedAllocator`` union of the K ring (``num_stages`` buffers of A and B
   tiles) and the fp32 tile the accumulator is staged through for the epilogue. It equals the
@@ -19,7 +19,7 @@ MFMA 16x16x32 (bf16/fp16, wave64): per lane an A or B operand is 8 halves (4 VGP
 
 from __future__ import annotations
 
-from tilewright.runtime.flydsl import LDS_LIMIT
+from tilewright.templates.flydsl.runtime import LDS_LIMIT
 
 ARCH = "gfx950"
 LDS_BYTES = LDS_LIMIT[ARCH]  # 160 KiB

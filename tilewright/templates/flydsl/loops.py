@@ -29,8 +29,8 @@ argmax/argmin/Welford/any/all and non-float reductions, 0-d/fp8/fp64 buffers, ma
 compile-only setup cannot link (:func:`tilewright.templates.flydsl.emit.unsupported_op`).
 
 The module's ``launch(*inputs, *sizes, outs=None)`` runs the kernel on a ROCm gfx950 device on
-the current stream (:mod:`tilewright.runtime.flydsl_launch`); ahead of time it is built through
-the same ``launch``, compile-only (:mod:`tilewright.runtime.flydsl`). The numerics of the
+the current stream (:mod:`tilewright.templates.flydsl.launch`); ahead of time it is built through
+the same ``launch``, compile-only (:mod:`tilewright.templates.flydsl.runtime`). The numerics of the
 compiled kernels are not measured here (no gfx950 has run them); the rendered source runs in
 the tests' interpreter and the reduction order is proven in torch form.
 """

@@ -1,6 +1,6 @@
 """FlyDSL MXFP4 / MXFP8 block-scaled GEMM for gfx950 (CDNA4) on the scaled MFMA
 ``v_mfma_scale_f32_16x16x128_f8f6f4`` (template ``flydsl.mx_gemm``); the module's ``launch`` runs
-it on the current stream (:mod:`tilewright.runtime.flydsl_launch`), compile-checked only here.
+it on the current stream (:mod:`tilewright.templates.flydsl.launch`), compile-checked only here.
 
 Formats (OCP Microscaling Formats (MX) v1.0): mxfp4 = E2M1 values packed two per byte (even
 index in the low nibble) + one E8M0 scale per 32 values along K; mxfp8 = E4M3 values + one E8M0
@@ -38,7 +38,7 @@ from typing import Any
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS, GemmProblem
-from tilewright.runtime import flydsl as fly_runtime
+from tilewright.templates.flydsl import runtime as fly_runtime
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support,

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from tilewright.runtime.aot import AotSpec
-from tilewright.runtime.flydsl import LDS_LIMIT as FLY_LDS_LIMIT
+from tilewright.templates.flydsl.runtime import LDS_LIMIT as FLY_LDS_LIMIT
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
 from tilewright.templates.base import Knob, ParamSpace, Params, RenderedKernel, Support, SUPPORTED, TemplateSpec

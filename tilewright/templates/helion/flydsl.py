@@ -1,6 +1,6 @@
 """Helion's FlyDSL backend (``backend="flydsl"``): the same Helion kernel, rendered as FlyDSL
 for gfx950 and built ahead of time with FlyDSL's compile-only path
-(:mod:`tilewright.runtime.flydsl`). AOT only: there is no launcher here (as for tilewright's
+(:mod:`tilewright.templates.flydsl.runtime`). AOT only: there is no launcher here (as for tilewright's
 own FlyDSL templates), so a compiled model never gets it.
 
 Measured with Helion 1.5.1 and flydsl 0.5.0: the softmax renders and compiles for gfx950 with
@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from tilewright.ir.index import static_or_hint
 from tilewright.problem import LoopProblem
-from tilewright.runtime import flydsl as fly_runtime
+from tilewright.templates.flydsl import runtime as fly_runtime
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
