@@ -40,8 +40,6 @@ ALLOWED = {
     ("autotune/cache.py", "triton"), ("autotune/cache_io.py", "triton"),
     # Inductor's option namespace (``triton.cudagraphs``, ``torch._inductor.config.triton``)
     ("compiler/cudagraphs.py", "triton"),
-    # nvMatmulHeuristics' own enum for the tile family it models
-    ("autotune/heuristics.py", "triton"),
 }
 _TOKEN = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 

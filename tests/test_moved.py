@@ -38,6 +38,9 @@ MOVED = {
     "tilewright.runtime.flydsl": "tilewright.templates.flydsl.runtime",
     "tilewright.runtime.flydsl_launch": "tilewright.templates.flydsl.launch",
     "tilewright.autotune.loop_policy": "tilewright.kinds.loop.policy",
+    "tilewright.autotune.decode": "tilewright.kinds.gemm.decode",
+    "tilewright.autotune.heuristics": "tilewright.kinds.gemm.heuristics",
+    "tilewright.autotune.inputs": "tilewright.kinds.gemm.checks",
 }
 # old modules split or turned into packages: a module of their own that re-exports what it had
 # from the new place (and warns)

@@ -53,7 +53,7 @@ _BUNDLE_FAMILY = "tilewright-tuning-bundle/"
 # error and tolerance), and the timing method. A record measured under other rules is not reused
 # (the digest is in the key).
 # (a folder: every module in it, so a new problem kind's checks count too)
-CHECK_RULES = ("autotune/inputs.py", "autotune/kinds.py", "autotune/bench.py", "autotune/evaluate.py", "kinds")
+CHECK_RULES = ("kinds/gemm/checks.py", "autotune/kinds.py", "autotune/bench.py", "autotune/evaluate.py", "kinds")
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,7 +27,6 @@ from tilewright.errors import UnsupportedProblemError
 from tilewright.kinds import kind_name, kind_of
 from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
 from tilewright.runtime.languages import Language, aot_writer_for
-from tilewright.autotune.decode import aot_remedies
 from tilewright.runtime.resources import Resources, read_resources
 from tilewright.runtime.targets import Target, get_target
 from tilewright.runtime.verify import verify
@@ -275,7 +274,7 @@ def plan(captured: Iterable[CapturedKernel], targets: Iterable[Target], *, per_t
                     refused.append({"target": target.name, "template": template.id,
                                     "problem": cap.problem.describe(),
                                     "reason": "no parameter setting is legal on this target"})
-                chosen = aot_remedies(cap.problem, target, ranked, _with_pdl_twins(ranked, per_template))
+                chosen = kind.aot_settings(cap.problem, target, ranked, _with_pdl_twins(ranked, per_template))
                 for ms, params in chosen:
                     kernels.append(make_kernel(cap, target, template, ms, params))
     return kernels, refused

@@ -115,6 +115,14 @@ class ProblemKind:
         """The policy's legal settings of one template, best first (see :meth:`policy`)."""
         return self.policy(problem.kind, target).ranked(problem, target, template)
 
+    def aot_settings(self, problem: Any, target: Any, ranked: list[tuple[float, dict]],
+                     chosen: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
+        """What ``tilewright aot`` builds of one template for ``problem``: ``chosen`` (the best
+        of ``ranked``, the template's legal settings best first, with their PDL twins), to which
+        a kind may add settings only a measurement on the device could choose between (GEMMs:
+        a block-scaled decode GEMM's swap-AB and split-K). Default: ``chosen``."""
+        return chosen
+
     def estimate(self, problem: Any, params: Mapping[str, Any], target: Any, template: Any) -> Any:
         """The cost model's estimate of one kernel (``.ms``, ``.bound``: "compute", "memory" or
         "latency"), for ranking settings ahead of time.

@@ -33,7 +33,7 @@ from tilewright.autotune.bench import summarise, time_callable
 from tilewright.autotune.cache import current_versions
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.evaluate import input_set_count
-from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error
+from tilewright.kinds.gemm.checks import make_inputs, poisoned_output, rel_error
 from tilewright.autotune.pool import pool_scope
 from tilewright.autotune.select import local_devices, select_gemm
 from tilewright.autotune.shapes import NamedProblem

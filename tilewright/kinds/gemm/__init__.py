@@ -1,20 +1,25 @@
 """The GEMM kind's folder: ``policy`` (the seed tiles, :class:`GemmPolicy`, ``POLICIES`` per
-target backend) and ``kind`` (:class:`GemmKind`, registered once: :data:`tilewright.kinds.BUILTIN`).
+target backend), ``kind`` (:class:`GemmKind`, registered once: :data:`tilewright.kinds.BUILTIN`),
+``checks`` (inputs, poisoned outputs, the error and tolerance of a result), ``decode`` (the
+decode-shape variants: thin tiles, swap-AB, split-K) and ``heuristics`` (nvMatmulHeuristics'
+picks, when installed).
 
 Still outside it (issue 30, not moved yet): the problem (:class:`tilewright.problem.GemmProblem`,
-below the templates), the lowering and epilogue fusion (the compiler's core op:
-:mod:`tilewright.compiler.lower`, :mod:`tilewright.compiler.fuse`), the cost model, inputs and
-checks and the decode variants (:mod:`tilewright.autotune.cost_model`, ``inputs``, ``decode``,
-``heuristics``). The names of ``kind`` (``KIND``, ``GemmKind``, ``gemm_problem``, ...) are
-importable from here, as from the module this package replaced; they load on first use (the
-kind imports the autotuner).
+below the templates), the lowering and epilogue fusion (:mod:`tilewright.compiler.lower`,
+:mod:`tilewright.compiler.fuse`) and the cost model (:mod:`tilewright.autotune.cost_model`).
+The names of ``kind`` (``KIND``, ``GemmKind``, ``gemm_problem``, ...) are importable from here,
+as from the module this package replaced; they load on first use (the kind imports the
+autotuner).
 """
 
 from typing import Any
 
+_MODULES = frozenset({"kind", "policy", "checks", "decode", "heuristics"})
+
 
 def __getattr__(name: str) -> Any:
-    if name.startswith("__") or name in ("kind", "policy"):
+    # a submodule is the import system's to find, never the kind module's attribute
+    if name.startswith("__") or name in _MODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 

@@ -3,7 +3,7 @@ scaled_mm, the block-scaled NVFP4/MX GEMMs) with its fused epilogue.
 
 Policy :class:`~tilewright.kinds.gemm.policy.GemmPolicy` (per target backend:
 ``kinds.gemm.policy.POLICIES``), cost model :func:`~tilewright.autotune.cost_model.estimate_gemm`,
-inputs and checks :mod:`tilewright.autotune.inputs`, ATen template ``aten.gemm`` (also the
+inputs and checks :mod:`tilewright.kinds.gemm.checks`, ATen template ``aten.gemm`` (also the
 float64 reference, B a slab of columns at a time). Its kernels are the kernel graph's
 :class:`~tilewright.compiler.graph.GemmNode`\\ s, which lowering makes itself
 (:mod:`tilewright.compiler.lower`: the GEMM is the compiler's own core op).
@@ -17,10 +17,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tilewright.autotune import inputs as gemm_inputs
 from tilewright.autotune.candidates import Candidate
 from tilewright.autotune.cost_model import estimate_gemm
 from tilewright.kinds import ProblemKind
+from tilewright.kinds.gemm import checks as gemm_inputs
+from tilewright.kinds.gemm.decode import aot_remedies
 from tilewright.kinds.gemm.policy import POLICIES, GemmPolicy
 from tilewright.problem import VALUES_PER_BYTE, EpilogueInput, EpilogueOp, GemmProblem
 
@@ -112,6 +113,10 @@ class GemmKind(ProblemKind):
     def policy(self, name: str, target: Any) -> GemmPolicy:
         factory = POLICIES.get(("gemm", target.backend))
         return factory() if factory else GemmPolicy(())
+
+    def aot_settings(self, problem: GemmProblem, target: Any, ranked: list[tuple[float, dict]],
+                     chosen: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
+        return aot_remedies(problem, target, ranked, chosen)
 
     def estimate(self, problem: GemmProblem, params: Mapping[str, Any], target: Any, template: Any) -> Any:
         return estimate_gemm(problem, params, target, efficiency=template.efficiency(target))

@@ -61,7 +61,7 @@ def run(launch, x: GroupedInputs, out: torch.Tensor) -> torch.Tensor:
 
 
 def error(problem: GroupedGemmProblem, result: torch.Tensor, ref: torch.Tensor, tf32: bool) -> tuple[float, float]:
-    from tilewright.autotune import inputs as gemm_inputs
+    from tilewright.kinds.gemm import checks as gemm_inputs
 
     return gemm_inputs.rel_error(result, ref), gemm_inputs.tolerance(problem.as_gemm(), tf32)
 

@@ -195,7 +195,7 @@ def decode_tiles(problem: GemmProblem, target: Target, knobs: set[str]) -> list[
     a 64-256-column tile (M rounded up, and twice that); plain, the weight's N takes 128 or 64
     columns. BLOCK_M is the MMA's 128 rows, 1-CTA MMAs. At most 8 settings; none beyond the
     decode M or without tcgen05."""
-    from tilewright.autotune.decode import decode_limit, split_for, wants_split_k, wants_swap_ab
+    from tilewright.kinds.gemm.decode import decode_limit, split_for, wants_split_k, wants_swap_ab
 
     if problem.M > decode_limit(problem, target) or not target.has("tcgen05"):
         return []
