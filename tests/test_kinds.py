@@ -387,8 +387,7 @@ ALLOWED = {
     "compiler/capture.py": {"gemm"}, "compiler/fuse.py": {"gemm"}, "compiler/fusion.py": {"reduction"},
     "compiler/graph.py": {"gemm"}, "compiler/launches.py": {"gemm"}, "compiler/schedule.py": {"LoopProblem"},
     "autotune/buckets.py": {"GemmProblem"}, "autotune/cost_model.py": {"GemmProblem"},
-    "autotune/decode.py": {"GemmProblem"}, "autotune/heuristics.py": {"GemmProblem"},
-    "autotune/inputs.py": {"GemmProblem"}, "autotune/shapes.py": {"GemmProblem"},
+    "autotune/shapes.py": {"GemmProblem"},
 }
 
 
