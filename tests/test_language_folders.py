@@ -229,3 +229,32 @@ def test_a_language_runtime_lives_in_its_folder():
     assert not (PACKAGE / "runtime" / "metal_shim.h").exists()
     assert sorted(p.name for p in (PACKAGE / "runtime" / "sycl").iterdir() if p.suffix != ".pyc"
                   and p.name != "__pycache__") == ["__init__.py"]
+
+
+def test_the_runtime_layer_holds_no_language():
+    """Each language's toolchain driver, launcher and AOT compile is its folder's: a module of
+    runtime/ named after a language is an alias shim of its new path, and every language's
+    ``aot_compile`` is defined under templates/ (Helion's is Triton's: Helion emits Triton)."""
+    words = set(langs.language_names()) - NOT_A_CHOICE
+    named = [p for p in (PACKAGE / "runtime").rglob("*.py")
+             if _words(p.stem) & words or _words(p.parent.name) & words]
+    assert {p.stem for p in named} >= {"flydsl", "flydsl_launch", "cutedsl", "metal_check"}
+    for p in named:
+        assert "alias(__name__," in p.read_text(), f"runtime/{p.relative_to(PACKAGE / 'runtime')} is a language's"
+    compilers = {lang.name: lang.aot_compile.__module__ for lang in langs.languages() if lang.aot_compile}
+    assert compilers["triton"] == compilers["helion"] == "tilewright.templates.triton.aot"
+    assert compilers["gluon"] == "tilewright.templates.gluon.aot"
+    assert compilers["flydsl"] == "tilewright.templates.flydsl.runtime"
+    assert all(m.startswith("tilewright.templates.") for m in compilers.values()), compilers
+
+
+def test_the_old_aot_compile_names_warn_and_keep_working():
+    from tilewright.runtime import aot
+    from tilewright.templates.gluon.aot import compile_gluon
+    from tilewright.templates.triton.aot import compile_triton
+
+    for name, new in (("compile_triton", compile_triton), ("compile_gluon", compile_gluon)):
+        with pytest.warns(DeprecationWarning, match=f"runtime.aot.{name} moved to tilewright.templates"):
+            assert getattr(aot, name) is new
+    with pytest.raises(AttributeError):
+        aot.compile_metal  # noqa: B018 - no such name

@@ -73,6 +73,8 @@ def test_old_package_and_its_modules_are_the_new_ones(old):
 
 # modules that stay, some of whose names moved: each such name still resolves there, with a warning
 MOVED_NAMES = {
+    # a language's AOT compile is its folder's (Gluon's: tests/test_language_folders.py)
+    "tilewright.runtime.aot": ("tilewright.templates.triton.aot", ("compile_triton",)),
     "tilewright.autotune.policy": ("tilewright.kinds.gemm.policy", (
         "GPU_SEEDS", "DECODE_SEEDS", "INTERPRETER_SEEDS", "clamp_tile", "GemmPolicy", "POLICIES")),
     "tilewright.autotune.cost_model": ("tilewright.kinds.loop.cost", (

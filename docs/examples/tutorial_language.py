@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 
 import tilewright
-from tilewright.runtime.aot import compile_triton
+from tilewright.templates.triton.aot import compile_triton
 
 
 def triton_missing() -> str | None:

@@ -2,11 +2,13 @@
 this machine does not have.
 
 Each job is compiled by its language's compiler (``Language.aot_compile``, looked up by the
-``AotSpec.language`` name in :mod:`tilewright.runtime.languages`): ``triton.compile(ASTSource(...),
-target=GPUTarget(...))`` for Triton (:func:`compile_triton`) and Gluon (:func:`compile_gluon`),
-the rendered module's own ``compile_aot(arch, dump_dir)`` for CuTeDSL (``compile_cutedsl`` in
-its language folder, :mod:`tilewright.templates.cutedsl.runtime`,
-whose ``cute.compile`` gets ``--gpu-arch`` explicitly), FlyDSL's compile-only driver for FlyDSL.
+``AotSpec.language`` name in :mod:`tilewright.runtime.languages`), which lives in the language's
+folder: ``triton.compile(ASTSource(...), target=GPUTarget(...))`` for Triton, Helion and Gluon
+(:mod:`tilewright.templates.triton.aot`, :mod:`tilewright.templates.gluon.aot`), the rendered
+module's own ``compile_aot(arch, dump_dir)`` for CuTeDSL (:mod:`tilewright.templates.cutedsl.runtime`,
+whose ``cute.compile`` gets ``--gpu-arch`` explicitly), FlyDSL's compile-only driver for FlyDSL
+(:mod:`tilewright.templates.flydsl.runtime`). This module holds what they share: the job and its
+result, :func:`load_source`, :func:`sha256_file`, the build cache and the worker pool.
 Jobs run in worker processes: some invalid AMD compiles abort the process (LLVM), and a hang must not stall the
 build, so a crash or a timeout costs one kernel, and a fresh worker takes the next job. Every
 stage's output (ttir or Gluon's IR, ttgir, llir, ptx/amdgcn, cubin/hsaco) is written next to
@@ -125,8 +127,10 @@ class CompileResult:
         return asdict(self)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The sha256 hex digest of a file's bytes (an artifact's hash in ``job.json``)."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
 
 
 def cached_result(job: CompileJob, root: Path) -> CompileResult | None:
@@ -140,7 +144,7 @@ def cached_result(job: CompileJob, root: Path) -> CompileResult | None:
         return None
     for rel, digest in zip(data["artifacts"].values(), data["hashes"].values()):
         p = root / rel
-        if not p.is_file() or _sha256(p) != digest:
+        if not p.is_file() or sha256_file(p) != digest:
             return None
     data["status"] = "cached"
     data["seconds"] = 0.0
@@ -148,8 +152,26 @@ def cached_result(job: CompileJob, root: Path) -> CompileResult | None:
 
 
 # -- the worker ------------------------------------------------------------------------------------
-def _load_source(job: CompileJob, folder: Path) -> tuple[Any, Path]:
-    """Write the job's source to ``folder/kernel.py`` and import it."""
+# the languages' compilers that lived here, now in their folders (removed in the next release)
+_MOVED = {"compile_triton": "tilewright.templates.triton.aot",
+          "compile_gluon": "tilewright.templates.gluon.aot"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+        import warnings
+
+        warnings.warn(f"tilewright.runtime.aot.{name} moved to {_MOVED[name]}; import it from there (the "
+                      f"old name is removed in the next release)", DeprecationWarning, stacklevel=2)
+        # by name: the runtime layer imports no template module
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_source(job: CompileJob, folder: Path) -> tuple[Any, Path]:
+    """Write the job's source to ``folder/kernel.py`` and import it; returns (module, path).
+    What each language's ``aot_compile`` starts with."""
     import importlib.util
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -159,55 +181,6 @@ def _load_source(job: CompileJob, folder: Path) -> tuple[Any, Path]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module, src_path
-
-
-def compile_triton(job: CompileJob, root: Path) -> CompileResult:
-    """``triton.compile(ASTSource(...))`` of the job's ``@triton.jit`` kernel for its target."""
-    from triton.compiler import ASTSource
-
-    return _compile_ast(job, root, ASTSource)
-
-
-def compile_gluon(job: CompileJob, root: Path) -> CompileResult:
-    """``triton.compile(GluonASTSource(...))`` of the job's ``@gluon.jit`` kernel."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    return _compile_ast(job, root, GluonASTSource)
-
-
-def _compile_ast(job: CompileJob, root: Path, Source: Any) -> CompileResult:
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    folder = root / job.name
-    t0 = time.perf_counter()
-    module, src_path = _load_source(job, folder)
-    s = job.spec
-    fn = getattr(module, s["kernel"])
-    constexprs = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-                  for k, v in s["constexprs"].items()}
-    signature = {n: s["pointer_types"].get(n) or ("constexpr" if n in constexprs else s["int_type"])
-                 for n in fn.arg_names}
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
-             for n in s["divisible_by_16"] if n in fn.arg_names and n not in constexprs}
-    compiled = triton.compile(Source(fn, signature, constexprs, attrs),
-                              target=GPUTarget(*job.target), options=dict(s["options"]))
-    seconds = time.perf_counter() - t0
-    artifacts, hashes = {"source": f"{job.name}/kernel.py"}, {"source": _sha256(src_path)}
-    for stage, data in compiled.asm.items():
-        if stage == "source" or not isinstance(data, (str, bytes)):
-            continue
-        path = folder / f"kernel.{stage}"
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data)
-        artifacts[stage] = f"{job.name}/{path.name}"
-        hashes[stage] = _sha256(path)
-    meta = compiled.metadata
-    metadata = {k: getattr(meta, k) for k in ("shared", "num_warps", "num_stages", "name")
-                if hasattr(meta, k)}
-    return CompileResult(job.name, job.key, "built", seconds, artifacts, hashes, metadata)
 
 
 def _compiler_of(job: CompileJob) -> Callable[[CompileJob, Path], CompileResult] | str:

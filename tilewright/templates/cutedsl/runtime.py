@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tilewright.runtime.aot import CompileJob, CompileResult, _load_source, _sha256
+from tilewright.runtime.aot import CompileJob, CompileResult, load_source, sha256_file
 
 DIST = "nvidia-cutlass-dsl"
 NOT_INSTALLED = "nvidia-cutlass-dsl is not installed"
@@ -141,12 +141,12 @@ def compile_cutedsl(job: CompileJob, root: Path) -> CompileResult:
     folder = root / job.name
     arch = job.spec["options"]["gpu_arch"]
     t0 = time.perf_counter()
-    module, src_path = _load_source(job, folder)
+    module, src_path = load_source(job, folder)
     dump = folder / "dump"
     shutil.rmtree(dump, ignore_errors=True)
     module.compile_aot(arch, str(dump))
     seconds = time.perf_counter() - t0
-    artifacts, hashes = {"source": f"{job.name}/kernel.py"}, {"source": _sha256(src_path)}
+    artifacts, hashes = {"source": f"{job.name}/kernel.py"}, {"source": sha256_file(src_path)}
     for f in sorted(dump.iterdir()):
         stage = _CUTEDSL_STAGES.get(f.suffix, f.suffix.lstrip("."))
         if not stage or stage in artifacts:
@@ -154,7 +154,7 @@ def compile_cutedsl(job: CompileJob, root: Path) -> CompileResult:
         path = folder / f"kernel.{stage}"
         f.replace(path)
         artifacts[stage] = f"{job.name}/{path.name}"
-        hashes[stage] = _sha256(path)
+        hashes[stage] = sha256_file(path)
     shutil.rmtree(dump, ignore_errors=True)
     if "ptx" not in artifacts or "cubin" not in artifacts:
         raise RuntimeError(f"compile_aot({arch!r}) dumped {sorted(artifacts)}: no PTX/cubin")

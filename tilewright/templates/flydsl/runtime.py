@@ -228,7 +228,7 @@ def compile_source(source_path: Path | str, arch: str, dump_dir: Path | str, *,
 def compile_aot_job(job, root: Path):
     """Build one :class:`tilewright.runtime.aot.CompileJob` of language "flydsl" into
     ``root/<job.name>/``: ``kernel.py`` (the rendered source) and ``kernel.amdgcn`` (the ISA)."""
-    from tilewright.runtime.aot import CompileResult, _sha256
+    from tilewright.runtime.aot import CompileResult, sha256_file
 
     folder = root / job.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -239,7 +239,7 @@ def compile_aot_job(job, root: Path):
     shutil.copyfile(res.isa_path, isa)
     shutil.rmtree(folder / "dump", ignore_errors=True)
     artifacts = {"source": f"{job.name}/kernel.py", "amdgcn": f"{job.name}/kernel.amdgcn"}
-    hashes = {"source": _sha256(src), "amdgcn": _sha256(isa)}
+    hashes = {"source": sha256_file(src), "amdgcn": sha256_file(isa)}
     meta = {**res.to_json(), "name": res.kernel_name, "shared": res.lds_bytes}
     return CompileResult(job.name, job.key, "built", res.seconds, artifacts, hashes, meta)
 

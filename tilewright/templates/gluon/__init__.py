@@ -1,6 +1,6 @@
 """Gluon templates: explicit layouts and data movement (gfx1250 TDM), compiled ahead of time."""
 
-from tilewright.runtime.aot import compile_gluon
+from tilewright.templates.gluon.aot import compile_gluon
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.gluon.gemm_tdm import GluonGemmTdm

@@ -11,7 +11,7 @@ written outside the package becomes a template with :func:`helion_template`.
 import functools
 import importlib.util
 
-from tilewright.runtime.aot import compile_triton
+from tilewright.templates.triton.aot import compile_triton
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.helion.base import HelionTemplate, helion_version

@@ -1,6 +1,6 @@
 """Triton templates: JIT on CUDA and ROCm GPUs, interpreted on the CPU."""
 
-from tilewright.runtime.aot import compile_triton
+from tilewright.templates.triton.aot import compile_triton
 from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.triton.attention import TritonAttention
