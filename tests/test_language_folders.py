@@ -258,3 +258,48 @@ def test_the_old_aot_compile_names_warn_and_keep_working():
             assert getattr(aot, name) is new
     with pytest.raises(AttributeError):
         aot.compile_metal  # noqa: B018 - no such name
+
+
+def test_a_languages_own_knobs_are_described_by_its_writer(toy_language):
+    """``tilewright aot``'s table describes SYCL's work-group and sub-tile knobs through SYCL's
+    AOT writer (compiler/aot.py knows only the shared knobs), and any language's writer may."""
+    from tilewright.compiler.aot import describe_params
+    from tilewright.templates import get_template
+
+    gemm = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 16, "THREAD_M": 2, "THREAD_N": 4}
+    assert describe_params({"WG": 128}, get_template("sycl.reduction")) == "wg128"
+    assert describe_params(gemm, get_template("sycl.gemm")) == "32x64x16 t2x4"
+    assert describe_params(gemm) == "32x64x16"  # no language named: the shared knobs only
+    tri = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3}
+    assert describe_params(tri, get_template("triton.gemm")) == "64x64x32 w4 s3"
+
+    class Named(_ToyWriter):
+        def describe(self, params):
+            return f"blk{params['BLOCK']}"
+
+    toy = toy_language(aot_writer=Named())
+    assert describe_params({"BLOCK": 8}, SimpleNamespace(backend=toy.name)) == "blk8"
+
+
+def test_cpu_target_accepts_the_backends_with_a_host_target(monkeypatch):
+    """``config.cpu_target``'s choices are the target registry's (a backend with a target that
+    runs on CPU tensors), not a list in _config.py."""
+    import dataclasses
+
+    from tilewright import _config, config
+    from tilewright.errors import ConfigError
+    from tilewright.runtime import targets
+
+    assert _config.cpu_targets() == ("cpu", "xpu") == targets.host_backends()
+    assert all(host_target(b) is not None for b in _config.cpu_targets())
+    consts = {n.value for n in ast.walk(ast.parse((PACKAGE / "_config.py").read_text()))
+              if isinstance(n, ast.Constant)}
+    assert "xpu" not in consts
+    with pytest.raises(ConfigError, match="cpu_target='toyhost' is not one of"):
+        with config.patch(cpu_target="toyhost"):
+            pass
+    toy = dataclasses.replace(get_target("cpu"), name="toyhost:cpu", backend="toyhost", tensors="cpu")
+    monkeypatch.setitem(targets.TARGETS, toy.name, toy)
+    assert "toyhost" in _config.cpu_targets() and host_target("toyhost") is toy
+    with config.patch(cpu_target="toyhost"):
+        assert config.cpu_target == "toyhost"

@@ -37,7 +37,15 @@ def force_backends() -> tuple[str, ...]:
     return force_choices()
 
 
-CPU_TARGETS = ("cpu", "xpu")
+def cpu_targets() -> tuple[str, ...]:
+    """What ``cpu_target`` accepts: every target backend with a target that runs on this host's
+    CPU tensors (the target registry's ``host_backends``: "cpu", and "xpu" for SYCL's OpenCL
+    CPU device), looked up when a value is checked."""
+    from tilewright.runtime.targets import host_backends
+
+    return host_backends()
+
+
 PDL_MODES = ("off", "on", "auto")
 ISOLATE_MODES = ("auto", "on", "off")
 GRAPH_RACE_MODES = ("auto", "off")
@@ -90,7 +98,7 @@ class Config:
         "The target kernels on CPU tensors are generated for: 'cpu' (ATen, Triton interpreted "
         "when forced) or 'xpu' (the SYCL templates, run on the OpenCL CPU device of the sycl "
         "extra and timed against ATen there; without the SYCL runtime one warning and 'cpu').",
-        CPU_TARGETS)
+        cpu_targets)
     autotune: bool = _setting(
         True, "TILEWRIGHT_AUTOTUNE",
         "Benchmark candidates. When off, the policy's top-ranked candidate is used untimed and "

@@ -43,7 +43,7 @@ def cmd_aot(args: argparse.Namespace) -> int:
     for col in ("target", "kernel", "template", "tile", "pred. ms", "bound", "build", "s", "check"):
         table.add_column(col, overflow="fold")
     for k in report.kernels:
-        tile = aot.describe_params(k.params)
+        tile = aot.describe_params(k.params, k.template)
         status = k.result.status if k.result else "-"
         color = "green" if k.result and k.result.ok else "red"
         if k.dropped is not None:

@@ -26,7 +26,7 @@ from tilewright.compiler.aot_written import build_language, plan_language
 from tilewright.errors import UnsupportedProblemError
 from tilewright.kinds import kind_name, kind_of
 from tilewright.runtime.aot import CompileJob, CompileResult, compile_jobs
-from tilewright.runtime.languages import Language, aot_writer_for
+from tilewright.runtime.languages import Language, aot_writer_for, get_language
 from tilewright.runtime.resources import Resources, read_resources
 from tilewright.runtime.targets import Target, get_target
 from tilewright.runtime.verify import verify
@@ -154,23 +154,25 @@ class AotReport:
 _TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 
 
-def describe_params(params: dict[str, Any]) -> str:
-    """A kernel's parameters in a few characters ("128x128x64 w4 s3 pdl", "x1 r-row w1 desc")."""
-    if "WG" in params:  # a SYCL loop kernel: work-items per group
-        return f"wg{params['WG']}"
-    if "THREAD_M" in params:  # a SYCL GEMM: tile, and each work-item's sub-tile
-        return "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} t{THREAD_M}x{THREAD_N}".format(**params)
+def describe_params(params: dict[str, Any], template: Any = None) -> str:
+    """A kernel's parameters in a few characters ("128x128x64 w4 s3 pdl", "x1 r-row w1 desc"):
+    the description of ``template``'s language (its ``AotWriter.describe``) where it has knobs
+    of its own, else the shared one below."""
+    writer = get_language(template.backend).aot_writer if template is not None else None
+    text = writer.describe(params) if writer is not None else None
+    if text is not None:
+        return text
     if "BLOCK_M" not in params:  # a loop kernel
         text = f"x{params.get('XBLOCK', 1)}"
-        if "RBLOCK" in params or "PERSISTENT" in params:  # Metal's looped rows have no RBLOCK
+        if "RBLOCK" in params or "PERSISTENT" in params:  # looped rows may have no RBLOCK
             text += " r-row" if params.get("PERSISTENT") else f" r{params.get('RBLOCK', '-looped')}"
-        # a Helion kernel on FlyDSL (gfx950's softmax) has no warp knob: KeyError was the build's end
+        # a kernel may have no warp knob (a Helion softmax on gfx950): KeyError was the build's end
         text += f" w{params['num_warps']}" if "num_warps" in params else ""
         return text + (" desc" if params.get("DESC") else "")
     # the tile dims a template has (an attention tile has no BLOCK_K), then its other knobs
     text = "x".join(str(params[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if k in params)
     text += f" split{params['SPLIT']}" if "SPLIT" in params else ""
-    # a FlyDSL template may have no warp or stage knob
+    # a template may have no warp or stage knob
     text += "".join(f" {c}{params[k]}" for k, c in (("num_warps", "w"), ("num_stages", "s")) if k in params)
     text += " 2cta" if params.get("CTA_GROUP") == 2 else ""
     return text + (" pdl" if params.get("PDL") else "") + (" desc" if params.get("DESC") else "")

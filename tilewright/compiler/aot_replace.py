@@ -83,6 +83,6 @@ def replace_failures(kernels: list[Any], land: Callable[[list[Any]], None], roun
         if not same:
             continue  # nothing serves this problem on this target: the failure stands
         best = next((o for o in same if o.template.id == k.template.id), same[0])
-        k.dropped = (f"{_why(k)}; replaced by {best.template.id} {describe_params(best.params)}")
+        k.dropped = (f"{_why(k)}; replaced by {best.template.id} {describe_params(best.params, best.template)}")
         log.warning("aot: %s dropped (%s)", k.name, k.dropped)
     return added

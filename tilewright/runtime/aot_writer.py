@@ -54,6 +54,12 @@ class AotWriter:
         """The parameters' part of a kernel's folder name (``"32x32x16w4"``, ``"wg128"``)."""
         raise NotImplementedError(f"{type(self).__name__} must say how its tiles are named")
 
+    def describe(self, params: dict[str, Any]) -> str | None:
+        """The parameters in a few characters for ``tilewright aot``'s table, where the
+        language's knobs are not the shared ones (BLOCK_M/N/K, XBLOCK, RBLOCK, num_warps, ...);
+        None: the shared description (:func:`tilewright.compiler.aot.describe_params`) fits."""
+        return None
+
     def kernel_folder(self, template_id: str, params: dict[str, Any]) -> str:
         """What follows the problem's label in a kernel's folder name: template, then tile."""
         return f"{self.template_folder(template_id)}-{self.tile(params)}"

@@ -426,6 +426,12 @@ def host_target(backend: str) -> Target | None:
     return None
 
 
+def host_backends() -> tuple[str, ...]:
+    """The backends with a target whose kernels take this host's CPU tensors ("cpu", "xpu"),
+    sorted: what ``config.cpu_target`` accepts."""
+    return tuple(sorted({t.backend for t in TARGETS.values() if t.device_type == "cpu"}))
+
+
 def sycl_on_cpu(target: Target) -> bool:
     """Whether ``target``'s kernels run on this host's OpenCL CPU device (the ``xpu:opencl-cpu``
     target: SYCL kernels on CPU tensors), so they can be measured here."""

@@ -62,6 +62,13 @@ class SyclWriter(AotWriter):
     def tile(self, params: dict[str, Any]) -> str:
         return tile(params)
 
+    def describe(self, params: dict[str, Any]) -> str:
+        """``wg128`` for a loop kernel (work-items per group); the tile and each work-item's
+        sub-tile (``32x32x32 t2x2``) for a GEMM."""
+        if "THREAD_M" in params:
+            return "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} t{THREAD_M}x{THREAD_N}".format(**params)
+        return f"wg{params['WG']}"
+
     def none_reason(self, kind: str) -> str:
         return f"no SYCL template for {kind} kernels (they run on ATen on XPU)"
 
