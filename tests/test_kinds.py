@@ -386,8 +386,6 @@ KIND_TYPES = {"GemmProblem", "LoopProblem", "GroupedGemmProblem", "AttentionProb
 ALLOWED = {
     "compiler/capture.py": {"gemm"}, "compiler/fuse.py": {"gemm"}, "compiler/fusion.py": {"reduction"},
     "compiler/graph.py": {"gemm"}, "compiler/launches.py": {"gemm"}, "compiler/schedule.py": {"LoopProblem"},
-    "autotune/buckets.py": {"GemmProblem"}, "autotune/cost_model.py": {"GemmProblem"},
-    "autotune/shapes.py": {"GemmProblem"},
 }
 
 

@@ -1,6 +1,6 @@
-"""The dynamic-shape policy: which sizes a GEMM with a run-time-varying dimension is tuned at.
+"""The dynamic-shape policy: which sizes a problem with a run-time-varying dimension is tuned at.
 
-A dimension marked dynamic (``GemmProblem.dynamic``, usually M = tokens) is tuned per *bucket*:
+A dimension marked dynamic (``problem.dynamic``; a GEMM's M = tokens, usually) is tuned per *bucket*:
 the next power of two at or above the size (1, 2, 4, ..., 1024, ...), never above
 ``config.bucket_max`` (sizes beyond it share that bucket). Kernels for a dynamic problem are
 rendered size-generic (masks on every edge, 64-bit indexing), so every size in a bucket runs
@@ -19,10 +19,12 @@ When buckets are tuned:
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from tilewright._config import config
-from tilewright.problem import GemmProblem
 
+# the sizes all_buckets expands, in its order: a GEMM's and a grouped GEMM's (other kinds'
+# dynamic sizes are bucketed one call at a time, bucket_problem)
 DIMS = ("M", "N", "K", "batch")
 
 
@@ -47,12 +49,13 @@ def buckets_up_to(n: int, cap: int | None = None) -> list[int]:
     return out
 
 
-def bucket_problem(problem: GemmProblem, sizes: dict[str, int]) -> GemmProblem:
-    """``problem`` at the buckets of ``sizes`` for its dynamic dims (static dims keep theirs)."""
+def bucket_problem(problem: Any, sizes: dict[str, int]) -> Any:
+    """``problem`` (of any kind: its ``dynamic`` and ``with_sizes``) at the buckets of ``sizes``
+    for its dynamic dims (static dims keep theirs)."""
     return problem.with_sizes(**{d: bucket(sizes[d]) for d in problem.dynamic if d in sizes})
 
 
-def all_buckets(problem: GemmProblem, upto: dict[str, int] | None = None) -> list[GemmProblem]:
+def all_buckets(problem: Any, upto: dict[str, int] | None = None) -> list[Any]:
     """The problem at every bucket combination of its dynamic dims, each dim from 1 up to the
     bucket of ``upto[dim]`` (default: its current size, the trace-time hint). A static problem
     is returned as it is."""

@@ -100,7 +100,7 @@ def explain_problem(problem: Any, target: Any, cache: Any) -> None:
     tied = {r.candidate.key for r in ties}
     title = f"{kind_name(problem)}: {problem.describe()} on {target.name}"
     if kind_name(problem) == "gemm":
-        from tilewright.autotune.cost_model import roofline_ms
+        from tilewright.kinds.gemm.cost import roofline_ms
 
         title += f" (roofline {roofline_ms(problem, target):.4f} ms)"
     table = Table(title=title)

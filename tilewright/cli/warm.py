@@ -47,7 +47,8 @@ def gather_problems(args: argparse.Namespace):
     """NamedProblems from a shapes file or a ``module:callable`` model spec."""
     from pathlib import Path
 
-    from tilewright.autotune.shapes import NamedProblem, load_shapes, problems_from_shapes
+    from tilewright.autotune.shapes import NamedProblem
+    from tilewright.kinds.gemm.shapes import load_shapes, problems_from_shapes
 
     if ":" in args.shapes and not Path(args.shapes).exists():
         from tilewright.compiler.capture import capture_kernels, load_model

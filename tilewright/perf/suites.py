@@ -14,13 +14,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
-from tilewright.autotune.shapes import NamedProblem, load_shapes, problems_from_shapes
+from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
-import dataclasses
-
+from tilewright.kinds.gemm.shapes import load_shapes, problems_from_shapes
 from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
 
 LLM_MODELS = ("llama-3-8b", "qwen3-30b-a3b")

@@ -14,7 +14,7 @@ autotuner).
 
 from typing import Any
 
-_MODULES = frozenset({"kind", "policy", "checks", "decode", "heuristics"})
+_MODULES = frozenset({"kind", "policy", "checks", "cost", "decode", "heuristics", "shapes"})
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,7 @@
 scaled_mm, the block-scaled NVFP4/MX GEMMs) with its fused epilogue.
 
 Policy :class:`~tilewright.kinds.gemm.policy.GemmPolicy` (per target backend:
-``kinds.gemm.policy.POLICIES``), cost model :func:`~tilewright.autotune.cost_model.estimate_gemm`,
+``kinds.gemm.policy.POLICIES``), cost model :func:`~tilewright.kinds.gemm.cost.estimate_gemm`,
 inputs and checks :mod:`tilewright.kinds.gemm.checks`, ATen template ``aten.gemm`` (also the
 float64 reference, B a slab of columns at a time). Its kernels are the kernel graph's
 :class:`~tilewright.compiler.graph.GemmNode`\\ s, which lowering makes itself
@@ -18,9 +18,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from tilewright.autotune.candidates import Candidate
-from tilewright.autotune.cost_model import estimate_gemm
 from tilewright.kinds import ProblemKind
 from tilewright.kinds.gemm import checks as gemm_inputs
+from tilewright.kinds.gemm.cost import estimate_gemm
 from tilewright.kinds.gemm.decode import aot_remedies
 from tilewright.kinds.gemm.policy import POLICIES, GemmPolicy
 from tilewright.problem import VALUES_PER_BYTE, EpilogueInput, EpilogueOp, GemmProblem

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tilewright.autotune.cost_model import LAUNCH_US, estimate_gemm, roofline_ms
+from tilewright.autotune.cost_model import LAUNCH_US
+from tilewright.autotune.policy_base import CandidatePolicy
+from tilewright.kinds.gemm.cost import estimate_gemm, roofline_ms
 from tilewright.kinds.gemm.decode import decode_limit, decode_variants
 from tilewright.kinds.gemm.heuristics import heuristic_params
-from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.problem import GemmProblem
 from tilewright.runtime.languages import pinned_knobs
 from tilewright.runtime.targets import Target

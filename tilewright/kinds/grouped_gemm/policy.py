@@ -19,8 +19,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tilewright.autotune.cost_model import LAUNCH_US, CostEstimate, estimate_gemm
+from tilewright.autotune.cost_model import LAUNCH_US, CostEstimate
 from tilewright.autotune.policy_base import CandidatePolicy
+from tilewright.kinds.gemm.cost import estimate_gemm
 from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
