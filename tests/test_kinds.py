@@ -384,8 +384,8 @@ KIND_TYPES = {"GemmProblem", "LoopProblem", "GroupedGemmProblem", "AttentionProb
 # inputs, and the loop kind's fusion scheduler, still live in compiler/ and autotune/; and a
 # compatibility name kept for callers: capture_gemms filters capture_kernels by the kind "gemm"
 ALLOWED = {
-    "compiler/capture.py": {"gemm"}, "compiler/fuse.py": {"gemm"}, "compiler/fusion.py": {"reduction"},
-    "compiler/graph.py": {"gemm"}, "compiler/launches.py": {"gemm"}, "compiler/schedule.py": {"LoopProblem"},
+    "compiler/capture.py": {"gemm"}, "compiler/fusion.py": {"reduction"},
+    "compiler/launches.py": {"gemm"}, "compiler/schedule.py": {"LoopProblem"},
 }
 
 

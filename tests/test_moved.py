@@ -41,6 +41,8 @@ MOVED = {
     "tilewright.autotune.decode": "tilewright.kinds.gemm.decode",
     "tilewright.autotune.heuristics": "tilewright.kinds.gemm.heuristics",
     "tilewright.autotune.inputs": "tilewright.kinds.gemm.checks",
+    "tilewright.compiler.fuse": "tilewright.kinds.gemm.fuse",
+    "tilewright.compiler.lower_scaled": "tilewright.kinds.gemm.lower_scaled",
 }
 # old modules split or turned into packages: a module of their own that re-exports what it had
 # from the new place (and warns)
@@ -83,6 +85,10 @@ MOVED_NAMES = {
     "tilewright.autotune.cost_model gemm": ("tilewright.kinds.gemm.cost", ("estimate_gemm", "roofline_ms")),
     "tilewright.autotune.shapes": ("tilewright.kinds.gemm.shapes", (
         "PHASES", "ShapesFileError", "load_shapes", "problems_from_shapes")),
+    "tilewright.compiler.lower": ("tilewright.kinds.gemm.lower", (
+        "GEMM_OPS", "NVFP4_MM", "MX_MM", "FP8_DTYPES", "why_not_gemm", "broadcast_pattern", "lower_gemm",
+        "lower_scaled_mm", "lower_block_scaled_mm", "lower_nvfp4_mm", "lower_mx_mm")),
+    "tilewright.compiler.graph": ("tilewright.kinds.gemm.lower", ("FusedInput",)),
 }
 
 

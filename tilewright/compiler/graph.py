@@ -26,7 +26,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from tilewright.problem import EpilogueInput, EpilogueOp
+from tilewright.problem import EpilogueOp
 
 
 def to_sympy(x: Any) -> sympy.Expr:
@@ -249,16 +249,6 @@ class KernelNode(Node):
 
 
 @dataclass
-class FusedInput:
-    """A tensor the epilogue reads: the value's name, its broadcast pattern, and in which shape
-    space it broadcasts ("gemm": the GEMM's (batch?, M, N); "view": the absorbed view's)."""
-
-    value: str
-    pattern: EpilogueInput
-    space: str = "gemm"
-
-
-@dataclass
 class GemmNode(Node):
     """A GEMM with its fused epilogue. ``name`` is the kernel's name (gemm_0, gemm_1, ...);
     ``value`` the FX value it produces (the last node it absorbed)."""
@@ -278,7 +268,7 @@ class GemmNode(Node):
     layout_a: str = "row"
     layout_b: str = "row"
     epilogue: list[EpilogueOp] = field(default_factory=list)
-    epilogue_inputs: list[FusedInput] = field(default_factory=list)
+    epilogue_inputs: list[Any] = field(default_factory=list)  # tilewright.kinds.gemm.lower.FusedInput
     view: fx.Node | None = None  # the absorbed view node, whose shape arguments the wrapper uses
     value: str = ""
     # the GEMM's own FX value when it is needed beside the epilogue's (saved for the backward):
@@ -387,3 +377,15 @@ def produced(n: Node) -> list[str]:
     if isinstance(n, (FusedNode, KernelNode)):
         return list(n.outputs)
     return [n.name]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FusedInput":  # the GEMM kind's: kept here for one release
+        import importlib
+        import warnings
+
+        new = "tilewright.kinds.gemm.lower"
+        warnings.warn(f"tilewright.compiler.graph.{name} moved to {new}; import it from there (the old name is "
+                      f"removed in the next release)", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

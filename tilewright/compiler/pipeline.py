@@ -34,7 +34,6 @@ from tilewright.compiler.prebuild import start_builds
 from tilewright.compiler.dispatch import KernelCall
 from tilewright.compiler.dispatches import traced
 from tilewright.compiler.fallbacks import LoopBuildFailure, contain, fx_ops_launcher, recording
-from tilewright.compiler.fuse import fuse_epilogues
 from tilewright.compiler.graph import FusedNode, KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.programs import attach_programs
@@ -46,7 +45,7 @@ from tilewright.compiler.traffic import compiled_cost, eager_cost
 from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
 from tilewright.errors import UnknownTargetError
 from tilewright.compiler.kernel_factory import default_factory
-from tilewright.kinds import ProblemKind, kernel_nodes, kind_of_node
+from tilewright.kinds import ProblemKind, kernel_nodes, kind_of_node, kinds
 from tilewright.runtime.targets import Target, detect_target, get_target, host_target
 from tilewright.templates import get_template
 
@@ -133,7 +132,7 @@ def fuse(kg: KernelGraph, gm: fx.GraphModule, report: GraphReport | None = None)
     other ops lowered to loop nodes and grouped into loop kernels (``FusedNode``). Shared by the
     JIT and ``tilewright aot`` (:mod:`tilewright.compiler.capture`), so both see the same
     kernels."""
-    fused = fuse_epilogues(kg, gm) if config.fuse_epilogues else 0
+    fused = sum(kind.fuse(kg, gm) for kind in kinds()) if config.fuse_epilogues else 0
     loop_ops = loop_kernels = 0
     if config.loop_kernels:
         loop_ops, loop_kernels = _loop_kernels(kg, gm)

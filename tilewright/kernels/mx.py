@@ -3,7 +3,7 @@
 
 ``torch.ops.tilewright.mx_mm`` is what the compiler lowers to one block-scaled GEMM node
 (``GemmProblem(dtype=fmt, layout_b="col", scale_layout="row")``, see
-:func:`tilewright.compiler.lower.lower_mx_mm`): the optional per-tensor ``alpha`` and the bias
+:func:`tilewright.kinds.gemm.lower.lower_mx_mm`): the optional per-tensor ``alpha`` and the bias
 become epilogue steps of that GEMM. Eagerly it dequantises both operands to float32 and runs
 one float32 matmul and the epilogue in float32, the arithmetic of the ATen template
 (``templates/aten/gemm.py.jinja``) the compiled graph falls back to and, in float64, the

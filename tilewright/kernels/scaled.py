@@ -1,7 +1,7 @@
 """``torch.ops.tilewright.block_scales_rows``: block scales in torch's SWIZZLE_32_4_4 layout as
 the row-major (rows, K/block) matrix the block-scaled GEMM templates read.
 
-The lowering of a swizzled ``F.scaled_mm`` (:mod:`tilewright.compiler.lower_scaled`) puts this op
+The lowering of a swizzled ``F.scaled_mm`` (:mod:`tilewright.kinds.gemm.lower_scaled`) puts this op
 before the GEMM: one pass over the scales (one byte per 16 or 32 values, 1/16 to 1/32 of the
 operand's bytes), run as its ATen ops.
 """

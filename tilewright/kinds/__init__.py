@@ -177,9 +177,17 @@ class ProblemKind:
 
     def lower(self, node: Any, index: int) -> Any:
         """The kernel-graph node for FX ``node`` when this kind takes it (``index``: how many
-        nodes this kind lowered before in this graph, for naming), else None. Asked after the
-        GEMM ops, for every other ``call_function`` node."""
+        nodes this kind lowered before in this graph, for naming), else None. Asked for every
+        ``call_function`` node, the kinds in registration order (the first that takes it wins):
+        GEMMs first."""
         return None
+
+    def fuse(self, kg: Any, gm: Any) -> int:
+        """Fuse what follows this kind's kernels into them in the lowered kernel graph ``kg``
+        (of FX graph ``gm``), in place, before the loop kernels are formed (GEMMs: their
+        epilogue chains; run when ``config.fuse_epilogues`` is on); returns the number of FX
+        nodes absorbed. Default: nothing."""
+        return 0
 
     def extern_label(self, node: Any) -> str | None:
         """The label (``ExternNode.kind``, shown in reports and graph listings) of an FX call

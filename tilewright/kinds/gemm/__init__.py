@@ -14,7 +14,8 @@ autotuner).
 
 from typing import Any
 
-_MODULES = frozenset({"kind", "policy", "checks", "cost", "decode", "heuristics", "shapes"})
+_MODULES = frozenset({"kind", "policy", "checks", "cost", "decode", "heuristics", "shapes", "lower", "lower_scaled",
+                      "fuse"})
 
 
 def __getattr__(name: str) -> Any:

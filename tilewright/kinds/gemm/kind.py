@@ -5,8 +5,9 @@ Policy :class:`~tilewright.kinds.gemm.policy.GemmPolicy` (per target backend:
 ``kinds.gemm.policy.POLICIES``), cost model :func:`~tilewright.kinds.gemm.cost.estimate_gemm`,
 inputs and checks :mod:`tilewright.kinds.gemm.checks`, ATen template ``aten.gemm`` (also the
 float64 reference, B a slab of columns at a time). Its kernels are the kernel graph's
-:class:`~tilewright.compiler.graph.GemmNode`\\ s, which lowering makes itself
-(:mod:`tilewright.compiler.lower`: the GEMM is the compiler's own core op).
+:class:`~tilewright.compiler.graph.GemmNode`\\ s, which its lowering makes
+(:mod:`tilewright.kinds.gemm.lower`, after the block-scaled rewrite :mod:`~tilewright.kinds.gemm.lower_scaled`)
+and its epilogue fusion grows (:mod:`tilewright.kinds.gemm.fuse`).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ class GemmKind(ProblemKind):
 
     def rewrite_fx(self, gm: Any) -> int:
         """Block-scaled ``_scaled_mm`` / ``F.scaled_mm`` calls become tilewright's block-scaled
-        GEMM ops (:mod:`tilewright.compiler.lower_scaled`), which lowering makes GEMM nodes."""
-        from tilewright.compiler.lower_scaled import rewrite_all
+        GEMM ops (:mod:`tilewright.kinds.gemm.lower_scaled`), which lowering makes GEMM nodes."""
+        from tilewright.kinds.gemm.lower_scaled import rewrite_all
 
         return rewrite_all(gm)
 
@@ -152,6 +153,19 @@ class GemmKind(ProblemKind):
         return torch.cat(outs, dim=-1)
 
     # -- the compiler's side --------------------------------------------------------------------
+    def lower(self, node: Any, index: int) -> Any:
+        """A GEMM-family call as a :class:`~tilewright.compiler.graph.GemmNode`
+        (:func:`tilewright.kinds.gemm.lower.lower_node`)."""
+        from tilewright.kinds.gemm.lower import lower_node  # the compiler imports the registry
+
+        return lower_node(node, index)
+
+    def fuse(self, kg: Any, gm: Any) -> int:
+        """Each GEMM's epilogue chain into its kernel (:mod:`tilewright.kinds.gemm.fuse`)."""
+        from tilewright.kinds.gemm.fuse import fuse_epilogues
+
+        return fuse_epilogues(kg, gm)
+
     def owns(self, node: Any) -> bool:
         from tilewright.compiler.graph import GemmNode  # the compiler imports the registry
 

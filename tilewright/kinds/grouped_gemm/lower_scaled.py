@@ -35,7 +35,7 @@ import torch.fx as fx
 
 from tilewright import _scaled_grouped_meta
 from tilewright.compiler.lower import is_op
-from tilewright.compiler.lower_scaled import (
+from tilewright.kinds.gemm.lower_scaled import (
     BLOCK_1X16, E4M3, E8M0, FP4, NO_SWIZZLE, OUT_DTYPES, SWIZZLE_32_4_4, TENSORWISE, Refused, _Builder, _fmt,
     _recipe, _static, _val,
 )
