@@ -37,7 +37,7 @@ import sympy
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
-from tilewright.ir.bounds import check_needed, checks_enabled, unchecked_dims, var_ranges
+from tilewright.ir.bounds import checks_enabled, unchecked_dims, var_ranges
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import code as py_code
 from tilewright.ir.index import offset
@@ -45,12 +45,12 @@ from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
-    SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
+    Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
 from tilewright.templates.c_expr import reduction_identity
+from tilewright.templates.c_loops import CFamilyBody, loop_support
 from tilewright.templates.cpp.emit import CTYPE, STORAGE, CppExpr, ccode, literal
 from tilewright.templates.cpp.source import LANES, source_context
-from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
 
 PERSISTENT_MAX_ROW = 1 << 16  # elements of a row a thread may buffer (per buffered value)
 LOOPED_MIN_ROW = 8192  # rows at least this long also get the looped candidate
@@ -126,7 +126,7 @@ def _rewritten(kernel: LoopKernel, persistent: bool) -> LoopKernel:
     return dataclasses.replace(kernel, stores=tuple(stores))
 
 
-class _Body(LoopSchedule):
+class _Body(CFamilyBody):
     """The loop schedule (:class:`~tilewright.templates.loop_schedule.LoopSchedule`) in C++ for
     the host CPU, on a kernel :func:`_rewritten` for it.
 
@@ -151,27 +151,20 @@ class _Body(LoopSchedule):
         super().__init__(_rewritten(kernel, self.buffered))
         self.nodes = toposort(self.k.roots())
         self.dep_r = self._depends(self.rvars)
-        self.extents = var_ranges(self.k)
+        self.ranges = var_ranges(self.k)
         if self.buffered:
             self._plan_buffers()
+
+    def ccode(self, e: Any, names: dict) -> str:
+        return ccode(e, names)
+
+    def extents(self) -> dict:
+        return self.ranges  # computed once, in __init__
 
     def make_emitter(self) -> CppExpr:
         e = CppExpr(load=self._load, index=self._index, reduce=self.reduce_inline, indent="    ")
         e.checked = self._checked
         return e
-
-    def _checked(self, n: Node, value: str, bound: str, mask: str | None) -> str:
-        """A gathered index checked against its bound (a view's extent): eager's IndexError
-        through ``tw_err``, 0 in its place (nothing read outside memory)."""
-        if not check_needed(n, self.extents):
-            return value
-        at = f"int64_t({value})"
-        if mask is not None:  # a lane outside its part (a cat's, a combo kernel's): nothing to check
-            at = f"({mask} ? {at} : int64_t(0))"
-        name = self.e.fresh()
-        self.e.helpers_used.add("tw_index")
-        self.e.line(f"const int64_t {name} = tw_index({at}, int64_t({bound}), tw_err);")
-        return name
 
     def _depends(self, vars_) -> dict[Node, bool]:
         """Whether each node varies along ``vars_`` (a reduction's result does not)."""
@@ -201,7 +194,7 @@ class _Body(LoopSchedule):
             names[indirect_symbol(k)] = value
         idx = list(idx)
         # gathered dims: checked against their dim, not read out of it (unless proven in range)
-        for d in unchecked_dims(self.k, n, idx, self.extents) if checks_enabled() else ():
+        for d in unchecked_dims(self.k, n, idx, self.ranges) if checks_enabled() else ():
             e = idx[d]
             checked = self.e.fresh()
             self.e.helpers_used.add("tw_index")
@@ -217,30 +210,12 @@ class _Body(LoopSchedule):
             return f"({self.e.names[own]} ? {CTYPE[ct]}({value}) : {literal(0, ct)})"
         return value
 
-    def _index(self, n: Node) -> str:
-        return f"{CTYPE[dtypes.compute_type(n.dtype)]}({ccode(n.arg, self.names)})"
-
     def hoist(self, roots: list[Node], depends: dict[Node, bool]) -> None:
         """Emit now the values ``roots`` read that do not vary in the loop about to open."""
         names = self.e.names
         for n in toposort(roots, stop=lambda n: n in names or not depends[n]):
             if n not in names and not depends[n] and n.op != "const":
                 self.e.emit(n)
-
-    # -- statements -------------------------------------------------------------------------------
-    def index_code(self, e: sympy.Expr) -> str:
-        return ccode(e, self.names)
-
-    def declare_index(self, name: str, text: str) -> str:
-        return f"const int64_t {name} = {text};"
-
-    def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
-        strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
-        off = ccode(offset(s.index, strides), self.names)
-        text = f"{buf.name}[{off}] = {self.e.store_value(value, node.dtype, buf.dtype)};"
-        if s.mask is not None:  # a combo kernel's part: only its own share of the space
-            text = f"if ({self.e.emit(s.mask)}) {text}"
-        self.e.line(text)
 
     def pointwise(self) -> None:
         """Inside a task: the row's variables, its invariant values, then the vectorised loop
@@ -466,18 +441,8 @@ class _CppLoops(TemplateSpec):
     compiled_on_cpu = True
 
     def problem_support(self, problem: Any, target: Target) -> Support:
-        if not isinstance(problem, LoopProblem) or problem.kind != self.op:
-            return Support(False, f"{self.id} runs {self.op} loop kernels")
-        if target.backend != "cpu":
-            return Support(False, f"C++ loop kernels are for the cpu target, not {target.name}")
-        for b in problem.kernel.inputs + problem.kernel.outputs:
-            if b.dtype not in STORAGE:
-                return Support(False, f"{b.dtype} buffers ({b.name}) have no C++ conversion here")
-        if any(n.op == "acc" for n in problem.kernel.nodes()):
-            return Support(False, "GEMM accumulators belong to a GEMM template")
-        if (why := strided_scan_refusal(problem.kernel)) is not None:
-            return Support(False, why)
-        return SUPPORTED
+        return loop_support(self, problem, target, backend="cpu", kernels="C++ loop kernels",
+                            language="C++", storage=STORAGE)
 
     def render_kernel(self, problem: LoopProblem, params: dict[str, Any], target: Target) -> RenderedKernel:
         k = problem.kernel

@@ -26,7 +26,7 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import check_needed, checks_enabled, unchecked_dims, var_ranges
+from tilewright.ir.bounds import checks_enabled, unchecked_dims
 from tilewright.ir.expr import Node, load_indirect, load_mask
 from tilewright.ir.index import code, offset
 from tilewright.ir.kernel import LoopKernel, Store
@@ -35,7 +35,8 @@ from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
-from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
+from tilewright.templates.c_loops import CFamilyBody
+from tilewright.templates.loop_schedule import strided_scan_refusal
 from tilewright.templates.metal.emit import (
     HELPERS, MSL_TYPE, MetalExpr, ctype, index_code, unsupported_dtype, zero,
 )
@@ -66,7 +67,7 @@ def needs_int64(problem: LoopProblem) -> bool:
     return problem.xnumel * max(problem.rnumel, 1) > INDEX_LIMIT
 
 
-class _Body(LoopSchedule):
+class _Body(CFamilyBody):
     """The loop schedule in MSL: one thread per element (pointwise, grid-stride) or a
     threadgroup per row, combined by :mod:`tilewright.templates.metal.reduce`."""
 
@@ -81,23 +82,15 @@ class _Body(LoopSchedule):
         self.in_loop = False  # inside a loop over the row: every element is in range
         super().__init__(kernel, persistent)
 
+    INDEX, INDEX_ZERO = "long", "0L"  # a checked index is computed in 64 bits
+
+    def ccode(self, e: Any, names: dict) -> str:
+        return index_code(e, names)
+
     def make_emitter(self) -> MetalExpr:
         e = MetalExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
         e.checked = self._checked
         return e
-
-    def _checked(self, n: Node, value: str, bound: str, mask: str | None) -> str:
-        """A gathered index checked against its bound (a view's extent): eager's IndexError
-        through ``tw_err``, 0 in its place (nothing read outside memory)."""
-        if not check_needed(n, var_ranges(self.k)):
-            return value
-        at = f"long({value})"
-        if mask is not None:  # a lane outside its part (a cat's, a combo kernel's): nothing to check
-            at = f"({mask} ? {at} : 0L)"
-        name = self.e.fresh()
-        self.e.helpers_used.add("tw_index")
-        self.e.line(f"const long {name} = tw_index({at}, long({bound}), tw_err);")
-        return name
 
     # -- values ---------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:
@@ -208,9 +201,6 @@ class _Body(LoopSchedule):
         return red
 
     # -- statements -----------------------------------------------------------------------------
-    def index_code(self, e: sympy.Expr) -> str:
-        return index_code(e, self.names)
-
     def declare_index(self, name: str, text: str) -> str:
         return f"const {self.idx} {name} = {text};"
 

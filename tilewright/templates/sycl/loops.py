@@ -37,7 +37,7 @@ import sympy
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import check_needed, checks_enabled, unchecked_dims, var_ranges
+from tilewright.ir.bounds import checks_enabled, unchecked_dims
 from tilewright.ir.expr import Node, load_mask
 from tilewright.ir.index import offset
 from tilewright.ir.index import code as py_code
@@ -45,10 +45,10 @@ from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
-    SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
+    Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
 from tilewright.templates.c_expr import CIndexPrinter, reduction_identity
-from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
+from tilewright.templates.c_loops import CFamilyBody, loop_support
 from tilewright.templates.sycl.emit import CTYPE, STORAGE, SyclExpr, literal
 
 
@@ -69,7 +69,7 @@ def _identity(kind: str, ct: str) -> str:
 def _int_limit(ct: str, low: bool) -> str:
     return f"std::numeric_limits<{CTYPE[ct]}>::{'lowest' if low else 'max'}()"
 
-class _Body(LoopSchedule):
+class _Body(CFamilyBody):
     """The loop schedule in SYCL C++: one work-item per element (pointwise) or per ``WG``-strided
     share of a row (reductions), combined with ``sycl::reduce_over_group``."""
 
@@ -79,23 +79,15 @@ class _Body(LoopSchedule):
         self.welford: dict[int, tuple[str, str]] = {}  # value -> (mean, M2) of its group combine
         super().__init__(kernel)
 
+    CHECK_HELPER = "tw_int_div"  # tw_index lives with the division helpers
+
+    def ccode(self, e: Any, names: dict) -> str:
+        return ccode(e, names)
+
     def make_emitter(self) -> SyclExpr:
         e = SyclExpr(load=self._load, index=self._index, reduce=self.reduce_inline)
         e.checked = self._checked
         return e
-
-    def _checked(self, n: Node, value: str, bound: str, mask: str | None) -> str:
-        """A gathered index checked against its bound (a view's extent): eager's IndexError
-        through ``tw_err``, 0 in its place (nothing read outside memory)."""
-        if not check_needed(n, var_ranges(self.k)):
-            return value
-        at = f"int64_t({value})"
-        if mask is not None:  # a lane outside its part (a cat's, a combo kernel's): nothing to check
-            at = f"({mask} ? {at} : int64_t(0))"
-        name = self.e.fresh()
-        self.e.helpers_used.add("tw_int_div")  # tw_index lives with the division helpers
-        self.e.line(f"const int64_t {name} = tw_index({at}, int64_t({bound}), tw_err);")
-        return name
 
     # -- values -----------------------------------------------------------------------------------
     def _load(self, n: Node) -> str:
@@ -124,24 +116,6 @@ class _Body(LoopSchedule):
         if own is not None:  # a masked load (cat, pad): only where the mask holds, else 0
             return f"({self.e.names[own]} ? {CTYPE[ct]}({value}) : {literal(0, ct)})"
         return value
-
-    def _index(self, n: Node) -> str:
-        return f"{CTYPE[dtypes.compute_type(n.dtype)]}({ccode(n.arg, self.names)})"
-
-    # -- statements -------------------------------------------------------------------------------
-    def index_code(self, e: sympy.Expr) -> str:
-        return ccode(e, self.names)
-
-    def declare_index(self, name: str, text: str) -> str:
-        return f"const int64_t {name} = {text};"
-
-    def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
-        strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
-        off = ccode(offset(s.index, strides), self.names)
-        text = f"{buf.name}[{off}] = {self.e.store_value(value, node.dtype, buf.dtype)};"
-        if s.mask is not None:  # a combo kernel's part: only its own share of the space
-            text = f"if ({self.e.emit(s.mask)}) {text}"
-        self.e.line(text)
 
     def write_row_stores(self, stores: list) -> None:
         self.e.line("if (lid == 0) {")
@@ -261,18 +235,8 @@ class _SyclLoops(TemplateSpec):
     jinja = "loops.py.jinja"
 
     def problem_support(self, problem: Any, target: Target) -> Support:
-        if not isinstance(problem, LoopProblem) or problem.kind != self.op:
-            return Support(False, f"{self.id} runs {self.op} loop kernels")
-        if target.backend != "xpu":
-            return Support(False, f"SYCL kernels are for the xpu target, not {target.name}")
-        for b in problem.kernel.inputs + problem.kernel.outputs:
-            if b.dtype not in STORAGE:
-                return Support(False, f"{b.dtype} buffers ({b.name}) have no SYCL conversion here")
-        if any(n.op == "acc" for n in problem.kernel.nodes()):
-            return Support(False, "GEMM accumulators belong to a GEMM template")
-        if (why := strided_scan_refusal(problem.kernel)) is not None:
-            return Support(False, why)
-        return SUPPORTED
+        return loop_support(self, problem, target, backend="xpu", kernels="SYCL kernels",
+                            language="SYCL", storage=STORAGE)
 
     def check(self, params: Params, problem: Any, target: Target) -> str | None:
         return self.space_refusal(params)
