@@ -23,6 +23,7 @@ from test_sycl import OP_GROUPS, _op_kernel, _tensors
 from tilewright.autotune.kinds import LOOP_TOLERANCE, LoopInputs, loop_error, make_loop_inputs, poisoned_loop_outputs
 from tilewright.problem import LoopProblem
 from tilewright.runtime import cpp as runtime
+from tilewright.runtime import toolchain
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template, templates_for
 
@@ -79,7 +80,7 @@ def test_the_cpp_templates_serve_only_the_cpu_target():
 
 
 def test_a_missing_compiler_refuses_with_one_line_naming_it(monkeypatch):
-    monkeypatch.setattr(runtime.shutil, "which", lambda name: None)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)  # the shared probe (runtime.toolchain.host_cxx)
     why = runtime.unavailable_reason()
     assert why is not None and "\n" not in why and "g++" in why
     (problem,) = loop_problems(lambda a: a.exp(), randn(3, 5))

@@ -29,6 +29,7 @@ from tilewright.ir.kernel import Buffer, LoopKernel, Store
 from tilewright.ir.ops import OPS
 from tilewright.problem import LoopProblem
 from tilewright.runtime import sycl as runtime
+from tilewright.runtime import toolchain
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template, templates_for
 
@@ -75,7 +76,7 @@ def test_a_missing_sycl_runtime_refuses_with_one_line_naming_the_extra(monkeypat
 def test_a_missing_compiler_refuses_naming_it(monkeypatch):
     if isinstance(runtime.wheels(), str):
         pytest.skip("the wheels are missing too (that refusal is tested above)")
-    monkeypatch.setattr(runtime.shutil, "which", lambda name: None)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)  # the shared probe (runtime.toolchain.host_cxx)
     why = runtime.unavailable_reason()
     assert why is not None and "C++ compiler" in why and "g++" in why
 

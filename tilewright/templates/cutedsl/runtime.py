@@ -11,8 +11,6 @@ templates).
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import re
 import shutil
 import time
@@ -22,18 +20,15 @@ from typing import Any
 import torch
 
 from tilewright.runtime.aot import CompileJob, CompileResult, load_source, sha256_file
+from tilewright.runtime.toolchain import dist_version
 
 DIST = "nvidia-cutlass-dsl"
 NOT_INSTALLED = "nvidia-cutlass-dsl is not installed"
 
 
-@functools.cache
 def dsl_version() -> str | None:
     """Installed ``nvidia-cutlass-dsl`` version, or None (a cheap check: nothing is imported)."""
-    try:
-        return importlib.metadata.version(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return dist_version(DIST)
 
 
 def available() -> bool:

@@ -22,8 +22,6 @@ on-disk kernel cache is switched off there (a cache hit would skip the ISA dump)
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import json
 import os
 import re
@@ -35,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilewright.errors import EnvironmentMismatchError, KernelCompileError
+from tilewright.runtime.toolchain import dist_version
 
 DIST = "flydsl"
 # the version the templates are written against (pyproject's `flydsl` extra pins the same)
@@ -58,13 +57,9 @@ class FlyDslCompileError(KernelCompileError):
     """FlyDSL refused or failed to compile a kernel; the message carries its error output."""
 
 
-@functools.cache
 def dsl_version() -> str | None:
     """Installed ``flydsl`` version, or None (a cheap check: nothing is imported)."""
-    try:
-        return importlib.metadata.version(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return dist_version(DIST)
 
 
 def available() -> bool:

@@ -38,7 +38,6 @@ import importlib.util
 import logging
 import os
 import platform
-import shutil
 import subprocess
 import sysconfig
 import tempfile
@@ -51,6 +50,7 @@ from typing import Callable
 from tilewright._config import config
 from tilewright.errors import EnvironmentMismatchError, KernelCompileError
 from tilewright.runtime.status import ERR_MESSAGES, raise_status  # noqa: F401 - the launchers' statuses
+from tilewright.runtime.toolchain import NO_HOST_CXX, host_cxx
 
 log = logging.getLogger("tilewright.runtime")
 
@@ -83,17 +83,13 @@ class CppUnavailableError(EnvironmentMismatchError):
 
 def compiler() -> str | None:
     """The host C++ compiler: ``$CXX``, else ``g++``, else ``c++``."""
-    for cand in (os.environ.get("CXX"), "g++", "c++"):
-        if cand and shutil.which(cand):
-            return shutil.which(cand)
-    return None
+    return host_cxx()
 
 
 def unavailable_reason() -> str | None:
     """Why C++ kernels cannot be built here (one line naming the fix), or None."""
     if compiler() is None:
-        return ("the cpp templates build their kernels with a C++ compiler and found none ($CXX, g++, c++): "
-                "install g++ (Debian: apt-get install g++)")
+        return f"the cpp templates build their kernels with a C++ compiler and {NO_HOST_CXX}"
     return None
 
 

@@ -34,7 +34,6 @@ import functools
 import hashlib
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -45,6 +44,7 @@ from typing import Sequence
 import torch
 
 from tilewright.errors import EnvironmentMismatchError, KernelCompileError
+from tilewright.runtime.toolchain import NO_HOST_CXX, host_cxx
 
 WHEEL_VERSION = "2025.3.2"
 """The version of the three wheels (DESIGN.md, measured): 2026.x ships Level Zero adapters
@@ -104,10 +104,7 @@ def wheels() -> Wheels | str:
 
 def compiler() -> str | None:
     """The host C++ compiler the shim is built with: ``$CXX``, else ``g++``, else ``c++``."""
-    for cand in (os.environ.get("CXX"), "g++", "c++"):
-        if cand and shutil.which(cand):
-            return shutil.which(cand)
-    return None
+    return host_cxx()
 
 
 def unavailable_reason() -> str | None:
@@ -117,8 +114,7 @@ def unavailable_reason() -> str | None:
     if isinstance(w, str):
         return w
     if compiler() is None:
-        return ("the SYCL backend builds its host shim with a C++ compiler and found none ($CXX, g++, c++): "
-                "install g++ (Debian: apt-get install g++)")
+        return f"the SYCL backend builds its host shim with a C++ compiler and {NO_HOST_CXX}"
     return None
 
 
