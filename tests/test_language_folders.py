@@ -303,3 +303,15 @@ def test_cpu_target_accepts_the_backends_with_a_host_target(monkeypatch):
     assert "toyhost" in _config.cpu_targets() and host_target("toyhost") is toy
     with config.patch(cpu_target="toyhost"):
         assert config.cpu_target == "toyhost"
+
+
+def test_a_bench_target_missing_its_toolchain_says_why(monkeypatch):
+    """``tilewright bench`` on a target whose device needs a toolchain that is missing names the
+    target's own reason (the target's quirk, not a SYCL special case in perf/)."""
+    from tilewright.errors import TilewrightError
+    from tilewright.perf.run import run_suite
+    from tilewright.templates.sycl import runtime as sycl
+
+    monkeypatch.setattr(sycl, "unavailable_reason", lambda: "no SYCL here: pip install 'tilewright[sycl]'")
+    with pytest.raises(TilewrightError, match=r"xpu:opencl-cpu cannot run on this machine: no SYCL here"):
+        run_suite("toy", [], get_target("xpu:opencl-cpu"), factory=None)

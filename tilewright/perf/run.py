@@ -40,7 +40,7 @@ from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
 from tilewright.perf.launch import launch_overhead
 from tilewright.problem import GemmProblem
-from tilewright.runtime.targets import Target, sycl_on_cpu
+from tilewright.runtime.targets import Target
 
 FORMAT = "tilewright-bench/1"
 
@@ -287,10 +287,8 @@ def run_suite(suite: str, problems: Sequence[NamedProblem], target: Target, fact
             or ``cpu_threads`` is negative.
     """
     devices = local_devices(target)
-    if not devices and sycl_on_cpu(target):
-        from tilewright.templates.sycl import runtime as sycl
-
-        raise TilewrightError(f"target {target.name} needs the SYCL runtime: {sycl.unavailable_reason()}")
+    if not devices and (why := target.unavailable()) is not None:  # e.g. the SYCL runtime of xpu:opencl-cpu
+        raise TilewrightError(f"target {target.name} cannot run on this machine: {why}")
     if not devices:
         raise TilewrightError(f"target {target.name} is not on this machine; run the suite "
                               f"where it is (bench/device_check.sh on a GPU machine)")

@@ -432,12 +432,6 @@ def host_backends() -> tuple[str, ...]:
     return tuple(sorted({t.backend for t in TARGETS.values() if t.device_type == "cpu"}))
 
 
-def sycl_on_cpu(target: Target) -> bool:
-    """Whether ``target``'s kernels run on this host's OpenCL CPU device (the ``xpu:opencl-cpu``
-    target: SYCL kernels on CPU tensors), so they can be measured here."""
-    return target.name == "xpu:opencl-cpu"
-
-
 def triton_version() -> tuple[int, int]:
     """The installed triton's (major, minor)."""
     import triton
