@@ -380,12 +380,10 @@ SHARED = tuple(sorted(str(f.relative_to(_PKG)) for d in ("compiler", "autotune")
 KIND_NAMES = {"gemm", "grouped_gemm", "pointwise", "reduction", "attention", "loop"}
 KIND_TYPES = {"GemmProblem", "LoopProblem", "GroupedGemmProblem", "AttentionProblem", "GemmPolicy", "LoopPolicy",
               "GroupedGemmPolicy", "AttentionPolicy"}
-# what is still to move out (issue 30): the GEMM kind's lowering, fusion, policy, cost model and
-# inputs, and the loop kind's fusion scheduler, still live in compiler/ and autotune/; and a
-# compatibility name kept for callers: capture_gemms filters capture_kernels by the kind "gemm"
+# what is still to move out (issue 30): the loop kind's fusion scheduler still lives in compiler/
 ALLOWED = {
-    "compiler/capture.py": {"gemm"}, "compiler/fusion.py": {"reduction"},
-    "compiler/launches.py": {"gemm"}, "compiler/schedule.py": {"LoopProblem"},
+    "compiler/fusion.py": {"reduction"},
+    "compiler/schedule.py": {"LoopProblem"},
 }
 
 
@@ -439,3 +437,40 @@ def test_aten_calls_left_as_they_are_are_labelled_by_their_kind():
         assert _kind(g.call_function(aten.sort.default, (x,)), kinds()) == "toy"
     finally:
         unregister_kind(toy)
+
+
+def test_gemm_lowering_and_fusion_are_the_gemm_kinds_hooks(monkeypatch):
+    """compiler/ names no GEMM op: lowering asks the kinds (``GemmKind.lower`` makes the
+    GemmNode), the fuse stage asks every kind (``GemmKind.fuse`` absorbs the relu, a kind
+    registered from outside is asked too), and a GEMM lowering that raises costs that node only:
+    it stays an ATen call."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilewright.compiler.graph import ExternNode
+    from tilewright.compiler.lower import lower
+    from tilewright.compiler.pipeline import fuse
+    from tilewright.kinds.gemm import lower as gemm_lower
+
+    gm = make_fx(lambda a, b: torch.relu(torch.mm(a, b)))(torch.randn(8, 16), torch.randn(16, 4))
+    kg = lower(gm)
+    (g,) = kg.gemms
+    assert (g.name, g.op, g.epilogue) == ("gemm_0", "mm", [])
+    asked = []
+    toy = register_kind(type("FuseToy", (ProblemKind,), {
+        "names": ("fuse_toy",), "problem_type": AxpyProblem,
+        "fuse": lambda self, kg, gm: asked.append(kg) or 0})())
+    try:
+        fuse(kg, gm)
+    finally:
+        unregister_kind(toy)
+    assert asked == [kg] and [op.kind for op in g.epilogue] == ["relu"] and len(g.fx_nodes) == 2
+
+    def broken(node, index):
+        raise RuntimeError("injected GEMM lowering failure")
+    monkeypatch.setattr(gemm_lower, "lower_gemm", broken)
+    with tilewright.config.patch(strict=False), \
+            pytest.warns(RuntimeWarning, match="injected GEMM lowering failure"):
+        kg = lower(gm)
+    assert not kg.gemms
+    assert [n.fx_node.target for n in kg.nodes if isinstance(n, ExternNode)] == [
+        torch.ops.aten.mm.default, torch.ops.aten.relu.default]

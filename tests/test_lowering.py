@@ -12,7 +12,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright.compiler.decompositions import decomposition_table
-from tilewright.compiler.fuse import fuse_epilogues
+from tilewright.kinds.gemm.fuse import fuse_epilogues
 from tilewright.compiler.graph import ExternNode, GemmNode
 from tilewright.compiler.lower import lower
 

@@ -89,6 +89,8 @@ MOVED_NAMES = {
         "GEMM_OPS", "NVFP4_MM", "MX_MM", "FP8_DTYPES", "why_not_gemm", "broadcast_pattern", "lower_gemm",
         "lower_scaled_mm", "lower_block_scaled_mm", "lower_nvfp4_mm", "lower_mx_mm")),
     "tilewright.compiler.graph": ("tilewright.kinds.gemm.lower", ("FusedInput",)),
+    "tilewright.compiler.capture": ("tilewright.kinds.gemm.capture", ("capture_gemms",)),
+    "tilewright.compiler.capture kind": ("tilewright.kinds.gemm.kind", ("gemm_problem",)),
 }
 
 

@@ -30,14 +30,6 @@ from tilewright.errors import InvalidInputError
 from tilewright.kinds import kinds
 
 
-def gemm_problem(g: Any) -> Any:
-    """The autotuner's view of a GEMM node (kept here for callers; the GEMM kind's
-    :func:`tilewright.kinds.gemm.gemm_problem`)."""
-    from tilewright.kinds.gemm import gemm_problem as problem_of_gemm
-
-    return problem_of_gemm(g)
-
-
 @dataclass
 class ModelSpec:
     """A model and the inputs to trace it with."""
@@ -214,7 +206,15 @@ def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKer
     return [c for seen in found for c in seen.values()]
 
 
-def capture_gemms(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:
-    """Distinct GEMM problems of the model, in first-seen order, with their uses (kept for
-    callers: :func:`capture_kernels` of the kind "gemm")."""
-    return [c for c in capture_kernels(spec, train=train) if c.problem.kind == "gemm"]
+# the GEMM kind's names that lived here (kept for one release, with a DeprecationWarning)
+_MOVED = {"capture_gemms": "tilewright.kinds.gemm.capture", "gemm_problem": "tilewright.kinds.gemm.kind"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import warnings
+
+        warnings.warn(f"tilewright.compiler.capture.{name} moved to {_MOVED[name]}; import it from there (the "
+                      f"old name is removed in the next release)", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -65,8 +65,7 @@ def graph_run(report: GraphReport) -> GraphRun:
     kernel that fell back to ATen for every size (``GraphReport.kernel_fallbacks``) runs its
     ATen form, which the count holds, and is no kernel of its own."""
     on_aten = {f.kernel for f in getattr(report, "kernel_fallbacks", ()) if f.bucket is None}
-    winners = [(g.node, g.winner, "gemm") for g in report.gemms] + \
-        [(k.node, k.winner, k.kind) for k in report.kernels]
+    winners = [(k.node, k.winner, k.kind) for k in (*report.gemms, *report.kernels)]
     return GraphRun(kernels=dict(Counter(kind for node, w, kind in winners
                                          if not _calls_aten(w) and node not in on_aten)),
                     aten_calls=report.aten_dispatches)
@@ -158,7 +157,10 @@ class LaunchReport:
     def format(self) -> str:
         """A plain-text table: one row per graph and a total, planned kernels per kind, what
         a call ran (generated kernels + ATen calls) and Inductor's kernels + extern calls."""
-        kinds = sorted(self.kinds, key=lambda k: (k != "gemm", k))
+        from tilewright.kinds import kinds as registered
+
+        lead = registered()[0].name  # the first registered kind's column first (GEMMs), then by name
+        kinds = sorted(self.kinds, key=lambda k: (k != lead, k))
 
         def n(x: int | None) -> str:
             return "-" if x is None else str(x)

@@ -43,6 +43,7 @@ class GemmReport:
     reason: str
     candidates: list[CandidateReport] = field(default_factory=list)
     tune_seconds: float = 0.0
+    kind: str = ""  # the problem kind, as KernelReport's (set by the kind's report hook)
 
     @property
     def tried(self) -> int:

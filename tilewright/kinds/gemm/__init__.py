@@ -1,21 +1,32 @@
-"""The GEMM kind's folder: ``policy`` (the seed tiles, :class:`GemmPolicy`, ``POLICIES`` per
-target backend), ``kind`` (:class:`GemmKind`, registered once: :data:`tilewright.kinds.BUILTIN`),
-``checks`` (inputs, poisoned outputs, the error and tolerance of a result), ``decode`` (the
-decode-shape variants: thin tiles, swap-AB, split-K) and ``heuristics`` (nvMatmulHeuristics'
-picks, when installed).
+"""The GEMM kind's folder, "gemm" (mm, addmm, bmm, baddbmm, scaled_mm, the block-scaled NVFP4/MX
+GEMMs, each with its fused epilogue), registered once (:data:`tilewright.kinds.BUILTIN`).
 
-Still outside it (issue 30, not moved yet): the problem (:class:`tilewright.problem.GemmProblem`,
-below the templates), the lowering and epilogue fusion (:mod:`tilewright.compiler.lower`,
-:mod:`tilewright.compiler.fuse`) and the cost model (:mod:`tilewright.autotune.cost_model`).
-The names of ``kind`` (``KIND``, ``GemmKind``, ``gemm_problem``, ...) are importable from here,
-as from the module this package replaced; they load on first use (the kind imports the
-autotuner).
+================ =========================================================================
+``checks``       inputs (block-scaled operands with their scales), poisoned outputs, the
+                 error of a result and its tolerance
+``policy``       the seed tiles, :class:`GemmPolicy`, ``POLICIES`` per target backend
+``cost``         the analytic cost model (roofline with tile and wave effects)
+``decode``       decode-shape variants: thin tiles, swap-AB, split-K
+``heuristics``   nvMatmulHeuristics' picks, when it is installed
+``shapes``       GEMM problems from a shapes file (``tilewright warm``, the perf suites)
+``kind``         :class:`GemmKind` and :func:`gemm_problem` (a GEMM node's problem)
+``lower``        the FX lowering of the GEMM-family calls to ``GemmNode``\\ s
+``lower_scaled`` the block-scaled ``_scaled_mm``/``F.scaled_mm`` rewrite before lowering
+``fuse``         epilogue fusion: the elementwise chain after a GEMM into its kernel
+``capture``      ``capture_gemms`` (``tilewright aot``/``warm``)
+================ =========================================================================
+
+Still outside it: the problem (:class:`tilewright.problem.GemmProblem`, below the templates)
+and the kernel-graph node (:class:`tilewright.compiler.graph.GemmNode`, which the wrapper and
+the PDL pass read). The names of ``kind`` (``KIND``, ``GemmKind``, ``gemm_problem``, ...) are
+importable from here, as from the module this package replaced; they load on first use (the
+kind imports the autotuner).
 """
 
 from typing import Any
 
 _MODULES = frozenset({"kind", "policy", "checks", "cost", "decode", "heuristics", "shapes", "lower", "lower_scaled",
-                      "fuse"})
+                      "fuse", "capture"})
 
 
 def __getattr__(name: str) -> Any:

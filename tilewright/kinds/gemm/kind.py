@@ -243,7 +243,7 @@ class GemmKind(ProblemKind):
             node=node.name, op=node.op, batch=p.batch, M=p.M, N=p.N, K=p.K, dtype=p.dtype,
             out_dtype=p.out_dtype, epilogue=p.describe_epilogue(), dynamic=sorted(p.dynamic),
             winner=sel.winner.name, winner_ms=rec.median_ms if rec else None, reason=sel.reason,
-            candidates=candidate_reports(sel), tune_seconds=sel.seconds)
+            candidates=candidate_reports(sel), tune_seconds=sel.seconds, kind=p.kind)
 
     def describe_short(self, problem: GemmProblem) -> str:
         return f"{problem.op} {problem.M}x{problem.N}x{problem.K} {problem.describe_epilogue()}"
