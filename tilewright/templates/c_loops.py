@@ -14,12 +14,13 @@ from typing import Any
 import sympy
 
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import check_needed, var_ranges
+from tilewright.ir.bounds import check_needed, checks_enabled, unchecked_dims, var_ranges
 from tilewright.ir.expr import Node
 from tilewright.ir.index import offset
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import SUPPORTED, Support
+from tilewright.templates.c_math import CTYPE, literal
 from tilewright.templates.loop_schedule import LoopSchedule, strided_scan_refusal
 
 
@@ -48,6 +49,33 @@ class CFamilyBody(LoopSchedule):
 
     def _index(self, n: Node) -> str:
         return f"{self.e.CTYPE[dtypes.compute_type(n.dtype)]}({self.ccode(n.arg, self.names)})"
+
+    def check_gathered(self, n: Node, buf: Any, idx: list, names: dict, mask: str | None = None) -> None:
+        """Check, in place in ``idx``/``names``, each gathered dim of load ``n`` not proven in
+        range against its extent (``tw_index``: eager's IndexError through ``tw_err``); a lane
+        where ``mask`` (a C condition) is false checks 0 instead of an index that may be anything."""
+        for d in unchecked_dims(self.k, n, idx, self.extents()) if checks_enabled() else ():
+            checked = self.e.fresh()
+            self.e.helpers_used.add(self.CHECK_HELPER)
+            at = self.ccode(idx[d], names)
+            if mask is not None:
+                at = f"({mask} ? {self.INDEX}({at}) : {self.INDEX_ZERO})"
+            self.e.line(f"const {self.INDEX} {checked} = tw_index({at}, {self.ccode(buf.shape[d], self.names)}, tw_err);")
+            idx[d] = sympy.Symbol(checked, integer=True)
+            names[idx[d]] = checked
+
+    def read(self, n: Node, buf: Any, idx: list, names: dict, own: Node | None) -> str:
+        """Load ``n``'s element of ``buf`` at ``idx`` through the run-time strides, in its compute
+        type; where the load has its own mask ``own`` (a cat's, a pad's), 0 elsewhere."""
+        strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]
+        off = self.ccode(offset(idx, strides), names)
+        value = self.e.load_value(f"{buf.name}[{off}]", buf.dtype)
+        ct = dtypes.compute_type(n.dtype)
+        if buf.dtype != n.dtype and dtypes.compute_type(buf.dtype) != ct:
+            value = f"{CTYPE[ct]}({value})"
+        if own is not None:  # a masked load (cat, pad): only where the mask holds, else 0
+            return f"({self.e.names[own]} ? {CTYPE[ct]}({value}) : {literal(0, ct)})"
+        return value
 
     def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
         strides = [sympy.Symbol(f"{buf.name}_s{d}") for d in range(len(buf.shape))]

@@ -48,6 +48,21 @@ from tilewright.ir.index import code, unflatten
 from tilewright.ir.kernel import LoopKernel, Store
 
 
+def needs_wide_index(problem: Any, limit: int) -> bool:
+    """Whether a loop kernel's index arithmetic must be 64-bit: a dynamic problem (any size may
+    come), or an element offset into some buffer, or the iteration space, beyond ``limit``
+    (the largest value the language's 32-bit index math can hold safely)."""
+    if problem.dynamic:
+        return True
+    sizes = problem.size_map
+    for b in problem.kernel.inputs + problem.kernel.outputs:
+        span = sum(max(int(s.xreplace(sizes)) - 1, 0) * abs(int(st.xreplace(sizes)))
+                   for s, st in zip(b.shape, b.stride))
+        if span > limit:
+            return True
+    return problem.xnumel * max(problem.rnumel, 1) > limit
+
+
 def strided_scan_refusal(kernel: LoopKernel) -> str | None:
     """Why a language whose lanes walk a row with a stride (SYCL, Metal, FlyDSL: each lane sums
     every WG-th element, then the work-group combines; C++: 16 lanes a step) cannot render

@@ -32,15 +32,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import sympy
-
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
-from tilewright.ir.bounds import checks_enabled, unchecked_dims, var_ranges
+from tilewright.ir.bounds import var_ranges
 from tilewright.ir.expr import Node, indirect_symbol, load_indirect, load_mask, toposort
 from tilewright.ir.index import code as py_code
-from tilewright.ir.index import offset
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
 from tilewright.runtime.targets import Target
@@ -184,7 +181,6 @@ class _Body(CFamilyBody):
     def _load(self, n: Node) -> str:
         name, idx, _ = n.arg
         buf = self.k.buffer(name)
-        strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
         names = dict(self.names)
         own = load_mask(n)
         for k, v in enumerate(load_indirect(n)):
@@ -194,21 +190,8 @@ class _Body(CFamilyBody):
             names[indirect_symbol(k)] = value
         idx = list(idx)
         # gathered dims: checked against their dim, not read out of it (unless proven in range)
-        for d in unchecked_dims(self.k, n, idx, self.ranges) if checks_enabled() else ():
-            e = idx[d]
-            checked = self.e.fresh()
-            self.e.helpers_used.add("tw_index")
-            self.e.line(f"const int64_t {checked} = tw_index({ccode(e, names)}, {ccode(buf.shape[d], self.names)}, tw_err);")
-            idx[d] = sympy.Symbol(checked, integer=True)
-            names[idx[d]] = checked
-        off = ccode(offset(idx, strides), names)
-        value = self.e.load_value(f"{name}[{off}]", buf.dtype)
-        ct = dtypes.compute_type(n.dtype)
-        if buf.dtype != n.dtype and dtypes.compute_type(buf.dtype) != ct:
-            value = f"{CTYPE[ct]}({value})"
-        if own is not None:  # a masked load (cat, pad): only where the mask holds, else 0
-            return f"({self.e.names[own]} ? {CTYPE[ct]}({value}) : {literal(0, ct)})"
-        return value
+        self.check_gathered(n, buf, idx, names)
+        return self.read(n, buf, idx, names, own)
 
     def hoist(self, roots: list[Node], depends: dict[Node, bool]) -> None:
         """Emit now the values ``roots`` read that do not vary in the loop about to open."""

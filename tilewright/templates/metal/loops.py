@@ -36,7 +36,7 @@ from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
 )
 from tilewright.templates.c_loops import CFamilyBody
-from tilewright.templates.loop_schedule import strided_scan_refusal
+from tilewright.templates.loop_schedule import needs_wide_index, strided_scan_refusal
 from tilewright.templates.metal.emit import (
     HELPERS, MSL_TYPE, MetalExpr, ctype, index_code, unsupported_dtype, zero,
 )
@@ -56,15 +56,7 @@ GROUPS_PER_CORE = 8
 
 def needs_int64(problem: LoopProblem) -> bool:
     """64-bit index math when a buffer may span about 2**31 elements (always for dynamic sizes)."""
-    if problem.dynamic:
-        return True
-    sizes = problem.size_map
-    for b in problem.kernel.inputs + problem.kernel.outputs:
-        span = sum(max(int(s.xreplace(sizes)) - 1, 0) * abs(int(st.xreplace(sizes)))
-                   for s, st in zip(b.shape, b.stride))
-        if span > INDEX_LIMIT:
-            return True
-    return problem.xnumel * max(problem.rnumel, 1) > INDEX_LIMIT
+    return needs_wide_index(problem, INDEX_LIMIT)
 
 
 class _Body(CFamilyBody):

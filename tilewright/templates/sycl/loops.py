@@ -37,9 +37,7 @@ import sympy
 
 from tilewright.errors import UnsupportedProblemError
 from tilewright.ir import dtypes
-from tilewright.ir.bounds import checks_enabled, unchecked_dims
 from tilewright.ir.expr import Node, load_mask
-from tilewright.ir.index import offset
 from tilewright.ir.index import code as py_code
 from tilewright.ir.kernel import LoopKernel
 from tilewright.problem import LoopProblem
@@ -93,29 +91,13 @@ class _Body(CFamilyBody):
     def _load(self, n: Node) -> str:
         name, idx, _ = n.arg
         buf = self.k.buffer(name)
-        strides = [sympy.Symbol(f"{name}_s{d}") for d in range(len(buf.shape))]
         names = self.load_names(n, "int64_t({})")
         idx = list(idx)
-        # gathered dims: checked against their dim, not read out of it (unless proven in range)
-        for d in unchecked_dims(self.k, n, idx) if checks_enabled() else ():
-            e = idx[d]
-            checked = self.e.fresh()
-            self.e.helpers_used.add("tw_int_div")  # tw_index lives with the division helpers
-            at = ccode(e, names)
-            if load_mask(n) is not None:  # a masked-off lane's index may be anything: it reads nothing
-                at = f"({self.e.names[load_mask(n)]} ? int64_t({at}) : int64_t(0))"
-            self.e.line(f"const int64_t {checked} = tw_index({at}, {ccode(buf.shape[d], self.names)}, tw_err);")
-            idx[d] = sympy.Symbol(checked, integer=True)
-            names[idx[d]] = checked
-        off = ccode(offset(idx, strides), names)
-        value = self.e.load_value(f"{name}[{off}]", buf.dtype)
-        ct = dtypes.compute_type(n.dtype)
-        if buf.dtype != n.dtype and dtypes.compute_type(buf.dtype) != ct:
-            value = f"{CTYPE[ct]}({value})"
         own = load_mask(n)
-        if own is not None:  # a masked load (cat, pad): only where the mask holds, else 0
-            return f"({self.e.names[own]} ? {CTYPE[ct]}({value}) : {literal(0, ct)})"
-        return value
+        # gathered dims: checked against their dim, not read out of it (unless proven in range);
+        # a masked-off lane's index may be anything: it checks 0 and reads nothing
+        self.check_gathered(n, buf, idx, names, self.e.names[own] if own is not None else None)
+        return self.read(n, buf, idx, names, own)
 
     def write_row_stores(self, stores: list) -> None:
         self.e.line("if (lid == 0) {")

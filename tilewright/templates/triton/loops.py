@@ -27,7 +27,7 @@ from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.templates.base import (
     SUPPORTED, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, powers_of_two,
 )
-from tilewright.templates.loop_schedule import LoopSchedule
+from tilewright.templates.loop_schedule import LoopSchedule, needs_wide_index
 from tilewright.templates.triton.rowops import SCAN_HELPERS, RowOpsHooks, atomic_refusal
 from tilewright.templates.triton.pdl import GDC_IMPORT, PDL_KNOB, pdl_checks, pdl_refusal, signal_before_stores
 from tilewright.templates.triton.emit import POINTER, TL_DTYPE, TritonExpr
@@ -95,15 +95,7 @@ def _welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
 
 def needs_int64(problem: LoopProblem) -> bool:
     """64-bit index math when a buffer may span 2**31 elements (always for dynamic sizes)."""
-    if problem.dynamic:
-        return True
-    sizes = problem.size_map
-    for b in problem.kernel.inputs + problem.kernel.outputs:
-        span = sum(max(int(s.xreplace(sizes)) - 1, 0) * abs(int(st.xreplace(sizes)))
-                   for s, st in zip(b.shape, b.stride))
-        if span > INT32_MAX:
-            return True
-    return problem.xnumel * max(problem.rnumel, 1) > INT32_MAX
+    return needs_wide_index(problem, INT32_MAX)
 
 
 class _Body(RowOpsHooks, LoopSchedule):
