@@ -37,6 +37,7 @@ MOVED = {
     "tilewright.runtime.cutedsl": "tilewright.templates.cutedsl.runtime",
     "tilewright.runtime.flydsl": "tilewright.templates.flydsl.runtime",
     "tilewright.runtime.flydsl_launch": "tilewright.templates.flydsl.launch",
+    "tilewright.runtime.pdl": "tilewright.templates.triton.pdl",
     "tilewright.autotune.loop_policy": "tilewright.kinds.loop.policy",
     "tilewright.autotune.decode": "tilewright.kinds.gemm.decode",
     "tilewright.autotune.heuristics": "tilewright.kinds.gemm.heuristics",

@@ -22,7 +22,7 @@ from tilewright.compiler.lower import lower
 from tilewright.compiler.pipeline import fuse
 from tilewright.problem import GemmProblem
 from tilewright.runtime import cutedsl as runtime_cutedsl
-from tilewright.runtime import pdl as runtime_pdl
+from tilewright.templates.triton import pdl as runtime_pdl
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template
 
