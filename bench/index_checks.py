@@ -33,7 +33,7 @@ def _problems(tokens: int, vocab: int, dim: int):
     from tilewright.compiler.decompositions import decomposition_table
     from tilewright.compiler.graph import FusedNode
     from tilewright.compiler.lower import lower, lower_loop_nodes
-    from tilewright.compiler.schedule import schedule
+    from tilewright.kinds.loop.fusion.schedule import schedule
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(vocab, dim, generator=g)

@@ -8,7 +8,7 @@ import torch
 
 from loop_check import check_against_eager, check_training
 from tilewright.autotune.kinds import loop_error, make_loop_inputs, poisoned_loop_outputs
-from tilewright.compiler.fusion import BuiltKernel, combine
+from tilewright.kinds.loop.fusion import BuiltKernel, combine
 from tilewright.ir import expr as E
 from tilewright.ir.index import var
 from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol

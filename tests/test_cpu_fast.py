@@ -25,7 +25,7 @@ from tilewright.compiler.graph import FusedNode
 from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.programs import attach_programs
 from tilewright.compiler.report import collect_reports
-from tilewright.compiler.schedule import schedule
+from tilewright.kinds.loop.fusion.schedule import schedule
 from tilewright.compiler.kernel_factory import TemplateKernelFactory
 from tilewright.problem import LoopProblem
 from tilewright.templates import get_template

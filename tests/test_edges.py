@@ -139,7 +139,7 @@ def test_an_overriding_supports_that_raises_is_refused_too(monkeypatch):
 
 # -- scatter races -------------------------------------------------------------------------------------
 def test_fusion_refuses_a_kernel_that_reads_the_buffer_it_scatters_into():
-    from tilewright.compiler.fusion import FusionError, _refuse_reads_of_scatter_targets
+    from tilewright.kinds.loop.fusion.build import FusionError, _refuse_reads_of_scatter_targets
     from tilewright.ir import expr as E
     from tilewright.ir.index import var
 

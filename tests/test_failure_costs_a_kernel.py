@@ -15,7 +15,7 @@ import torch
 
 import tilewright
 from tilewright.compiler import pipeline
-from tilewright.compiler import schedule as schedule_mod
+from tilewright.kinds.loop.fusion import schedule as schedule_mod
 from tilewright.compiler.dispatch import KernelCall
 import tilewright.compiler.loops.rules  # noqa: F401 - registers the rules
 from tilewright.compiler.loops import RULES

@@ -165,7 +165,7 @@ def test_a_transformer_block_norm_attention_scores_and_mlp_fuse_around_the_gemms
 def test_softmax_over_a_leading_dim_is_one_loop_kernel(name):
     # the fusion builder placed pointwise members on (outer, reduced) in that order only; a
     # reduction over a leading dim reads them at (reduced, outer): they are placed by the data
-    # flow now (compiler/fusion.py, _Builder._place_by_flow), square shapes included
+    # flow now (kinds/loop/fusion/build.py, _Builder._place_by_flow), square shapes included
     fn, shape = {"softmax_dim0": (lambda a: a.softmax(0), (7, 13)),
                  "softmax_dim0_square": (lambda a: a.softmax(0), (6, 6)),
                  "softmax_dim1_of_3d": (lambda a: a.softmax(1) * 2, (3, 5, 6)),

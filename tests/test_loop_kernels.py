@@ -18,7 +18,7 @@ from tilewright.autotune.kinds import (
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.graph import FusedNode
 from tilewright.compiler.lower import lower, lower_loop_nodes
-from tilewright.compiler.schedule import schedule
+from tilewright.kinds.loop.fusion.schedule import schedule
 from tilewright.compiler.kernel_factory import TemplateKernelFactory
 from tilewright.problem import LoopProblem
 from tilewright.runtime.aot import CompileJob, compile_jobs

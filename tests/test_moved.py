@@ -44,6 +44,9 @@ MOVED = {
     "tilewright.autotune.inputs": "tilewright.kinds.gemm.checks",
     "tilewright.compiler.fuse": "tilewright.kinds.gemm.fuse",
     "tilewright.compiler.lower_scaled": "tilewright.kinds.gemm.lower_scaled",
+    # the loop kind's fusion scheduler and kernel builder (compiler/fusion.py was split in four)
+    "tilewright.compiler.fusion": "tilewright.kinds.loop.fusion",
+    "tilewright.compiler.schedule": "tilewright.kinds.loop.fusion.schedule",
 }
 # old modules split or turned into packages: a module of their own that re-exports what it had
 # from the new place (and warns)

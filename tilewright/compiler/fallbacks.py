@@ -2,7 +2,7 @@
 when one kernel cannot be lowered, fused, chosen, rendered, compiled or launched.
 
 A failure of one kernel costs that kernel only: at compile time its op runs on ATen (or its
-fused group is split, see :mod:`tilewright.compiler.schedule`), at run time the kernel's size
+fused group is split, see :mod:`tilewright.kinds.loop.fusion.schedule`), at run time the kernel's size
 bucket switches to its ATen form for that call and the later calls of that bucket, while every
 other kernel and bucket keeps its generated code. Each contained failure warns once (one line;
 the traceback goes to the ``tilewright.compiler`` log) and is recorded as a

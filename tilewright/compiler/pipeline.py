@@ -40,7 +40,6 @@ from tilewright.compiler.programs import attach_programs
 from tilewright.compiler.race import raced
 from tilewright.compiler.report import GemmReport, GraphReport, publish
 from tilewright.compiler.pdl import apply_pdl, pdl_kernels, with_pdl
-from tilewright.compiler.schedule import schedule
 from tilewright.compiler.traffic import compiled_cost, eager_cost
 from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
 from tilewright.errors import UnknownTargetError
@@ -145,6 +144,8 @@ def _loop_kernels(kg: KernelGraph, gm: fx.GraphModule) -> tuple[int, int]:
     whose kernel cannot be built is left to ATen and the rest lowered again without it; any
     other failure of the scheduler costs this graph its loop kernels (GEMMs and the kernels of
     other kinds stay generated)."""
+    from tilewright.kinds.loop.fusion.schedule import schedule  # the loop kind's scheduler reads the kernel graph
+
     before = list(kg.nodes)
     on_aten: set[str] = set()
     while True:

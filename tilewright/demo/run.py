@@ -275,7 +275,7 @@ def _qwen3_moe_train(result: CaseResult) -> None:
     post-attention-norm gradients 0.15-0.17 from float64, the Triton kernels' 7e-3), so a
     backend closer to exact than eager would fail an eager comparison. Each error's bound is
     the bf16 bound or 1.2x eager's own error, whichever is larger; the distance to eager is
-    reported, not judged. Before the fix of cat-into-reduction masks (``compiler/fusion.py``)
+    reported, not judged. Before the fix of cat-into-reduction masks (``kinds/loop/fusion/build.py``)
     the backend's logits were 5e-2 from eager where eager is 5e-3 from float64 (Qwen3's q/k
     RMSNorm feeding rotary's ``rotate_half``)."""
     eager = models.build_qwen3_moe(torch.bfloat16, layers=MOE_LAYERS)

@@ -12,7 +12,8 @@ ops, reductions, scans and scatters in the expression IR
 ============== ===========================================================================
 
 The FX lowering rules are :mod:`tilewright.kinds.loop.lower`; the fusion scheduler that groups
-loop nodes into kernels is the compiler's (:mod:`tilewright.compiler.schedule`). The
+loop nodes into kernels, and the kernel builder, are :mod:`tilewright.kinds.loop.fusion` (both
+in the compiler's layer: they read its kernel graph). The
 templates live in the language folders (``templates/<language>/loops*``). The checks'
 names are importable from here (as from the module this package replaced); ``KIND``,
 ``LoopKind`` and the policy load on first use (they import the autotuner).

@@ -5,7 +5,7 @@ Policy :class:`~tilewright.kinds.loop.policy.LoopPolicy`, cost model
 :func:`~tilewright.kinds.loop.cost.estimate_loop`, ATen templates ``aten.pointwise`` and
 ``aten.reduction`` (the torch emitter; with ``reference=True`` in float64, the reference). Its
 kernels are the kernel graph's :class:`~tilewright.compiler.graph.FusedNode`\\ s, which the
-fusion scheduler makes (:mod:`tilewright.compiler.schedule`). Sizes are the kernel's size
+fusion scheduler makes (:mod:`tilewright.kinds.loop.fusion.schedule`). Sizes are the kernel's size
 symbols (``z0``, ``z1``, ...), passed after the tensors at run time.
 """
 

@@ -1,0 +1,101 @@
+"""What a loop kernel's integer inputs may hold: the bound below which tuning draws the values
+of a buffer that indexes a gather or a scatter (the size of the dim it indexes, tightened
+through ``a * value + b``), and a ``checked`` index's bound (:func:`_index_bounds`, recorded on
+the kernel's :class:`~tilewright.ir.kernel.Buffer`). Part of building a fused group's kernel
+(:mod:`tilewright.kinds.loop.fusion.build`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from tilewright.compiler.graph import TensorMeta
+from tilewright.ir import dtypes
+from tilewright.ir import expr as E
+
+
+def _bound(e: sympy.Expr) -> Any:
+    """A bound as an int when it is one, else the expression of size symbols."""
+    return int(e) if not e.free_symbols else e
+
+
+def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: dict | None = None,
+                  store_index: dict | None = None) -> dict[str, sympy.Expr]:
+    """Integer buffers whose values index a gather or a scatter: the size of the dim they index
+    (tuning draws their random values below it), an expression of the graph's size symbols
+    when that dim is dynamic, so a bucket's inputs fit its own tables; a ``checked`` index's
+    bound (a view's extent, a one-hot scatter's dim) too, wherever it is used."""
+    out: dict[str, sympy.Expr] = {}
+
+    def bound_loads(v: E.Node, size: sympy.Expr) -> None:
+        affine = _affine_in_one_load(_unwrapped(v))
+        for ld in E.toposort([v]):
+            if ld.op == "load":
+                bound = size
+                if affine is not None and affine[0] == ld.arg[0]:
+                    # index = a*value + b, a > 0, b >= 0: values in [0, bound) keep it below size
+                    _, a, b = affine
+                    bound = sympy.Max(1, sympy.floor((size - 1 - b) / a) + 1)
+                prev = out.get(ld.arg[0])
+                out[ld.arg[0]] = bound if prev is None else sympy.Min(prev, bound)
+
+    uses = [(n.arg[0], n.arg[1], E.load_indirect(n)) for n in E.toposort(values)
+            if n.op == "load" and E.load_indirect(n)]
+    uses += [(name, store_index[name], extra[0]) for name, extra in (scatter or {}).items()]
+    for name, index, indirect in uses:
+        target = metas[name]
+        for k, v in enumerate(indirect):
+            sym = E.indirect_symbol(k)
+            dims = [d for d, e in enumerate(index) if sym in sympy.sympify(e).free_symbols]
+            if dims and v.op != "checked":
+                bound_loads(v, sympy.sympify(target.shape[dims[0]]))
+    for n in E.toposort(values + [v for _, _, ind in uses for v in ind]):
+        if n.op == "checked":
+            bound_loads(n.src[0], sympy.sympify(n.src[1].arg))
+    return out
+
+
+def _unwrapped(v: E.Node) -> E.Node:
+    """An index value without the negative-index wrap the lowering puts around it
+    (``where(v < 0, v + size, v)``): the values tuning draws are non-negative."""
+    if v.op == "where" and v.src[0].op == "lt" and v.src[0].src[0] == v.src[2]:
+        return v.src[2]
+    return v
+
+
+def _affine_in_one_load(v: E.Node) -> tuple[str, int, int] | None:
+    """``(buffer, a, b)`` where index value ``v`` is ``a * load(buffer) + b`` with integers
+    ``a > 0`` and ``b >= 0`` (``w[i + 2]``, ``w[2 * i]``), else None: an index of any other form
+    keeps the bound of the dim's size."""
+    def walk(n: E.Node) -> sympy.Expr | None:
+        if n.op == "load":
+            return sympy.Symbol(n.arg[0])
+        if n.op == "const" and isinstance(n.arg, int) and not isinstance(n.arg, bool):
+            return sympy.Integer(n.arg)
+        if n.op == "cast" and not dtypes.is_float(n.dtype):
+            return walk(n.src[0])
+        args = [walk(s) for s in n.src]
+        if any(a is None for a in args):
+            return None
+        if n.op == "add":
+            return args[0] + args[1]
+        if n.op == "sub":
+            return args[0] - args[1]
+        if n.op == "mul":
+            return args[0] * args[1]
+        if n.op == "neg":
+            return -args[0]
+        return None
+
+    e = walk(v)
+    if e is None or len(e.free_symbols) != 1:
+        return None
+    (x,) = e.free_symbols
+    poly = sympy.Poly(e, x)
+    if poly.degree() != 1:
+        return None
+    a, b = (int(c) for c in poly.all_coeffs())
+    return (x.name, a, b) if a > 0 and b >= 0 else None
+
