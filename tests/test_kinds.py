@@ -472,3 +472,30 @@ def test_gemm_lowering_and_fusion_are_the_gemm_kinds_hooks(monkeypatch):
     assert not kg.gemms
     assert [n.fx_node.target for n in kg.nodes if isinstance(n, ExternNode)] == [
         torch.ops.aten.mm.default, torch.ops.aten.relu.default]
+
+
+def test_the_fuse_stage_asks_every_kind_to_schedule():
+    """A kind groups its own lowered nodes into kernels (ProblemKind.schedule): the fuse stage
+    asks every registered kind, one from outside the package too; the loop kind's fusion
+    scheduler makes one kernel of exp, add and sum."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilewright.compiler.decompositions import decomposition_table
+    from tilewright.compiler.graph import FusedNode
+    from tilewright.compiler.lower import lower
+    from tilewright.compiler.pipeline import fuse
+
+    asked = []
+    toy = register_kind(type("Toy", (ProblemKind,), {
+        "names": ("toy_schedule",), "problem_type": AxpyProblem,
+        "schedule": lambda self, kg, gm: asked.append(kg) or 0})())
+    try:
+        gm = make_fx(lambda x: (x.exp() + 1).sum(-1), decomposition_table=decomposition_table(),
+                     tracing_mode="fake")(torch.randn(4, 8))
+        kg = lower(gm)
+        with tilewright.config.patch(loop_kernels=True):
+            fuse(kg, gm)
+    finally:
+        unregister_kind(toy)
+    assert asked == [kg]
+    assert sum(isinstance(n, FusedNode) for n in kg.nodes) == 1

@@ -140,18 +140,17 @@ def fuse(kg: KernelGraph, gm: fx.GraphModule, report: GraphReport | None = None)
 
 
 def _loop_kernels(kg: KernelGraph, gm: fx.GraphModule) -> tuple[int, int]:
-    """Lower the loop nodes and group them into kernels; (loop nodes, loop kernels). An op
+    """Lower the loop nodes and group them into kernels (each kind's ``schedule`` hook: the loop
+    kind's fusion scheduler); (loop nodes, loop kernels). An op
     whose kernel cannot be built is left to ATen and the rest lowered again without it; any
     other failure of the scheduler costs this graph its loop kernels (GEMMs and the kernels of
     other kinds stay generated)."""
-    from tilewright.kinds.loop.fusion.schedule import schedule  # the loop kind's scheduler reads the kernel graph
-
     before = list(kg.nodes)
     on_aten: set[str] = set()
     while True:
         try:
             loop_ops = lower_loop_nodes(kg, gm, skip=on_aten)
-            loop_kernels = schedule(kg, gm)
+            loop_kernels = sum(kind.schedule(kg, gm) for kind in kinds())
             attach_programs(kg, gm)  # the ATen ops each kernel replaced: a CPU candidate of its own
             return loop_ops, loop_kernels
         except LoopBuildFailure as e:

@@ -189,6 +189,16 @@ class ProblemKind:
         nodes absorbed. Default: nothing."""
         return 0
 
+    def schedule(self, kg: Any, gm: Any) -> int:
+        """Group this kind's nodes of the lowered kernel graph ``kg`` (from the ATen FX graph
+        ``gm``) into kernels, in place, and return how many it made. The fuse stage asks every
+        kind once the loop nodes are lowered (the loop kind fuses them into loop kernels,
+        :mod:`tilewright.kinds.loop.fusion`). What it raises costs the graph's loop kernels, not
+        the graph; a :class:`~tilewright.compiler.fallbacks.LoopBuildFailure` leaves the FX
+        nodes it names to ATen and the stage runs again without them. Default: 0, nothing to
+        group."""
+        return 0
+
     def extern_label(self, node: Any) -> str | None:
         """The label (``ExternNode.kind``, shown in reports and graph listings) of an FX call
         left to ATen that is one of this kind's ops, e.g. an SDPA this kind did not lower:

@@ -83,6 +83,13 @@ class LoopKind(ProblemKind):
 
         return expose_scale_bytes(gm)
 
+    def schedule(self, kg: Any, gm: Any) -> int:
+        """The fusion scheduler (:func:`tilewright.kinds.loop.fusion.schedule.schedule`): the
+        graph's loop nodes grouped into loop kernels, each a ``FusedNode``."""
+        from tilewright.kinds.loop.fusion.schedule import schedule  # the compiler's layer, above this one
+
+        return schedule(kg, gm)
+
     # -- choosing ---------------------------------------------------------------------------------
     def policy(self, name: str, target: Any) -> LoopPolicy:
         return LoopPolicy(name)
