@@ -95,6 +95,7 @@ MOVED_NAMES = {
     "tilewright.compiler.graph": ("tilewright.kinds.gemm.lower", ("FusedInput",)),
     "tilewright.compiler.capture": ("tilewright.kinds.gemm.capture", ("capture_gemms",)),
     "tilewright.compiler.capture kind": ("tilewright.kinds.gemm.kind", ("gemm_problem",)),
+    "tilewright.problem": ("tilewright.kinds.gemm.problem", ("GemmProblem",)),
 }
 
 

@@ -15,7 +15,8 @@ import helion
 import helion.language as hl
 import torch
 
-from tilewright.problem import EpilogueOp, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import EpilogueOp
 from tilewright.templates import Support
 from tilewright.templates.helion import HelionCall, helion_template
 

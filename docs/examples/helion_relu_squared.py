@@ -14,7 +14,7 @@ import helion
 import helion.language as hl
 import torch
 
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.templates import Support, computes_epilogue
 from tilewright.templates.helion import HelionCall, helion_template
 

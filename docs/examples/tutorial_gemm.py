@@ -14,7 +14,7 @@ from typing import Any
 import tilewright
 from tilewright.ir import dtypes
 from tilewright.ir.epilogue import problem_epilogue
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.templates import SUPPORTED, Knob, ParamSpace, RenderedKernel, Support, TemplateSpec

@@ -2,7 +2,7 @@
 worker processes), deterministic selection, the tuning cache and its bundles, the dynamic-shape
 bucket policy and the offline warmer.
 
-Never renders source and never parses FX: it receives :class:`~tilewright.problem.GemmProblem`s
+Never renders source and never parses FX: it receives :class:`~tilewright.kinds.gemm.problem.GemmProblem`s
 and builds candidates through a :class:`~tilewright.autotune.select.KernelFactory`.
 """
 

@@ -210,7 +210,7 @@ def select(problem: Any, target: Target, factory: KernelFactory, *,
 
     Args:
         problem: a problem of any registered kind (:mod:`tilewright.kinds`: a
-            :class:`~tilewright.problem.GemmProblem`, :class:`~tilewright.problem.LoopProblem`,
+            :class:`~tilewright.kinds.gemm.problem.GemmProblem`, :class:`~tilewright.problem.LoopProblem`,
             ...), at concrete sizes (a dynamic problem at its bucket).
         target: the chip to choose for.
         factory: builds launchers (must be picklable when candidates run isolated).

@@ -201,7 +201,7 @@ def _sized_problem(args: argparse.Namespace) -> Any:
         InvalidInputError: ``--groups`` with an MX dtype, or a group count below 1.
     """
     from tilewright.errors import InvalidInputError
-    from tilewright.problem import GemmProblem
+    from tilewright.kinds.gemm.problem import GemmProblem
 
     if args.groups is not None:
         from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem

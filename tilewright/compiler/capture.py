@@ -5,7 +5,7 @@ The model is traced exactly as ``torch.compile(backend="tilewright")`` would (Dy
 aot_autograd with tilewright's decomposition table), then lowered and fused by the pipeline's
 own stages (:func:`tilewright.compiler.pipeline.fuse`); then each registered problem kind
 (:mod:`tilewright.kinds`, its ``capture`` hook) names its kernels in the graph with their
-problems: every GEMM node a :class:`~tilewright.problem.GemmProblem` at its trace-time sizes,
+problems: every GEMM node a :class:`~tilewright.kinds.gemm.problem.GemmProblem` at its trace-time sizes,
 every grouped GEMM its :class:`~tilewright.kinds.grouped_gemm.problem.GroupedGemmProblem` (the ragged total
 bucketed, as the compiled model tunes it), every loop kernel (pointwise, reduction) its
 :class:`~tilewright.problem.LoopProblem`.

@@ -87,7 +87,7 @@ def loads(text: str) -> E.Node:
 
 
 def problem_epilogue(problem) -> E.Node:
-    """A :class:`~tilewright.problem.GemmProblem`'s epilogue as IR: its ``epilogue_ir``, or its
+    """A :class:`~tilewright.kinds.gemm.problem.GemmProblem`'s epilogue as IR: its ``epilogue_ir``, or its
     list of kinds turned into IR."""
     if problem.epilogue_ir:
         return loads(problem.epilogue_ir)

@@ -14,9 +14,8 @@ import torch
 from tilewright._config import config
 from tilewright.errors import InvalidInputError
 from tilewright.kernels.launchers import tuned_launcher
-from tilewright.problem import (
-    DTYPE_NAMES, GEMM_INPUT_DTYPES, UNARY_EPILOGUES, EpilogueInput, EpilogueOp, GemmProblem,
-)
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, UNARY_EPILOGUES, EpilogueInput, EpilogueOp
 
 
 def _layout(t: torch.Tensor) -> str:

@@ -17,7 +17,8 @@ from typing import Optional
 import torch
 
 from tilewright.errors import InvalidInputError
-from tilewright.problem import DTYPE_NAMES, SCALED_FORMATS, VALUES_PER_BYTE, EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import DTYPE_NAMES, SCALED_FORMATS, VALUES_PER_BYTE, EpilogueInput, EpilogueOp
 from tilewright.quant import dequantize_block_scaled, mx
 from tilewright.quant.ops import mx_quantize, mx_quantize_bytes  # noqa: F401 - the public ops, defined with the format
 

@@ -14,7 +14,7 @@ import torch
 from tilewright.errors import InvalidInputError
 from tilewright.kernels.launchers import tuned_launcher
 from tilewright.kernels.mx import block_scaled_problem
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.quant.ops import nvfp4_quantize  # noqa: F401 - the public op, defined with the format
 
 

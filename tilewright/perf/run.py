@@ -39,7 +39,7 @@ from tilewright.autotune.select import local_devices, select_gemm
 from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
 from tilewright.perf.launch import launch_overhead
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.targets import Target
 
 FORMAT = "tilewright-bench/1"

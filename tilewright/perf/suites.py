@@ -21,7 +21,8 @@ from typing import Callable
 from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
 from tilewright.kinds.gemm.shapes import load_shapes, problems_from_shapes
-from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import EpilogueInput, EpilogueOp
 
 LLM_MODELS = ("llama-3-8b", "qwen3-30b-a3b")
 

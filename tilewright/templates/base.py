@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Mapping
 import jinja2
 
 from tilewright.errors import UnsupportedProblemError
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.languages import Language, get_language
 from tilewright.runtime.targets import Target

@@ -2,6 +2,7 @@
 GEMMs, each with its fused epilogue), registered once (:data:`tilewright.kinds.BUILTIN`).
 
 ================ =========================================================================
+``problem``      :class:`GemmProblem` (below the templates, which import it)
 ``checks``       inputs (block-scaled operands with their scales), poisoned outputs, the
                  error of a result and its tolerance
 ``policy``       the seed tiles, :class:`GemmPolicy`, ``POLICIES`` per target backend
@@ -16,9 +17,8 @@ GEMMs, each with its fused epilogue), registered once (:data:`tilewright.kinds.B
 ``capture``      ``capture_gemms`` (``tilewright aot``/``warm``)
 ================ =========================================================================
 
-Still outside it: the problem (:class:`tilewright.problem.GemmProblem`, below the templates)
-and the kernel-graph node (:class:`tilewright.compiler.graph.GemmNode`, which the wrapper and
-the PDL pass read). The names of ``kind`` (``KIND``, ``GemmKind``, ``gemm_problem``, ...) are
+Still outside it: the kernel-graph node (:class:`tilewright.compiler.graph.GemmNode`, which
+the wrapper, PDL and traffic passes read). The names of ``kind`` (``KIND``, ``GemmKind``, ``gemm_problem``, ...) are
 importable from here, as from the module this package replaced; they load on first use (the
 kind imports the autotuner).
 """
@@ -26,7 +26,7 @@ kind imports the autotuner).
 from typing import Any
 
 _MODULES = frozenset({"kind", "policy", "checks", "cost", "decode", "heuristics", "shapes", "lower", "lower_scaled",
-                      "fuse", "capture"})
+                      "fuse", "capture", "problem"})
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tilewright.problem import DTYPES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import DTYPES
 
 # ‖out − ref‖ / ‖ref‖ allowed per output (or input) dtype; TF32 loosens fp32 to 5e-3
 REL_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2, "fp64": 1e-10}

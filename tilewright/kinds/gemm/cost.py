@@ -25,7 +25,8 @@ import math
 from typing import Any, Mapping
 
 from tilewright.autotune.cost_model import INTERP_MAC_MS, INTERP_STEP_MS, LAUNCH_US, CostEstimate
-from tilewright.problem import ELEMENT_BYTES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
 
 

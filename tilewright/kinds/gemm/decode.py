@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.targets import Target
 
 SPLITS = (2, 4, 8, 16)

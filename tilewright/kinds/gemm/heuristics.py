@@ -23,7 +23,7 @@ import functools
 import logging
 from typing import Any
 
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.targets import Target
 
 log = logging.getLogger("tilewright.autotune")

@@ -1,4 +1,4 @@
-"""The GEMM kind, "gemm": :class:`~tilewright.problem.GemmProblem` (mm, addmm, bmm, baddbmm,
+"""The GEMM kind, "gemm": :class:`~tilewright.kinds.gemm.problem.GemmProblem` (mm, addmm, bmm, baddbmm,
 scaled_mm, the block-scaled NVFP4/MX GEMMs) with its fused epilogue.
 
 Policy :class:`~tilewright.kinds.gemm.policy.GemmPolicy` (per target backend:
@@ -24,7 +24,8 @@ from tilewright.kinds.gemm import checks as gemm_inputs
 from tilewright.kinds.gemm.cost import estimate_gemm
 from tilewright.kinds.gemm.decode import aot_remedies
 from tilewright.kinds.gemm.policy import POLICIES, GemmPolicy
-from tilewright.problem import VALUES_PER_BYTE, EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import VALUES_PER_BYTE, EpilogueInput, EpilogueOp
 
 GEMM_DIMS = ("M", "N", "K", "batch")
 

@@ -20,7 +20,7 @@ from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.kinds.gemm.cost import estimate_gemm, roofline_ms
 from tilewright.kinds.gemm.decode import decode_limit, decode_variants
 from tilewright.kinds.gemm.heuristics import heuristic_params
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.languages import pinned_knobs
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec

@@ -26,7 +26,8 @@ from typing import Any, Iterable
 from tilewright.autotune.buckets import bucket
 from tilewright.autotune.shapes import NamedProblem
 from tilewright.errors import TilewrightError
-from tilewright.problem import GEMM_INPUT_DTYPES, EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import GEMM_INPUT_DTYPES, EpilogueInput, EpilogueOp
 
 PHASES = ("decode", "prefill")
 

@@ -22,7 +22,7 @@ Offsets are a run-time input, never part of the problem: a kernel is tuned once 
 (:func:`synthetic_offsets`), and the problem records that (``offsets="even"``) in its JSON and
 description, so a cache entry says what it was measured on.
 
-The epilogue is :class:`~tilewright.problem.GemmProblem`'s (kinds list or IR, applied to the
+The epilogue is :class:`~tilewright.kinds.gemm.problem.GemmProblem`'s (kinds list or IR, applied to the
 fp32 accumulator). Epilogue inputs are passed in their *natural* shapes, one dim per letter of
 their broadcast pattern: "B" the group (G), "M" the output rows, "N" the output columns. So a
 per-group bias of the 2d3d case is pattern "BN", a (G, N) tensor, read at the group each row
@@ -46,7 +46,8 @@ from typing import Sequence
 
 import torch
 
-from tilewright.problem import ELEMENT_BYTES, EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES, EpilogueInput, EpilogueOp
 
 CASES = ("2d3d", "2d2d", "3d2d", "3d3d")
 RAGGED = {"2d3d": "M", "2d2d": "K", "3d2d": "N", "3d3d": ""}

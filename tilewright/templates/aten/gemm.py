@@ -10,7 +10,8 @@ import math
 from tilewright.ir import expr as E
 from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.ir.ops import OPS
-from tilewright.problem import DTYPES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import DTYPES
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import SUPPORTED, Params, RenderedKernel, Support, TemplateSpec
 

@@ -23,7 +23,8 @@ from tilewright.ir import expr as E
 from tilewright.ir.epilogue import problem_epilogue
 from tilewright.ir.index import contiguous_strides, variables
 from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol
-from tilewright.problem import DTYPES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import DTYPES
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import SUPPORTED, RenderedKernel, Support, TemplateSpec
 from tilewright.templates.cpp.source import source_context

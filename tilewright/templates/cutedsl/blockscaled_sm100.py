@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.problem import SCALED_FORMATS, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import SCALED_FORMATS
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import InstructionCheck, Knob, ParamSpace, Params, Support, SUPPORTED
 from tilewright.templates.cutedsl.common import PDL_KNOB, SMEM_BUDGET, CuteDslGemm, pdl_variants, useful_stages

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from tilewright._config import config
-from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, Params, RenderedKernel, Support, TemplateSpec,

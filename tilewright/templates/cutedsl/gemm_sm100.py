@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.problem import ELEMENT_BYTES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import InstructionCheck, Knob, ParamSpace, Params, Support, SUPPORTED
 from tilewright.templates.cutedsl.common import (

@@ -29,7 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 from tilewright.errors import UnsupportedProblemError
-from tilewright.problem import ELEMENT_BYTES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (

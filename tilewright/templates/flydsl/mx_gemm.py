@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewright.errors import UnsupportedProblemError
-from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS
 from tilewright.templates.flydsl import runtime as fly_runtime
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (

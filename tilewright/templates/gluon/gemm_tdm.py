@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tilewright.problem import ELEMENT_BYTES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, Support,

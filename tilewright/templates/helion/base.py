@@ -38,7 +38,7 @@ import torch
 
 from tilewright._config import config as tw_config
 from tilewright.ir import dtypes
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.aot import AotSpec
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck

@@ -23,7 +23,8 @@ import torch
 
 from tilewright.ir import dtypes
 from tilewright.ir.index import code, static_or_hint
-from tilewright.problem import DTYPES, GemmProblem, LoopProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import DTYPES, LoopProblem
 
 
 @dataclass(frozen=True)

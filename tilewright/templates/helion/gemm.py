@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.runtime.verify import InstructionCheck
 from tilewright.templates.base import Knob, ParamSpace, Support, powers_of_two

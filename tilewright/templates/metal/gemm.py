@@ -28,7 +28,8 @@ from typing import Any
 from tilewright.ir import dtypes
 from tilewright.ir.epilogue import problem_epilogue
 from tilewright.ir.expr import Node
-from tilewright.problem import SCALED_FORMATS, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import SCALED_FORMATS
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec, jinja_env,

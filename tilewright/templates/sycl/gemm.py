@@ -27,7 +27,7 @@ from typing import Any
 from tilewright.ir import dtypes
 from tilewright.ir.epilogue import problem_epilogue
 from tilewright.ir.expr import Node
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import (
     SUPPORTED, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,

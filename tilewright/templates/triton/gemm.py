@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.problem import ELEMENT_BYTES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target, triton_can_target
 from tilewright.ir.epilogue import epilogue_expr, problem_epilogue
 from tilewright.templates.triton.epilogue import render_epilogue

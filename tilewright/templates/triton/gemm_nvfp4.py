@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tilewright.problem import SCALED_FORMATS, VALUES_PER_BYTE, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import SCALED_FORMATS, VALUES_PER_BYTE
 from tilewright.runtime.targets import Target, triton_can_target, triton_version
 from tilewright.templates.base import (
     SUPPORTED, AotSpec, InstructionCheck, Knob, ParamSpace, Params, Support, powers_of_two,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.problem import ELEMENT_BYTES, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import InstructionCheck, ParamSpace, Params, Support
 from tilewright.templates.triton.gemm import (
