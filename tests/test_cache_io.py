@@ -146,6 +146,21 @@ def test_loop_kernel_records_list_export_and_import(fresh_cache, tmp_path, capsy
     assert main(["cache", "import", str(bundle), "--cache", str(other)]) == 0
 
 
+def test_each_kinds_checks_are_checking_rules():
+    """A kind's checks (inputs, error, tolerance) live in its folder, kinds/<kind>/checks.py:
+    each is part of the digest that keys every record, so editing one re-measures."""
+    from pathlib import Path
+
+    import tilewright
+    from tilewright.autotune import cache as C
+
+    pkg = Path(tilewright.__file__).parent
+    files = {p.relative_to(pkg).as_posix() for p in C.check_rule_files()}
+    folders = {f"kinds/{d.name}/checks.py" for d in (pkg / "kinds").iterdir() if (d / "checks.py").exists()}
+    assert {"kinds/gemm/checks.py", "kinds/loop/checks.py", "kinds/grouped_gemm/checks.py"} <= folders <= files
+    assert "autotune/evaluate.py" in files and "kinds/__init__.py" in files
+
+
 def test_a_change_of_the_checking_rules_changes_every_key(monkeypatch):
     from tilewright.autotune import cache as C
     from tilewright.problem import GemmProblem

@@ -52,19 +52,30 @@ _BUNDLE_FAMILY = "tilewright-tuning-bundle/"
 # the checks (evaluate.py: special values, the reference comparison; kinds/: each problem kind's
 # error and tolerance), and the timing method. A record measured under other rules is not reused
 # (the digest is in the key).
-# (a folder: every module in it, so a new problem kind's checks count too)
-CHECK_RULES = ("kinds/gemm/checks.py", "autotune/kinds.py", "autotune/bench.py", "autotune/evaluate.py", "kinds")
+# (a folder: every module in it; a pattern: every file it matches, so each kind's folder's checks,
+# a new kind's too, count)
+CHECK_RULES = ("kinds/*/checks.py", "autotune/kinds.py", "autotune/bench.py", "autotune/evaluate.py", "kinds")
+
+
+def check_rule_files() -> list[Path]:
+    """The source files of :data:`CHECK_RULES`, in digest order."""
+    package = Path(__file__).parent.parent
+    files: list[Path] = []
+    for name in CHECK_RULES:
+        path = package / name
+        if "*" in name:
+            files += sorted(package.glob(name))
+        else:
+            files += sorted(path.glob("*.py")) if path.is_dir() else [path]
+    return files
 
 
 @functools.lru_cache(maxsize=1)
 def check_rules_digest() -> str:
     """A digest of the checking and timing rules' source (:data:`CHECK_RULES`)."""
     h = hashlib.sha256()
-    package = Path(__file__).parent.parent
-    for name in CHECK_RULES:
-        path = package / name
-        for module in sorted(path.glob("*.py")) if path.is_dir() else [path]:
-            h.update(module.read_bytes())
+    for module in check_rule_files():
+        h.update(module.read_bytes())
     return h.hexdigest()[:8]
 
 
