@@ -10,7 +10,7 @@ OCP Microscaling Formats (MX) v1.0 specification; the scale layout is the PTX IS
 "tcgen05 block scaling" layout (also cuBLAS's 1D block-scaling layout).
 
 Decode shapes (a few tokens against a large weight) get two remedies, as the Triton NVFP4
-templates do (``autotune/decode.py`` proposes them):
+templates do (``kinds/gemm/decode.py`` proposes them):
 
 * **SWAP_AB** computes D^T = B A^T: both operands are K-major rows of packed values with their
   scales along K, so they (and their scales) simply trade places; the weight's N fills the MMA's
@@ -190,7 +190,7 @@ def k_tiles_of(split: int, num_k_tiles: int, splits: int) -> tuple[int, int]:
 
 
 def decode_tiles(problem: GemmProblem, target: Target, knobs: set[str]) -> list[dict[str, Any]]:
-    """The bounded decode list on this template's tiles (the policy of ``autotune/decode.py``:
+    """The bounded decode list on this template's tiles (the policy of ``kinds/gemm/decode.py``:
     swap-AB when N >= 4 M, split-K to about one wave of SMs when the grid is short and K long):
     per orientation two tile widths, each alone and with its split-K. Swapped, the tokens take
     a 64-256-column tile (M rounded up, and twice that); plain, the weight's N takes 128 or 64

@@ -11,7 +11,7 @@ Metal emitter on each element, then stored with the output's element type. Decod
 (M <= 8) take ``BLOCK_M = 8`` tiles, so no rows are wasted (``metal.gemv`` below is the
 other decode candidate).
 
-fp8 (``dtype == "fp8e4m3"``, as ``compiler/lower.py`` builds it from ``aten._scaled_mm``): the
+fp8 (``dtype == "fp8e4m3"``, as ``kinds/gemm/lower.py`` builds it from ``aten._scaled_mm``): the
 operands are bound as bytes and decoded exactly to fp32 where they are staged (``tw_e4m3``);
 the tensor-wise (``""``) or row-wise (``"M"`` for scale_a, ``"N"`` for scale_b) fp32 scales
 are the epilogue's multiplies, applied to the fp32 accumulator, which is exact algebra for

@@ -19,7 +19,7 @@ from tilewright.templates.triton.gemm import (
 )
 from tilewright.templates.triton.pdl import PDL_KNOB, pdl_checks
 
-# decode remedies (autotune/decode.py proposes them): the kernel is symmetric in its operands,
+# decode remedies (kinds/gemm/decode.py proposes them): the kernel is symmetric in its operands,
 # so swap-AB is free; split-K adds an fp32 workspace and a reduce kernel with the epilogue
 DECODE_KNOBS = (
     Knob("SPLIT_K", (1, 2, 4, 8, 16), 1, "programs sharing one tile's K range"),
