@@ -13,6 +13,7 @@ import importlib
 import sys
 import warnings
 from types import ModuleType
+from typing import Any, Callable
 
 REMOVED_IN = "the next release"
 
@@ -58,3 +59,21 @@ def alias_package(old: str, new: str) -> ModuleType:
                   DeprecationWarning, stacklevel=3)
     sys.modules[old] = package
     return package
+
+
+def moved_names(module: str, moved: dict[str, str]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for a module that stays while some of its names moved:
+    ``moved`` maps each old name to its new module. Reading one warns (DeprecationWarning,
+    naming the new path) and returns the new module's object; any other missing name is an
+    AttributeError, as without the hook. Use: ``__getattr__ = moved_names(__name__, {...})``.
+    """
+
+    def __getattr__(name: str) -> Any:
+        new = moved.get(name)
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} moved to {new}; import it from there (the old name is removed in "
+                      f"{REMOVED_IN})", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new), name)
+
+    return __getattr__

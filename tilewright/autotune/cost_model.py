@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tilewright._moved import moved_names
+
 # the loop kernels' cost model is the loop kind's (its names here are kept for one release)
 _MOVED = {name: "tilewright.kinds.loop.cost" for name in (
     "LOOP_BW_EFFICIENCY", "INTERP_PROGRAM_MS", "INTERP_ELEMENT_MS", "LOOP_DESC_EFFICIENCY", "estimate_loop")}
@@ -41,12 +43,4 @@ class CostEstimate:
                 "bound": self.bound, "waves": self.waves, "tile_efficiency": self.tile_efficiency}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-        import warnings
-
-        warnings.warn(f"tilewright.autotune.cost_model.{name} moved to {_MOVED[name]}; import it from there (the "
-                      f"old name is removed in the next release)", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, _MOVED)

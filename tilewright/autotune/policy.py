@@ -9,9 +9,7 @@ release, with a DeprecationWarning.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
+from tilewright._moved import moved_names
 from tilewright.runtime.targets import Target
 
 _MOVED = {name: "tilewright.kinds.gemm.policy" for name in ('GPU_SEEDS', 'DECODE_SEEDS', 'INTERPRETER_SEEDS', 'clamp_tile', 'GemmPolicy', 'POLICIES', '_pow2_at_least')}
@@ -26,11 +24,4 @@ def policy_for(op: str, target: Target):
     return kind_policy(op, target)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        warnings.warn(f"tilewright.autotune.policy.{name} moved to {_MOVED[name]}; import it from there (the "
-                      f"old name is removed in the next release)", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, _MOVED)

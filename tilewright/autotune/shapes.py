@@ -8,9 +8,10 @@ GEMM problems from a shapes file (``bench/cases/llm_gemm_shapes.json``) are the 
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
+
+from tilewright._moved import moved_names
 
 _MOVED = {name: "tilewright.kinds.gemm.shapes" for name in (
     "PHASES", "ShapesFileError", "load_shapes", "problems_from_shapes", "_layer_problem")}
@@ -24,11 +25,4 @@ class NamedProblem:
     problem: Any  # a problem of any kind
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        warnings.warn(f"tilewright.autotune.shapes.{name} moved to {_MOVED[name]}; import it from there (the "
-                      f"old name is removed in the next release)", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, _MOVED)

@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from tilewright._moved import moved_names
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.lower import lower
 from tilewright.errors import InvalidInputError
@@ -210,11 +211,4 @@ def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKer
 _MOVED = {"capture_gemms": "tilewright.kinds.gemm.capture", "gemm_problem": "tilewright.kinds.gemm.kind"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import warnings
-
-        warnings.warn(f"tilewright.compiler.capture.{name} moved to {_MOVED[name]}; import it from there (the "
-                      f"old name is removed in the next release)", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, _MOVED)

@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from tilewright._moved import moved_names
 from tilewright.errors import RegistrationError
 
 @dataclass(frozen=True)
@@ -157,16 +158,7 @@ _MOVED = {"compile_triton": "tilewright.templates.triton.aot",
           "compile_gluon": "tilewright.templates.gluon.aot"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-        import warnings
-
-        warnings.warn(f"tilewright.runtime.aot.{name} moved to {_MOVED[name]}; import it from there (the "
-                      f"old name is removed in the next release)", DeprecationWarning, stacklevel=2)
-        # by name: the runtime layer imports no template module
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, _MOVED)
 
 
 def load_source(job: CompileJob, folder: Path) -> tuple[Any, Path]:
