@@ -16,8 +16,15 @@ import tilewright
 from tilewright.compiler.capture import ModelSpec, aten_graphs
 from tilewright.demo.scaled_grouped import moe_example
 from tilewright.errors import InvalidInputError
+from tilewright.autotune.kinds import problem_from_json
+from tilewright.compiler.report import collect_reports
 from tilewright.kernels import scaled_grouped
+from tilewright.kinds.grouped_gemm import checks
 from tilewright.kinds.grouped_gemm.lower_scaled import OP, rewrite_all
+from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
+from tilewright.problem import EpilogueInput, EpilogueOp
+from tilewright.runtime.loader import load_module
+from tilewright.templates import get_template
 from tilewright.quant import mx, nvfp4
 from tilewright.quant.nvfp4 import swizzle_scales
 from tilewright.quant.scales import swizzled_numel, unswizzle_groups, unswizzle_stacked
@@ -64,26 +71,77 @@ def _operands(fmt: str, sizes, N: int, K: int, seed: int = 0):
     return (qa.data, qa.scale, torch.stack([q.data for q in qb]), torch.stack([q.scale for q in qb]), offs, ga, gb)
 
 
-@pytest.mark.parametrize("fmt,activation,out_dtype,glu", [
-    ("mxfp8", "silu", torch.float32, "none"), ("mxfp4", "none", torch.float32, "none"),
-    ("nvfp4", "gelu", torch.float32, "none"), ("mxfp8", "none", torch.bfloat16, "none"),
-    ("mxfp8", "none", torch.float32, "silu"), ("nvfp4", "relu", torch.float32, "gelu")])
-def test_the_kernel_matches_float64_on_ragged_groups(fmt, activation, out_dtype, glu):
-    """Groups of 20, 0 (empty), 37 and 7 tokens (none a multiple of the 32-row tile), K = 96 (a
-    partial K step), N = 40 (a partial tile); the output poisoned with NaN: every grouped row
-    is written, the 5 rows past offs[-1] are not."""
-    a, sa, b, sb, offs, ga, gb = _operands(fmt, [20, 0, 37, 7], N=40, K=96)
-    pad = 5  # rows after the last group
-    a = torch.cat([a.view(torch.uint8), torch.zeros(pad, a.shape[1], dtype=torch.uint8)]).view(a.dtype)
-    sa = torch.cat([sa.view(torch.uint8), torch.full((pad, sa.shape[1]), 127, dtype=torch.uint8)]).view(sa.dtype)
-    launch = scaled_grouped._launcher(fmt, out_dtype, activation, ga is not None, a.device, glu)
-    out = torch.full((a.shape[0], 20 if glu != "none" else 40), float("nan"), dtype=out_dtype)
-    launch(a, sa, b, sb, offs, ga, gb, out=out)
-    ref = scaled_grouped.reference(a, sa, b, sb, offs, ga, gb, fmt=fmt, activation=activation, glu=glu)
-    rows = int(offs[-1])
-    assert not out[:rows].isnan().any() and out[rows:].isnan().all()
-    tol = FP32_TOL if out_dtype == torch.float32 else BF16_TOL
+SCALED = ("triton.grouped_gemm_scaled", "triton.grouped_gemm_scaled_mma")  # the tuner may pick either
+
+
+def _problem(fmt, G, M, N, K, *, activation="none", out_dtype="fp32", glu="", bias=False):
+    """A block-scaled grouped problem as the compiler builds it (the recipe as its dtype)."""
+    ops = ((EpilogueOp("add", input=0),) if bias else ()) + ((EpilogueOp(activation),) if activation != "none" else ())
+    return GroupedGemmProblem("2d3d", G, M, N, K, fmt, out_dtype=out_dtype, layout_b="col", epilogue=ops,
+                              epilogue_inputs=(EpilogueInput("BN", "fp32"),) if bias else (), glu=glu,
+                              global_scales=fmt == "nvfp4", op="scaled_grouped_mm")
+
+
+@pytest.mark.parametrize("template_id,fmt,activation,out_dtype,glu,bias", [
+    ("triton.grouped_gemm_scaled", "mxfp8", "silu", "fp32", "", False),
+    ("triton.grouped_gemm_scaled", "mxfp4", "none", "fp32", "", True),
+    ("triton.grouped_gemm_scaled", "nvfp4", "gelu", "fp32", "", False),
+    ("triton.grouped_gemm_scaled", "mxfp8", "none", "bf16", "", False),
+    ("triton.grouped_gemm_scaled", "nvfp4", "relu", "fp32", "gelu", False),
+    ("triton.grouped_gemm_scaled_mma", "mxfp8", "silu", "fp32", "silu", True),
+    ("triton.grouped_gemm_scaled_mma", "mxfp4", "none", "fp32", "", False),
+    ("aten.grouped_gemm", "nvfp4", "silu", "fp32", "silu", False),
+])
+def test_the_templates_match_float64_on_ragged_groups(cpu, template_id, fmt, activation, out_dtype, glu, bias):
+    """Fresh random packed operands and scales; groups of 20, 0 (empty), 37 and 7 tokens (none a
+    multiple of the tile), K = 96 (a partial K step; MXFP4 128), N = 40 (a partial tile), a
+    per-group bias read at each row's group; the output poisoned with NaN: every grouped row is
+    written, the 5 rows past offs[-1] are not (by the Triton kernels). ``tl.dot_scaled`` runs in
+    the interpreter for MX (exact with E8M0 scales); NVFP4's E4M3 scales it would misread."""
+    p = _problem(fmt, 4, 69, 40, 128 if fmt == "mxfp4" else 96, activation=activation, out_dtype=out_dtype,
+                 glu=glu, bias=bias)
+    template = get_template(template_id)
+    assert template.supports(p, cpu), template.supports(p, cpu).reason
+    params = (template.seed_params(p, cpu) or [{}])[0]
+    r = template.render(p, params, cpu)
+    launch = load_module(r.source, name=r.name, interpret=r.interpret).launch
+    x = checks.make_inputs(p, "cpu", seed=7, offs=torch.tensor([20, 20, 57, 64], dtype=torch.int32))
+    out = checks.run(launch, x, checks.poisoned_output(p, "cpu"))
+    ref = checks.reference(p, x)
+    rows = 64
+    assert not out[:rows].isnan().any()
+    if template_id != "aten.grouped_gemm":
+        assert out[rows:].isnan().all()
+    tol = FP32_TOL if out_dtype == "fp32" else BF16_TOL
     assert rel_err(out[:rows], ref[:rows]) < tol, rel_err(out[:rows], ref[:rows])
+
+
+def test_the_reference_is_the_dequantised_product(cpu):
+    """The kind's float64 reference (what every candidate is checked against) equals the
+    hand-written dequantise-and-loop reference of the op, alpha and gated product included."""
+    p = _problem("nvfp4", 3, 40, 32, 64, activation="relu", glu="silu")
+    x = checks.make_inputs(p, "cpu", seed=3, offs=torch.tensor([9, 9, 40], dtype=torch.int32))
+    ref = checks.reference(p, x)
+    want = scaled_grouped.reference(x.a, x.scales[0], x.b, x.scales[1], x.offs, *x.scales[2:], fmt="nvfp4",
+                                    activation="relu", glu="silu")
+    assert rel_err(ref, want) < 1e-12
+
+
+def test_the_policy_offers_tiles_of_both_templates_and_aten():
+    """sm_100a: the block-scaled MMA's 128-row tiles and the dequantising template's, ATen's
+    prediction beside them; sm_90a (no block-scaled MMA): the dequantising one only."""
+    from tilewright.kinds.grouped_gemm.policy import GroupedGemmPolicy
+    from tilewright.runtime.targets import get_target
+
+    p = _problem("mxfp8", 8, 2048, 512, 1024, activation="silu", out_dtype="bf16")
+    policy, sm100 = GroupedGemmPolicy(), get_target("sm_100a")
+    mma = policy.ranked(p, sm100, get_template("triton.grouped_gemm_scaled_mma"))
+    deq = policy.ranked(p, sm100, get_template("triton.grouped_gemm_scaled"))
+    assert len(mma) >= 2 and len(deq) >= 2 and all(params["BLOCK_M"] == 128 for _, params in mma)
+    assert len({tuple(sorted(q.items())) for _, q in deq}) == len(deq)
+    assert policy.aten_ms(p, sm100) > 0
+    assert not get_template("triton.grouped_gemm_scaled_mma").supports(p, get_target("sm_90a"))
+    assert policy.ranked(p, get_target("sm_90a"), get_template("triton.grouped_gemm_scaled"))
 
 
 def test_bad_operands_are_refused_with_the_fix():
@@ -102,6 +160,20 @@ def _wrapper_calls(tmp_path) -> list[str]:
             if "=" in ln and ln.startswith("    ") and not ln.strip().startswith(("#", "("))]
 
 
+def _compiled(model, args, tmp_path):
+    """``model`` compiled with Triton forced (the interpreter on the CPU); (output, the one
+    grouped kernel's (problem, winning template)), the wrapper's only GEMM call being it."""
+    with torch.no_grad(), tilewright.config.patch(debug_dir=str(tmp_path), force_backend="triton"), \
+            collect_reports() as reports:
+        out = torch.compile(model, backend="tilewright")(*args)
+    found = [(problem_from_json(k.problem_json), k.winner.split("[")[0])
+             for r in reports for k in r.kernels if k.kind == "grouped_gemm"]
+    assert len(found) == 1, found
+    calls = _wrapper_calls(tmp_path)
+    assert sum(c.startswith("grouped_gemm_") for c in calls) == 1, calls
+    return out, found[0], calls
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe,swizzled", [("mxfp8", True), ("mxfp4", True), ("nvfp4_global", True),
                                              ("mxfp8", False)])
@@ -112,13 +184,12 @@ def test_compiled_moe_is_one_grouped_kernel_with_the_activation(tmp_path, recipe
     model, args = moe_example(recipe, swizzled=swizzled)
     with pytest.raises((NotImplementedError, RuntimeError)):
         model(*args)
-    with torch.no_grad(), tilewright.config.patch(debug_dir=str(tmp_path)):
-        out = torch.compile(model, backend="tilewright")(*args)
+    out, (problem, winner), calls = _compiled(model, args, tmp_path)
     ref = model.reference(*args)
     assert out.dtype == torch.bfloat16 and rel_err(out, ref) < BF16_TOL, rel_err(out, ref)
-    calls = _wrapper_calls(tmp_path)
-    assert sum("scaled_grouped_mm" in c for c in calls) == 1, calls
-    assert not [c for c in calls if "silu" in c.lower() and "scaled_grouped" not in c], calls
+    assert winner in SCALED and problem.dtype == recipe.split("_")[0], (winner, problem.describe())
+    assert problem.epilogue == (EpilogueOp("silu"),) and problem.global_scales == (recipe == "nvfp4_global")
+    assert not [c for c in calls if "silu" in c.lower()], calls
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4_global"])
@@ -127,12 +198,10 @@ def test_gate_up_projection_fuses_its_gated_product(tmp_path, recipe):
     kernel writes the (M_total, N/2) product (no split, silu or mul left), against float64."""
     torch._dynamo.reset()
     model, args = moe_example(recipe, sizes=(9, 0, 23), glu=True)
-    with torch.no_grad(), tilewright.config.patch(debug_dir=str(tmp_path)):
-        out = torch.compile(model, backend="tilewright")(*args)
+    out, (problem, winner), calls = _compiled(model, args, tmp_path)
     ref = model.reference(*args)
     assert out.shape == (32, 32) and rel_err(out, ref) < BF16_TOL, rel_err(out, ref)
-    calls = _wrapper_calls(tmp_path)
-    assert sum("scaled_grouped_mm" in c for c in calls) == 1, calls
+    assert winner in SCALED and problem.glu == "silu", (winner, problem.describe())
     assert not [c for c in calls if any(w in c.lower() for w in ("silu", "mul", "split", "slice"))], calls
 
 
@@ -199,26 +268,58 @@ def test_fake_tensors_trace_f_scaled_grouped_mm():
     assert op.args[7:] == ("mxfp8", torch.bfloat16, "silu", "none")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("fmt,glu", [("mxfp8", "none"), ("mxfp4", "none"), ("nvfp4", "silu")])
-def test_the_kernel_builds_for_sm90a_and_sm100a_with_their_mma(tmp_path, fmt, glu):
-    from tilewright.problem import GemmProblem
-    from tilewright.runtime.aot import CompileJob, compile_jobs
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp4", "nvfp4_global"])
+def test_aot_capture_plans_the_block_scaled_templates(recipe):
+    """``tilewright aot``'s capture (fake tensors: eager torch cannot run the model here) holds the
+    call as one block-scaled grouped problem, and the plan builds the block-scaled MMA template
+    for sm_100a (and gfx950 for MX, whose scaled MFMA takes E8M0 scales) with its scaled MMA
+    instruction promised, the dequantising template for every target, sm_90a included."""
+    from tilewright.compiler import aot
+    from tilewright.compiler.capture import capture_kernels
     from tilewright.runtime.targets import get_target
-    from tilewright.runtime.verify import verify
-    from tilewright.templates.triton.gemm import mma_checks
 
-    jobs, targets = [], [get_target(n) for n in ("sm_90a", "sm_100a")]
+    model, args = moe_example(recipe, glu=recipe == "nvfp4_global")
+    (problem,) = [c.problem for c in capture_kernels(ModelSpec(model, args)) if isinstance(c.problem, GroupedGemmProblem)]
+    assert (problem.dtype, problem.case, problem.layout_b) == (recipe.split("_")[0], "2d3d", "col")
+    assert problem.global_scales == (recipe == "nvfp4_global") and problem.dynamic == frozenset({"M"})
+    captured = [c for c in capture_kernels(ModelSpec(model, args)) if c.problem == problem]
+    targets = [get_target(n) for n in ("sm_100a", "gfx950", "sm_90a")]
+    kernels, refused = aot.plan(captured, targets)
+    built = {(k.target.name, k.template.id) for k in kernels}
     for t in targets:
-        spec = scaled_grouped.aot_spec(fmt, torch.bfloat16, t.name)
-        jobs.append(CompileJob(f"{fmt}_{t.name}", scaled_grouped.render(fmt, torch.bfloat16, target=t.name, glu=glu),
-                               spec.to_json(), t.triton))
-    for t, res in zip(targets, compile_jobs(jobs, tmp_path)):
-        assert res.ok, res.error[-800:]
-        params = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
-        checks = mma_checks(GemmProblem(M=256, N=256, K=256, dtype="bf16"), params, t)
-        v = verify({k: tmp_path / p for k, p in res.artifacts.items()}, checks)
-        assert checks and v.ok, (t.name, v.failures)
+        assert (t.name, "triton.grouped_gemm_scaled") in built, t.name
+    mma_targets = {"sm_100a"} | ({"gfx950"} if recipe != "nvfp4_global" else set())
+    assert {t.split(":")[-1] for t, tid in built if tid == "triton.grouped_gemm_scaled_mma"} == mma_targets
+    for k in kernels:
+        if k.template.id == "triton.grouped_gemm_scaled_mma":
+            (check,) = k.template.expected_instructions(problem, k.params, k.target)
+            assert "block_scale" in check.require[0] or "v_mfma_scale" in check.require[0], check
+            assert k.job.spec["pointer_types"]["OFFS"] == "*i32"
+    assert any(r["target"] == targets[2].name and r["template"] == "triton.grouped_gemm_scaled_mma" for r in refused)
+
+
+@pytest.mark.slow
+def test_aot_builds_the_scaled_mma_for_sm100a_and_gfx950(tmp_path):
+    """``tilewright aot``'s build of the MXFP8 MoE model for sm_100a and gfx950 on this CPU host:
+    the manifest lists the block-scaled grouped kernels, each built and its instruction check
+    passed (``tcgen05.mma ... block_scale``, ``v_mfma_scale_f32_*_f8f6f4``), beside the
+    dequantising template's bf16 MMA."""
+    import json
+
+    from tilewright.compiler import aot
+
+    report = aot.build("tilewright.demo.scaled_grouped:mxfp8_moe_example", ["sm_100a", "gfx950"], tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    grouped = [k for k in manifest["kernels"] if k["kind"] == "grouped_gemm"]
+    assert report.ok, [(k.name, k.verify_failures, k.result and k.result.error[-400:]) for k in report.kernels]
+    mma = {k["target"].split(":")[-1]: k for k in grouped if k["template"] == "triton.grouped_gemm_scaled_mma"}
+    assert set(mma) == {"sm_100a", "gfx950"}, [(k["target"], k["template"]) for k in grouped]
+    assert {k["target"].split(":")[-1] for k in grouped if k["template"] == "triton.grouped_gemm_scaled"} == \
+        {"sm_100a", "gfx950"}
+    for k in grouped:
+        assert k["verify"]["ok"] and all(n > 0 for n in k["verify"]["counts"].values()), k["verify"]
+    assert any("block_scale" in pat for pat in mma["sm_100a"]["verify"]["counts"])
+    assert any("v_mfma_scale" in pat for pat in mma["gfx950"]["verify"]["counts"])
 
 
 @pytest.mark.gpu
@@ -242,4 +343,4 @@ def test_a_gpu_without_e4m3_conversions_is_told_so(monkeypatch):
 
     monkeypatch.setattr(targets, "detect_target", lambda device: targets.get_target("sm_80"))
     with pytest.raises(InvalidInputError, match="sm_89 or later"):
-        scaled_grouped._launcher("mxfp8", torch.bfloat16, "none", False, torch.device("cpu"))
+        scaled_grouped._check_device(torch.device("cpu"), "mxfp8")

@@ -1,14 +1,17 @@
 """Block-scaled grouped GEMM (MoE experts in MXFP8, MXFP4 or NVFP4): what the compiler lowers
 PyTorch's ``F.scaled_grouped_mm`` / ``torch._scaled_grouped_mm`` to
-(:mod:`tilewright.compiler.lower_scaled_grouped`), as ``torch.ops.tilewright.scaled_grouped_mm``.
+(:mod:`tilewright.kinds.grouped_gemm.lower_scaled`), as ``torch.ops.tilewright.scaled_grouped_mm``.
 
 The 2d3d case only (the MoE forward): ``a`` (M_total, K) tokens in ragged groups, ``offs``
 their int32 end offsets, ``b`` (G, N, K) one weight per expert as stored (K innermost; what
 ``mat_b.transpose(-2, -1)`` of torch's call is), each with row-major block scales, (M_total,
-K/block) and (G, N, K/block). The kernel is ``templates/triton/grouped_gemm_scaled.py.jinja``:
-Triton's persistent grouped GEMM with the dequantisation in its prologue (as
-``triton.gemm_nvfp4``'s), on every Triton target and, interpreted, on the CPU. Its tile is
-fixed (not tuned yet: BLOCK_M x BLOCK_N x BLOCK_K 64x64x64, 4 warps, 3 stages on a GPU).
+K/block) and (G, N, K/block). A call is a
+:class:`~tilewright.kinds.grouped_gemm.problem.GroupedGemmProblem` whose dtype is the recipe
+(:func:`scaled_grouped_problem`; the token count bucketed), run by the kernel the autotuner chose
+among the grouped kind's candidates: ``triton.grouped_gemm_scaled`` (dequantising in its
+prologue, every Triton target and the CPU interpreted), ``triton.grouped_gemm_scaled_mma``
+(``tl.dot_scaled``: block-scaled MMA on sm_100a and gfx950) and ``aten.grouped_gemm``
+(dequantised with torch). In a compiled graph the call is a kernel node of the grouped kind.
 
 Decoding torch's scale layouts (swizzled per group, :mod:`tilewright.quant.scales`) to the
 row-major matrices is two more ops, ``tilewright.grouped_scales_rows`` and
@@ -18,14 +21,13 @@ operands' bytes, on the device; the offsets are never read on the host).
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
 from typing import Optional
 
 import torch
 
+from tilewright.autotune.buckets import bucket
 from tilewright.errors import InvalidInputError
-from tilewright.kinds.grouped_gemm.problem import GLU_ACTIVATIONS
+from tilewright.kinds.grouped_gemm.problem import GLU_ACTIVATIONS, GroupedGemmProblem
 from tilewright.problem import DTYPE_NAMES, SCALED_FORMATS, UNARY_EPILOGUES, VALUES_PER_BYTE, EpilogueOp
 from tilewright.quant import dequantize_block_scaled, scales
 
@@ -33,52 +35,23 @@ SCALE_DTYPES = {"mxfp4": torch.float8_e8m0fnu, "mxfp8": torch.float8_e8m0fnu, "n
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@functools.lru_cache(maxsize=None)
-def _source(fmt: str, out_dtype: str, activation: str, global_scales: bool, target_name: str, glu: str) -> str:
-    from tilewright.ir.epilogue import epilogue_expr
-    from tilewright.runtime.targets import get_target
-    from tilewright.templates.base import jinja_env
-    from tilewright.templates.triton.epilogue import render_epilogue
-    from tilewright.templates.triton.gemm import TORCH_DTYPE
+def scaled_grouped_problem(a: torch.Tensor, b: torch.Tensor, *, fmt: str, out_dtype: torch.dtype,
+                           activation: str = "none", glu: str = "none", global_scales: bool = False,
+                           bucketed: bool = True) -> GroupedGemmProblem:
+    """The problem of one call (a (M_total, K/pack), b (G, N, K/pack) as stored): the recipe as
+    its dtype, the token count at its bucket and marked dynamic (``bucketed``; the compiler
+    passes False with a static count), the activation as its epilogue.
 
-    target = get_target(target_name)
-    ops = (EpilogueOp(activation),) if activation != "none" else ()
-    epilogue = render_epilogue(epilogue_expr(ops, ()), target.interpreted, out_dtype=out_dtype)
-    # the gate's activation, rendered by the same emitter (it updates acc in place)
-    gate = render_epilogue(epilogue_expr((EpilogueOp(glu),), ()), target.interpreted) if glu != "none" else None
-    tile = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, num_warps=1, num_stages=1, num_programs=4) \
-        if target.interpreted else \
-        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, num_programs=max(1, target.num_sms))
-    env = jinja_env(Path(__file__).resolve().parents[1] / "templates" / "triton")
-    return env.get_template("grouped_gemm_scaled.py.jinja").render(
-        kernel_name="tw_grouped_gemm_scaled_kernel", fmt=fmt, pack=VALUES_PER_BYTE[fmt],
-        sf_vec=SCALED_FORMATS[fmt], global_scales=global_scales, out_torch_dtype=TORCH_DTYPE[out_dtype],
-        epilogue_text=(f"{glu}(gate)*up, " if gate else "") + activation, epilogue_code=epilogue.code,
-        epilogue_helpers=epilogue.helpers + ("\n\n" + gate.helpers if gate and gate.helpers else ""),
-        glu=gate is not None, glu_code=gate.code if gate else "",
-        epilogue_out_value=epilogue.out_value, fp32_mma=target.interpreted, target=target.name, **tile)
-
-
-def render(fmt: str, out_dtype: torch.dtype, activation: str = "none", global_scales: bool = False,
-           target: str = "cpu", glu: str = "none") -> str:
-    """The kernel module's source for ``target`` (a target name: "cpu" is the interpreter)."""
-    return _source(fmt, DTYPE_NAMES[out_dtype], activation, global_scales, target, glu)
-
-
-def _launcher(fmt: str, out_dtype: torch.dtype, activation: str, global_scales: bool, device: torch.device,
-              glu: str = "none"):
-    from tilewright.runtime.loader import load_module
-    from tilewright.runtime.targets import detect_target
-
-    target = detect_target(device)
-    if target.backend not in ("cuda", "hip", "cpu"):
-        raise InvalidInputError(f"scaled_grouped_mm runs on CUDA, ROCm or the CPU (interpreted), not {device}")
-    if target.backend == "cuda" and not target.has("fp8_e4m3") and fmt in ("mxfp8", "nvfp4"):
-        # as triton.gemm_nvfp4: Triton converts e4m3 values or scales from sm_89 on
-        raise InvalidInputError(f"scaled_grouped_mm {fmt} needs e4m3 conversions (sm_89 or later); "
-                                f"{target.name} has none")
-    source = render(fmt, out_dtype, activation, global_scales, target.name, glu)
-    return load_module(source, name="triton_grouped_gemm_scaled", interpret=target.interpreted).launch
+    Raises:
+        ValueError: sizes the problem refuses (K not whole scale blocks, an odd N under glu).
+    """
+    M, (G, N, Kp) = a.shape[0], b.shape
+    return GroupedGemmProblem(
+        case="2d3d", G=max(int(G), 1), M=bucket(int(M)) if bucketed else int(M), N=int(N),
+        K=int(Kp) * VALUES_PER_BYTE[fmt], dtype=fmt, out_dtype=DTYPE_NAMES[out_dtype], layout_b="col",
+        epilogue=(EpilogueOp(activation),) if activation != "none" else (),
+        dynamic=frozenset({"M"}) if bucketed else frozenset(), glu="" if glu == "none" else glu,
+        global_scales=global_scales, op="scaled_grouped_mm")
 
 
 def _check(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation, glu) -> None:
@@ -144,11 +117,26 @@ def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     Raises:
         InvalidInputError: shapes, dtypes, layouts or offsets that do not fit (the message says which).
     """
+    from tilewright.kernels.launchers import tuned_launcher
+
     _check(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation, glu)
-    launch = _launcher(fmt, out_dtype, activation, global_a is not None, a.device, glu)
-    ga = global_a.reshape(-1).contiguous() if global_a is not None else None
-    gb = global_b.reshape(-1).contiguous() if global_b is not None else None
-    return launch(a, a_scale, b, b_scale, offs, ga, gb)
+    _check_device(a.device, fmt)
+    problem = scaled_grouped_problem(a, b, fmt=fmt, out_dtype=out_dtype, activation=activation, glu=glu,
+                                     global_scales=global_a is not None)
+    extra = [global_a.reshape(-1).contiguous(), global_b.reshape(-1).contiguous()] if global_a is not None else []
+    return tuned_launcher(problem, a.device)(a, b, offs, a_scale, b_scale, *extra)
+
+
+def _check_device(device: torch.device, fmt: str) -> None:
+    from tilewright.runtime.targets import detect_target
+
+    target = detect_target(device)
+    if target.backend not in ("cuda", "hip", "cpu"):
+        raise InvalidInputError(f"scaled_grouped_mm runs on CUDA, ROCm or the CPU (interpreted), not {device}")
+    if target.backend == "cuda" and not target.has("fp8_e4m3") and fmt in ("mxfp8", "nvfp4"):
+        # as triton.gemm_nvfp4: Triton converts e4m3 values or scales from sm_89 on
+        raise InvalidInputError(f"scaled_grouped_mm {fmt} needs e4m3 conversions (sm_89 or later); "
+                                f"{target.name} has none")
 
 
 def reference(a, a_scale, b, b_scale, offs, global_a=None, global_b=None, *, fmt="mxfp8",
@@ -214,21 +202,3 @@ def stacked_scales_rows(scale: torch.Tensor, groups: int, rows: int, cols: int) 
 @stacked_scales_rows.register_fake
 def _(scale, groups, rows, cols):
     return scale.new_empty((groups, rows, cols))
-
-
-def aot_spec(fmt: str, out_dtype: torch.dtype, target: str):
-    """How ``triton.compile`` builds :func:`render`'s kernel for ``target`` ahead of time (the
-    bytes and E8M0 scales as ``*u8``, NVFP4's E4M3 scales as ``*fp8e4nv``, every pointer 16-byte
-    aligned, the tile the launcher uses), for ``tilewright aot``-style builds and their
-    instruction checks."""
-    from tilewright.runtime.aot import AotSpec
-    from tilewright.templates.triton.gemm import TRITON_POINTER
-
-    src = render(fmt, out_dtype, target=target)
-    tile = {k: int(src.split(f"\n{k} = ", 1)[1].split("\n", 1)[0]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
-    warps, stages = (int(src.split(f"\n{k} = ", 1)[1].split("\n", 1)[0]) for k in ("NUM_WARPS", "NUM_STAGES"))
-    scale = "*fp8e4nv" if fmt == "nvfp4" else "*u8"
-    pointers = {"A": "*u8", "B": "*u8", "AS": scale, "BS": scale, "GA": "*fp32", "GB": "*fp32",
-                "C": TRITON_POINTER[DTYPE_NAMES[out_dtype]], "OFFS": "*i32"}
-    return AotSpec("tw_grouped_gemm_scaled_kernel", "triton", pointers, tile, tuple(pointers),
-                   {"num_warps": warps, "num_stages": stages})

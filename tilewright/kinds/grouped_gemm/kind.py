@@ -16,6 +16,11 @@ token count), chosen, rendered and compiled in the pipeline's stages like every 
 The wrapper calls it as ``out = grouped_gemm_<i>(a, b, offs[, bias])``: the offsets stay a
 run-time input on the device. A call whose operands are symbolic in a dim other than the ragged
 one stays the op (an ATen-style extern call that tunes on its first call).
+
+Block-scaled ``F.scaled_grouped_mm`` calls are rewritten to ``tilewright.scaled_grouped_mm``
+(:mod:`tilewright.kinds.grouped_gemm.lower_scaled`) and become kernel nodes the same way, their
+problem's dtype the recipe; the wrapper calls them as ``out = grouped_gemm_<i>(a, b, offs,
+a_scale, b_scale[, global_a, global_b])``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ def grouped_gemm_problem(node: Any, vals: list | None = None) -> GroupedGemmProb
     from tilewright.errors import InvalidInputError
     from tilewright.kernels.grouped import grouped_problem
 
+    from tilewright.kinds.grouped_gemm.lower_scaled import is_scaled
+
+    if is_scaled(node.target):
+        return _scaled_problem(node, vals)
     a, b, offs, bias, out_dtype, *rest = node.args
     if vals is None:
         vals = [x.meta.get("val") if isinstance(x, fx.Node) else None for x in (a, b, offs, bias)]
@@ -59,6 +68,23 @@ def grouped_gemm_problem(node: Any, vals: list | None = None) -> GroupedGemmProb
     if problem.case == "2d2d" and vals[2] is not None:
         problem = problem.with_sizes(G=int(vals[2].shape[0]))
     return problem
+
+
+def _scaled_problem(node: Any, vals: list | None) -> GroupedGemmProblem:
+    """The problem of a ``tilewright.scaled_grouped_mm(a, a_scale, b, b_scale, offs, global_a,
+    global_b, fmt, out_dtype, activation, glu)`` call (``vals``: tensors standing for a and b)."""
+    import torch.fx as fx
+
+    from tilewright.errors import InvalidInputError
+    from tilewright.kernels.scaled_grouped import scaled_grouped_problem
+
+    a, _, b, _, _, global_a, _, fmt, out_dtype, activation, glu = node.args
+    if vals is None:
+        vals = [x.meta.get("val") if isinstance(x, fx.Node) else None for x in (a, b)]
+    if vals[0] is None or vals[1] is None:
+        raise InvalidInputError(f"scaled grouped GEMM {node.name}: operands without traced values")
+    return scaled_grouped_problem(vals[0], vals[1], fmt=fmt, out_dtype=out_dtype, activation=activation,
+                                  glu=glu, global_scales=global_a is not None)
 
 
 def _concrete(val: Any) -> Any:
@@ -84,8 +110,15 @@ def _jit_problem(node: Any) -> GroupedGemmProblem | None:
     that changes) or an operand has no traced value."""
     import torch.fx as fx
 
+    from tilewright.kinds.grouped_gemm.lower_scaled import is_scaled
     from tilewright.kinds.grouped_gemm.problem import case_of
 
+    if is_scaled(node.target):  # a (M_total, K/pack) with only M symbolic, b (G, N, K/pack) static
+        a, b = (x.meta.get("val") if isinstance(x, fx.Node) else None for x in (node.args[0], node.args[2]))
+        if a is None or b is None or node.meta.get("val") is None or _symbolic(a.shape[1]) or \
+                any(_symbolic(s) for s in b.shape):
+            return None
+        return _scaled_problem(node, [_concrete(a), b])
     vals = [x.meta.get("val") if isinstance(x, fx.Node) else None for x in node.args[:4]]
     if vals[0] is None or vals[1] is None or node.meta.get("val") is None:
         return None
@@ -112,6 +145,8 @@ class GroupedGemmKind(ProblemKind):
             {"layout_b": "col"}, {"epilogue": act},
             {"epilogue": (EpilogueOp("add", input=0),), "epilogue_inputs": (EpilogueInput("BN", "bf16"),)},
             {"epilogue_ir": self._sin_ir()}, {"dynamic": frozenset()}, {"glu": "silu"}, {"op": "grouped_mm_x"},
+            {"dtype": "mxfp8", "K": 64, "layout_b": "col", "out_dtype": "bf16"},
+            {"dtype": "nvfp4", "K": 64, "layout_b": "col", "out_dtype": "bf16", "global_scales": True},
         )]
 
     @staticmethod
@@ -156,17 +191,23 @@ class GroupedGemmKind(ProblemKind):
     def lower(self, node: Any, index: int) -> Any:
         from tilewright.compiler.graph import ExternNode, KernelNode, TensorMeta
         from tilewright.kinds.grouped_gemm.lower import is_ours
+        from tilewright.kinds.grouped_gemm.lower_scaled import is_scaled
 
-        if not is_ours(node.target):
+        scaled = is_scaled(node.target)
+        if not (scaled or is_ours(node.target)):
             return None
-        # arguments as lower_grouped_mm leaves them: positional (a call written with keywords
-        # stays the op)
-        problem = _jit_problem(node) if not node.kwargs and len(node.args) >= 5 else None
+        # arguments as lower_grouped_mm and lower_scaled leave them: positional (a call written
+        # with keywords stays the op)
+        problem = _jit_problem(node) if not node.kwargs and len(node.args) >= (11 if scaled else 5) else None
         meta = TensorMeta.of(node)
         if problem is None or meta is None:  # the op tunes itself on its first call
             return ExternNode(node.name, [node], kind="grouped_gemm")
-        a, b, offs, bias = node.args[:4]
-        args = [a, b, offs] + ([bias] if bias is not None else [])
+        if scaled:  # the kernels' order: launch(a, b, offs, a_scale, b_scale[, global_a, global_b])
+            a, sa, b, sb, offs, ga, gb = node.args[:7]
+            args = [a, b, offs, sa, sb] + ([ga, gb] if ga is not None else [])
+        else:
+            a, b, offs, bias = node.args[:4]
+            args = [a, b, offs] + ([bias] if bias is not None else [])
         return KernelNode(f"grouped_gemm_{index}", [node], kind="grouped_gemm", problem=problem, args=args,
                           outputs=[node.name], device=meta.device)
 
@@ -181,7 +222,7 @@ class GroupedGemmKind(ProblemKind):
     def call_sizes(self, problem: GroupedGemmProblem, args: tuple) -> dict[str, int]:
         a, b = args[0], args[1]
         ragged = problem.ragged
-        if ragged == "M":
+        if ragged == "M":  # the tokens: a's rows (packed or not)
             return {"M": a.shape[0]}
         if ragged == "K":
             return {"K": a.shape[1]}

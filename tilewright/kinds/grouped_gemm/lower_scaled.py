@@ -68,6 +68,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def is_scaled(target) -> bool:
+    """Whether an FX node's target is ``tilewright.scaled_grouped_mm`` (compared by name)."""
+    return is_op(target, OURS)
+
+
 def _plan_v1(node: fx.Node) -> dict:
     names = ("self", "mat2", "scale_a", "scale_b", "offs", "bias", "scale_result", "out_dtype", "use_fast_accum")
     bound = dict(zip(names, node.args)) | dict(node.kwargs)

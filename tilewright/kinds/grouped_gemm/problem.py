@@ -34,6 +34,16 @@ projection is followed by: ``gate, up = out.chunk(2, -1); act(gate) * up``, HF t
 the up half, the kernel computes both (output column j pairs GEMM columns j and j + N/2) and
 writes ``glu(acc)[..., j] = act(acc[..., j]) * acc[..., j + N/2]``, N/2 columns. The epilogue
 then runs on that product, so its inputs are shaped like the (…, N/2) output.
+
+Block-scaled grouped GEMMs (``F.scaled_grouped_mm``, MoE experts in MXFP8, MXFP4, NVFP4) are
+the same problem with the block-scale recipe as its ``dtype``, as
+:class:`~tilewright.problem.GemmProblem` has it ("mxfp8", "mxfp4", "nvfp4": values and one
+scale per 16 or 32 values along K): the 2d3d case only, A (M_total, K/pack) rows of packed K,
+B stored (G, N, K/pack) (``layout_b == "col"``), row-major block scales (M_total, K/block) and
+(G, N, K/block); ``global_scales`` adds NVFP4's fp32 per-group decode scales, (G,) for each
+operand, their product the group's alpha, applied to the accumulator before the gated product
+and the epilogue. Kernels take ``launch(a, b, offs, a_scale, b_scale[, global_a, global_b],
+*epilogue_inputs, out=None)``.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from typing import Sequence
 import torch
 
 from tilewright.kinds.gemm.problem import GemmProblem
-from tilewright.problem import ELEMENT_BYTES, EpilogueInput, EpilogueOp
+from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS, VALUES_PER_BYTE, EpilogueInput, EpilogueOp
 
 CASES = ("2d3d", "2d2d", "3d2d", "3d3d")
 RAGGED = {"2d3d": "M", "2d2d": "K", "3d2d": "N", "3d3d": ""}
@@ -75,7 +85,8 @@ class GroupedGemmProblem:
         M, N, K: sizes; the ragged one (``ragged``) is the *total* over all groups (M for 2d3d,
             K for 2d2d, N for 3d2d), the others are per group. Tuned at a bucket when dynamic.
         dtype, out_dtype: operand and output element types ("fp32", "fp16", "bf16"; a fused
-            cast changes out_dtype).
+            cast changes out_dtype). A block-scale recipe ("mxfp8", "mxfp4", "nvfp4") as dtype
+            makes it a block-scaled grouped GEMM (module docstring; out_dtype defaults to bf16).
         layout_a, layout_b: "row" / "col" / "strided" as in GemmProblem (kernels take any
             strides; recorded for the cache key and the cost model).
         epilogue, epilogue_inputs, epilogue_ir: as GemmProblem's; input patterns are over
@@ -86,6 +97,9 @@ class GroupedGemmProblem:
             after the GEMM (module docstring): N is then the GEMM's width (gate and up halves,
             even, not ragged) and the output has N/2 columns.
         op: the ATen op it came from, for display.
+        global_scales: NVFP4 only: fp32 per-group decode scales for A and B, (G,) each, whose
+            product scales each group's accumulator (``F.scaled_grouped_mm``'s
+            ``[BlockWise1x16, TensorWise]`` recipe).
     """
 
     case: str
@@ -104,6 +118,7 @@ class GroupedGemmProblem:
     offsets: str = "even"
     glu: str = ""
     op: str = "grouped_mm"
+    global_scales: bool = False
 
     kind = "grouped_gemm"  # class attribute: the problem kind (not a field)
 
@@ -115,7 +130,11 @@ class GroupedGemmProblem:
         if self.epilogue_ir and self.epilogue:
             raise ValueError("an epilogue is either a list of kinds or IR, not both")
         if not self.out_dtype:
-            object.__setattr__(self, "out_dtype", self.dtype)
+            object.__setattr__(self, "out_dtype", "bf16" if self.dtype in SCALED_FORMATS else self.dtype)
+        if self.dtype in SCALED_FORMATS:
+            self._check_block_scaled()
+        elif self.global_scales:
+            raise ValueError(f"global_scales are NVFP4's per-group decode scales, not for a {self.dtype} problem")
         for name in ("G", "M", "N", "K"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
@@ -141,7 +160,37 @@ class GroupedGemmProblem:
                 raise ValueError(f"pattern {inp.broadcast!r}: a 2-D output's rows are already per group; "
                                  f"use 'MN' for a full output-shaped tensor")
 
+    def _check_block_scaled(self) -> None:
+        if self.case != "2d3d":
+            raise ValueError(f"a block-scaled grouped GEMM ({self.dtype}) is the 2d3d case (the MoE forward), "
+                             f"not {self.case}")
+        if self.layout_a != "row" or self.layout_b != "col":
+            raise ValueError(f"{self.dtype} grouped GEMMs take A (M, K) row-major and B stored (G, N, K): "
+                             f"layout_a='row', layout_b='col'")
+        if self.K % SCALED_FORMATS[self.dtype] and "K" not in self.dynamic:
+            raise ValueError(f"{self.dtype} needs K divisible by its {SCALED_FORMATS[self.dtype]}-value blocks, "
+                             f"got K={self.K}")
+        if self.global_scales and self.dtype != "nvfp4":
+            raise ValueError(f"global_scales are NVFP4's per-group decode scales, not {self.dtype}'s")
+        if self.out_dtype not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"a block-scaled grouped GEMM writes fp32/fp16/bf16, not {self.out_dtype}")
+
     # -- shapes ---------------------------------------------------------------------------------
+    @property
+    def block_scaled(self) -> bool:
+        """A and B carry per-block scales (dtype is a recipe of ``SCALED_FORMATS``)."""
+        return self.dtype in SCALED_FORMATS
+
+    @property
+    def block(self) -> int:
+        """Values per block scale along K (0 when not block-scaled)."""
+        return SCALED_FORMATS.get(self.dtype, 0)
+
+    @property
+    def pack(self) -> int:
+        """K values per stored byte of a block-scaled operand (1 otherwise)."""
+        return VALUES_PER_BYTE.get(self.dtype, 1)
+
     @property
     def ragged(self) -> str:
         """The dim ``offs`` runs along ("M", "K", "N"; "" for 3d3d)."""
@@ -199,7 +248,7 @@ class GroupedGemmProblem:
         total = (n(self.a_shape) + n(self.b_shape)) * e_in + n(self.out_shape) * e_out + 4 * self.G
         for inp in self.epilogue_inputs:
             total += n(self.input_shape(inp)) * ELEMENT_BYTES.get(inp.dtype, 4)
-        return int(total)
+        return int(total + 8 * self.G * self.global_scales)
 
     def with_sizes(self, **sizes: int) -> "GroupedGemmProblem":
         return dataclasses.replace(self, **sizes)
@@ -207,8 +256,9 @@ class GroupedGemmProblem:
     def as_gemm(self) -> GemmProblem:
         """A GemmProblem with the same dtypes and epilogue (for the epilogue's IR and the
         tolerance); its sizes are a group's share, for display only."""
+        scaled = dict(layout_b="col", scale_layout="row") if self.block_scaled else {}
         return GemmProblem(M=self.M, N=self.out_n, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype,
-                           batch=self.G if self.out_3d else 1, batched=self.out_3d,
+                           batch=self.G if self.out_3d else 1, batched=self.out_3d, **scaled,
                            epilogue=self.epilogue, epilogue_inputs=self.epilogue_inputs,
                            epilogue_ir=self.epilogue_ir, op=self.op)
 
@@ -219,8 +269,9 @@ class GroupedGemmProblem:
         d["kind"] = self.kind
         if not d["epilogue_ir"]:
             del d["epilogue_ir"]
-        if not d["glu"]:  # absent unless set: entries cached before the field keep their keys
-            del d["glu"]
+        for key in ("glu", "global_scales"):  # absent unless set: older cache entries keep their keys
+            if not d[key]:
+                del d[key]
         return d
 
     @classmethod
@@ -243,7 +294,8 @@ class GroupedGemmProblem:
     def describe(self) -> str:
         cast = f"→{self.out_dtype}" if self.out_dtype != self.dtype else ""
         ragged = f" ragged {self.ragged}" if self.ragged else ""
-        return (f"{self.op} {self.case} G={self.G} {self.M}x{self.N}x{self.K}{ragged} {self.dtype}{cast} "
+        alpha = " per-group alpha" if self.global_scales else ""
+        return (f"{self.op} {self.case} G={self.G} {self.M}x{self.N}x{self.K}{ragged} {self.dtype}{alpha}{cast} "
                 f"A:{self.layout_a} B:{self.layout_b} offsets: {self.offsets} "
                 f"epilogue: {self.describe_epilogue()}")
 

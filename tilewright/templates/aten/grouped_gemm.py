@@ -1,6 +1,11 @@
 """The ATen candidate for a grouped GEMM: ``torch._grouped_mm`` and the epilogue as PyTorch
 operators. The fallback every grouped policy includes and, given float64 operands, the reference
-(``_grouped_mm`` has no float64 path: the reference loops over groups with ``torch.matmul``)."""
+(``_grouped_mm`` has no float64 path: the reference loops over groups with ``torch.matmul``).
+
+A block-scaled problem (``F.scaled_grouped_mm``'s recipes) is dequantised with torch first
+(:func:`tilewright.quant.dequantize_block_scaled`: exact in bf16, fp32 and float64), then
+multiplied the same way; NVFP4's per-group alpha scales each row's accumulator before the gated
+product and the epilogue."""
 
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ class AtenGroupedGemm(TemplateSpec):
             epilogue=torch_epilogue(problem_epilogue(problem)) if has_epilogue else [],
             # a fused gated product (problem.glu): the gate's activation, as PyTorch operators
             glu=torch_epilogue(epilogue_expr((EpilogueOp(problem.glu),), ())) if problem.glu else [],
+            block_scaled=problem.block_scaled, fmt=problem.dtype, global_scales=problem.global_scales,
         )
         return RenderedKernel(template_id=self.id, params={}, target=target.name, source=source,
                               name="aten_grouped_gemm")

@@ -11,6 +11,7 @@ from tilewright.templates.triton.gemm_nvfp4 import TritonGemmNvfp4, TritonGemmNv
 from tilewright.templates.triton.gemm_tma import TritonGemmTma
 from tilewright.templates.triton.grouped_gemm import TritonGroupedGemm
 from tilewright.templates.triton.grouped_gemm_desc import TritonGroupedGemmDesc
+from tilewright.templates.triton.grouped_gemm_scaled import TritonGroupedGemmScaled, TritonGroupedGemmScaledMma
 from tilewright.templates.triton.loops import TritonPointwise, TritonReduction
 
 
@@ -33,5 +34,6 @@ LANGUAGE = Language(
 )
 MANIFEST = BackendManifest.of(LANGUAGE, (
     TritonGemm(), TritonGemmTma(), TritonGemmNvfp4(), TritonGemmNvfp4Mma(), TritonPointwise(),
-    TritonReduction(), TritonGroupedGemm(), TritonGroupedGemmDesc(), TritonAttention(), TritonAttentionDecode(),
+    TritonReduction(), TritonGroupedGemm(), TritonGroupedGemmDesc(), TritonGroupedGemmScaled(),
+    TritonGroupedGemmScaledMma(), TritonAttention(), TritonAttentionDecode(),
     TritonAttentionBackward()))
