@@ -24,6 +24,7 @@ from tilewright.kinds.grouped_gemm.lower_scaled import OP, rewrite_all
 from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
 from tilewright.problem import EpilogueInput, EpilogueOp
 from tilewright.runtime.loader import load_module
+from tilewright.runtime.targets import triton_version
 from tilewright.templates import get_template
 from tilewright.quant import mx, nvfp4
 from tilewright.quant.nvfp4 import swizzle_scales
@@ -101,6 +102,9 @@ def test_the_templates_match_float64_on_ragged_groups(cpu, template_id, fmt, act
     p = _problem(fmt, 4, 69, 40, 128 if fmt == "mxfp4" else 96, activation=activation, out_dtype=out_dtype,
                  glu=glu, bias=bias)
     template = get_template(template_id)
+    if template_id.endswith("_mma") and triton_version() < (3, 9):
+        assert not template.supports(p, cpu)  # triton 3.6's interpreter fails in tl.dot_scaled
+        pytest.skip("the Triton interpreter runs tl.dot_scaled from triton 3.9")
     assert template.supports(p, cpu), template.supports(p, cpu).reason
     params = (template.seed_params(p, cpu) or [{}])[0]
     r = template.render(p, params, cpu)
@@ -288,7 +292,9 @@ def test_aot_capture_plans_the_block_scaled_templates(recipe):
     built = {(k.target.name, k.template.id) for k in kernels}
     for t in targets:
         assert (t.name, "triton.grouped_gemm_scaled") in built, t.name
-    mma_targets = {"sm_100a"} | ({"gfx950"} if recipe != "nvfp4_global" else set())
+    # NVFP4 (and, here, its gated product) on sm_100a's block-scaled MMA needs triton >= 3.9
+    mma_targets = ({"sm_100a"} if recipe != "nvfp4_global" or triton_version() >= (3, 9) else set()) | \
+        ({"gfx950"} if recipe != "nvfp4_global" else set())
     assert {t.split(":")[-1] for t, tid in built if tid == "triton.grouped_gemm_scaled_mma"} == mma_targets
     for k in kernels:
         if k.template.id == "triton.grouped_gemm_scaled_mma":

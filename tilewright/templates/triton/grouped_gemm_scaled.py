@@ -86,9 +86,19 @@ class TritonGroupedGemmScaled(TritonGroupedGemm):
             pointers[f"E{i}"] = TRITON_POINTER[inp.dtype]
         constexprs = {k: params[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
         constexprs["stride_cn"] = 1
+        # the sizes and strides the JIT would specialise as multiples of 16: without them the K
+        # masks and row starts are not known constant/aligned over a vector, every byte is
+        # loaded and every output stored on its own, and a 128-row tile spills (measured,
+        # sm_100a, MXFP8 128x64x128: 255 registers and 1160 B of spill stores without)
         divisible = list(pointers)
-        if "K" not in problem.dynamic and (problem.K // problem.pack) % 16 == 0:
-            divisible += ["stride_am", "stride_bn"]
+        static = {d: d not in problem.dynamic for d in "MNK"}
+        if static["K"]:
+            row, scales = problem.K // problem.pack, problem.K // problem.block
+            sizes = {"K": problem.K, "stride_am": row, "stride_bn": row, "stride_asm": scales, "stride_bsn": scales,
+                     "stride_bg": problem.N * row, "stride_bsg": problem.N * scales}
+            divisible += [name for name, v in sizes.items() if v % 16 == 0]
+        if static["N"] and problem.out_n % 16 == 0:
+            divisible += ["N", "stride_cm"] + (["half"] if problem.glu else [])
         return AotSpec(self.kernel_name, "triton", pointers, constexprs, tuple(divisible),
                        {"num_warps": params["num_warps"], "num_stages": params["num_stages"]})
 
@@ -110,6 +120,12 @@ MMA_TILES = {
 }
 
 
+# measured (triton 3.9, sm_100a, after the divisibility hints of aot_spec): 128x64 tiles in 4
+# warps and 128x128 in 8 (64 accumulator registers per thread) build without spills at ~195
+# registers; 128x128 in 4 warps (128 per thread) spills 324-340 B
+TMEM_ACC_REGS = 64
+
+
 class TritonGroupedGemmScaledMma(TritonGroupedGemmScaled):
     """The same grouped GEMM on block-scaled tensor cores (module docstring)."""
 
@@ -125,6 +141,10 @@ class TritonGroupedGemmScaledMma(TritonGroupedGemmScaled):
             if problem.dtype == "nvfp4":
                 return Support(False, "the Triton interpreter reads E4M3 block scales as E8M0; "
                                       "use triton.grouped_gemm_scaled for NVFP4")
+            if triton_version() < (3, 9):
+                # measured: triton 3.6's interpreter fails in tl.dot_scaled ("'str' object has
+                # no attribute 'value'"); 3.9's is exact for E8M0 scales
+                return Support(False, "the Triton interpreter runs tl.dot_scaled from triton 3.9")
             return SUPPORTED
         if target.backend == "hip":
             if target.arch != "gfx950":
@@ -136,6 +156,10 @@ class TritonGroupedGemmScaledMma(TritonGroupedGemmScaled):
             return Support(False, f"{target.name} has no block-scaled tcgen05 MMA (sm_100a)")
         if problem.dtype == "nvfp4" and (triton_version() < (3, 9) or not target.has("nvfp4")):
             return Support(False, "NVFP4's E4M3-scaled dot_scaled lowers to block-scaled tcgen05 from triton 3.9")
+        if problem.glu and triton_version() < (3, 9):
+            # measured (triton 3.6, sm_100a, any num_stages): two dot_scaled accumulators abort
+            # the compiler (NVWS InsertTmemAref: "allocOp->hasOneUse()"); 3.9 builds them
+            return Support(False, "a gated product's two block-scaled accumulators need triton >= 3.9 on sm_100a")
         return SUPPORTED
 
     def check(self, params: Params, problem: GroupedGemmProblem, target: Target) -> str | None:
@@ -145,15 +169,24 @@ class TritonGroupedGemmScaledMma(TritonGroupedGemmScaled):
         for knob, values in MMA_TILES.get(target.backend, {}).items():
             if params[knob] not in values:
                 return f"{knob}={params[knob]}: the block-scaled MMA on {target.name} needs {knob} in {values}"
+        regs = params["BLOCK_M"] * params["BLOCK_N"] * (2 if problem.glu else 1) / (params["num_warps"] * 32)
+        if target.backend == "cuda" and regs > TMEM_ACC_REGS:
+            return (f"the accumulator comes out of tensor memory as {regs:.0f} registers per thread "
+                    f"(> {TMEM_ACC_REGS}: the epilogue spills)")
         return None
 
     def seed_params(self, problem: GroupedGemmProblem, target: Target) -> list[dict[str, Any]]:
         if target.interpreted:
             return [dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=1)]
-        m = 128 if target.backend == "cuda" else 64
-        return [dict(BLOCK_M=m, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3),
-                dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3),
-                dict(BLOCK_M=m, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=2)]
+        if target.backend == "cuda":
+            # the last two for a gated product's two accumulators (check: TMEM_ACC_REGS)
+            return [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
+                    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+                    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=3),
+                    dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)]
+        return [dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=2),
+                dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=2),
+                dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=2)]
 
     def expected_instructions(self, problem: GroupedGemmProblem, params: Params,
                               target: Target) -> list[InstructionCheck]:
