@@ -1,7 +1,7 @@
 """Block-scaled ``F.scaled_grouped_mm`` / ``torch._scaled_grouped_mm`` (MoE experts in MXFP8,
-MXFP4, NVFP4) rewritten to ``tilewright.scaled_grouped_mm`` (:mod:`tilewright.kernels.scaled_grouped`:
-Triton's grouped GEMM dequantising in its prologue), before lowering (this kind's
-``rewrite_fx`` hook), with what follows fused into its epilogue as the grouped kind fuses it
+MXFP4, NVFP4) rewritten to ``tilewright.scaled_grouped_mm`` (:mod:`tilewright.kernels.scaled_grouped`),
+before lowering (this kind's ``rewrite_fx`` hook; lowering then makes the call a grouped-GEMM
+kernel node whose problem's dtype is the recipe, tuned among the block-scaled templates), with what follows fused into its epilogue as the grouped kind fuses it
 after ``F.grouped_mm`` (:mod:`tilewright.kinds.grouped_gemm.lower`): the MoE gate_up
 projection's gated product ``act(gate) * up`` (``glu``), then a unary activation.
 
