@@ -112,7 +112,10 @@ def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
             (N/2 columns), then ``activation``.
 
     Returns:
-        (M_total, N) (N/2 with ``glu``) of ``out_dtype``; rows past ``offs[-1]`` are not written (uninitialised).
+        (M_total, N) (N/2 with ``glu``) of ``out_dtype``, from the kernel the autotuner chose for
+        the call's problem (:func:`scaled_grouped_problem`); rows past ``offs[-1]`` are
+        unspecified (the Triton kernels leave them unwritten, ATen's writes zeros). Where no
+        Triton template serves the chip (an sm_80 has no e4m3 conversions) ATen's runs.
 
     Raises:
         InvalidInputError: shapes, dtypes, layouts or offsets that do not fit (the message says which).
@@ -120,23 +123,11 @@ def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     from tilewright.kernels.launchers import tuned_launcher
 
     _check(a, a_scale, b, b_scale, offs, global_a, global_b, fmt, out_dtype, activation, glu)
-    _check_device(a.device, fmt)
     problem = scaled_grouped_problem(a, b, fmt=fmt, out_dtype=out_dtype, activation=activation, glu=glu,
                                      global_scales=global_a is not None)
     extra = [global_a.reshape(-1).contiguous(), global_b.reshape(-1).contiguous()] if global_a is not None else []
     return tuned_launcher(problem, a.device)(a, b, offs, a_scale, b_scale, *extra)
 
-
-def _check_device(device: torch.device, fmt: str) -> None:
-    from tilewright.runtime.targets import detect_target
-
-    target = detect_target(device)
-    if target.backend not in ("cuda", "hip", "cpu"):
-        raise InvalidInputError(f"scaled_grouped_mm runs on CUDA, ROCm or the CPU (interpreted), not {device}")
-    if target.backend == "cuda" and not target.has("fp8_e4m3") and fmt in ("mxfp8", "nvfp4"):
-        # as triton.gemm_nvfp4: Triton converts e4m3 values or scales from sm_89 on
-        raise InvalidInputError(f"scaled_grouped_mm {fmt} needs e4m3 conversions (sm_89 or later); "
-                                f"{target.name} has none")
 
 
 def reference(a, a_scale, b, b_scale, offs, global_a=None, global_b=None, *, fmt="mxfp8",
