@@ -159,7 +159,9 @@ def test_the_tuner_measures_both_triton_templates_and_checks_them(cpu, fresh_cac
     with tilewright.config.patch(force_backend="triton"):
         sel = select(p, cpu, default_factory)
     tried = {r.candidate.template_id for r in sel.results}
-    assert tried == set(SCALED) and sel.winner.template_id in SCALED, (tried, sel.reason)
+    # triton 3.6's interpreter cannot run tl.dot_scaled: the MMA template refuses there
+    want = set(SCALED) if triton_version() >= (3, 9) else {"triton.grouped_gemm_scaled"}
+    assert tried == want and sel.winner.template_id in want, (tried, sel.reason)
     assert all(r.record.status == "ok" and r.record.rel_err < 1e-2 for r in sel.results), [r.record for r in sel.results]
 
 
