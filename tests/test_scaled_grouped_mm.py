@@ -334,7 +334,7 @@ def test_aot_capture_plans_the_block_scaled_templates(recipe):
 
 @pytest.mark.slow
 def test_aot_builds_the_scaled_mma_for_sm100a_and_gfx950(tmp_path):
-    """``tilewright aot``'s build of the MXFP8 MoE model for sm_100a and gfx950 on this CPU host:
+    """``tilewright aot``'s build of the MXFP8 MoE model for sm_100a, gfx950 and sm_90a on this CPU host:
     the manifest lists the block-scaled grouped kernels, each built and its instruction check
     passed (``tcgen05.mma ... block_scale``, ``v_mfma_scale_f32_*_f8f6f4``), beside the
     dequantising template's bf16 MMA."""
@@ -342,14 +342,14 @@ def test_aot_builds_the_scaled_mma_for_sm100a_and_gfx950(tmp_path):
 
     from tilewright.compiler import aot
 
-    report = aot.build("tilewright.demo.scaled_grouped:mxfp8_moe_example", ["sm_100a", "gfx950"], tmp_path)
+    report = aot.build("tilewright.demo.scaled_grouped:mxfp8_moe_example", ["sm_100a", "gfx950", "sm_90a"], tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     grouped = [k for k in manifest["kernels"] if k["kind"] == "grouped_gemm"]
     assert report.ok, [(k.name, k.verify_failures, k.result and k.result.error[-400:]) for k in report.kernels]
     mma = {k["target"].split(":")[-1]: k for k in grouped if k["template"] == "triton.grouped_gemm_scaled_mma"}
     assert set(mma) == {"sm_100a", "gfx950"}, [(k["target"], k["template"]) for k in grouped]
     assert {k["target"].split(":")[-1] for k in grouped if k["template"] == "triton.grouped_gemm_scaled"} == \
-        {"sm_100a", "gfx950"}
+        {"sm_100a", "gfx950", "sm_90a"}  # sm_90a has no block-scaled MMA: the dequantising one alone
     for k in grouped:
         assert k["verify"]["ok"] and all(n > 0 for n in k["verify"]["counts"].values()), k["verify"]
     assert any("block_scale" in pat for pat in mma["sm_100a"]["verify"]["counts"])
