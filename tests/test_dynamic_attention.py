@@ -1,7 +1,7 @@
 """Attention and loop kernels with symbolic sizes (``dynamic=True``, ``mark_dynamic``, Dynamo's
 automatic dynamic after a size change): SDPA with masks and GQA, flex_attention decode over a
-growing KV length with a block mask built outside the graph, hand-written attention; masks as
-users write them (finfo.min and -inf rows, 5-D inputs, a float mask requiring grad); tuning
+growing KV length with a block mask built outside the graph, hand-written attention; finfo.min
+and -inf rows (5-D inputs and a float mask requiring grad: tests/test_attention_masks.py); tuning
 inputs of a new bucket valid for the graph's own bounds. Judged against float64 (or against
 eager where eager's convention is the point), with the graph reports showing generated kernels."""
 
@@ -203,37 +203,6 @@ def test_fully_masked_rows_give_eagers_values(fill):
     if fill == "finfo_min":
         torch.testing.assert_close(out[0, :, 1], v[0].mean(1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.slow
-def test_float_mask_requiring_grad_and_5d_bool_mask_are_generated_kernels():
-    """SDPA's math form (a float mask that requires grad; 5-D q/k/v with a (1, 1, S) bool mask)
-    runs as generated GEMMs and loop kernels, forward and backward (its _safe_softmax was an
-    ATen call), with eager's values and gradients, mask gradient included."""
-    torch.manual_seed(5)
-
-    def f(q, k, v, m):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-
-    for shape, mask in (((2, 2, 8, 16), torch.randn(2, 1, 8, 8, requires_grad=True)),
-                        ((2, 3, 2, 7, 16), torch.rand(1, 1, 7) < 0.7)):
-        torch._dynamo.reset()  # each case compiled static (a second shape would make it dynamic)
-        q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
-        inputs = (q, k, v) + ((mask,) if mask.requires_grad else ())
-        with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
-            out = torch.compile(f, backend="tilewright")(q, k, v, mask)
-            go = torch.randn_like(out)
-            grads = torch.autograd.grad(out, inputs, go)
-        assert _aten_ops(reports) == 0, [(r.kind, r.kernel_counts, r.extern_ops) for r in reports]
-        assert {r.kind for r in reports} == {"forward", "backward"}
-        d64 = [t.detach().double().requires_grad_(t.requires_grad) for t in (q, k, v, mask)]
-        if mask.dtype == torch.bool:
-            d64[3] = mask
-        ref = f(*d64)
-        want = torch.autograd.grad(ref, [d for d in d64 if d.requires_grad], go.double())
-        assert rel_err(out, ref) < TOL[torch.float32]
-        for g, w in zip(grads, want):
-            assert rel_err(g, w) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("force", ["triton", "cpp"])

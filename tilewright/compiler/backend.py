@@ -198,6 +198,23 @@ def partition_options() -> dict[str, Any]:
     return extra
 
 
+def rewrite_dynamo_graph(gm: fx.GraphModule) -> int:
+    """Each kind's :meth:`~tilewright.kinds.ProblemKind.rewrite_dynamo` on Dynamo's graph, in
+    place, before aot_autograd traces it; returns the nodes changed. A kind whose rewrite fails
+    leaves the graph as it was for that kind (logged): it costs that rewrite, not the graph."""
+    from tilewright.kinds import kinds
+
+    changed = 0
+    for kind in kinds():
+        try:
+            changed += kind.rewrite_dynamo(gm)
+        except Exception:  # noqa: BLE001 - the graph as traced is still right
+            if config.strict:
+                raise
+            log.info("the %s kind's Dynamo-graph rewrite failed", kind.name, exc_info=True)
+    return changed
+
+
 def _inference(example_inputs: list[Any]) -> bool:
     """Whether Dynamo's graph runs without autograd (Dynamo guards on the grad mode, so the
     mode at compile time is the mode of every call of this graph)."""
@@ -240,6 +257,7 @@ def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw
             decompositions=decomposition_table(),
             **extra,
         )
+        rewrite_dynamo_graph(gm)
         if not eager_race:
             return backend(gm, example_inputs, **kwargs)
         with collect_reports() as reports:

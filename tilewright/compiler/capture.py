@@ -109,11 +109,16 @@ def aten_graphs(spec: ModelSpec, *, train: bool = False) -> dict[str, fx.GraphMo
             return make_boxed_func(runs_or_stands_in(gm))
         return compiler
 
-    from tilewright.compiler.backend import partition_options
+    from tilewright.compiler.backend import partition_options, rewrite_dynamo_graph
 
-    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
-                           inference_compiler=keep("inference"), decompositions=decomposition_table(),
-                           **partition_options())
+    traced = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                          inference_compiler=keep("inference"), decompositions=decomposition_table(),
+                          **partition_options())
+
+    def backend(gm: fx.GraphModule, example_inputs: list) -> Any:
+        rewrite_dynamo_graph(gm)  # as the backend does
+        return traced(gm, example_inputs)
+
     torch._dynamo.reset()
     for i, dims in spec.dynamic.items():  # keep an export's symbolic sizes symbolic
         torch._dynamo.mark_dynamic(spec.args[i], dims)

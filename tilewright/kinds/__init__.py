@@ -170,6 +170,13 @@ class ProblemKind:
         return None
 
     # -- the compiler's side ----------------------------------------------------------------------
+    def rewrite_dynamo(self, gm: Any) -> int:
+        """Rewrite Dynamo's torch-level FX graph before aot_autograd traces it, in place (point a
+        call at a function that traces into ops this kind lowers, where the ATen form would
+        decompose into ops it cannot); returns the number of nodes changed. The rewritten graph
+        must compute what the original does."""
+        return 0
+
     def rewrite_fx(self, gm: Any) -> int:
         """Rewrite the ATen FX graph before lowering, in place (retarget ops, fold epilogues
         into them); returns the number of nodes changed."""

@@ -91,7 +91,7 @@ def make_inputs(problem: AttentionProblem, device: torch.device | str, seed: int
     named: dict[str, torch.Tensor] = {"q": q, "k": k, "v": v}
     named.update({f"c{i}": c for i, c in enumerate(caps)})
     if problem.direction == "backward":
-        fwd = dataclasses.replace(problem, direction="forward", lse_grad=False)
+        fwd = dataclasses.replace(problem, direction="forward", lse_grad=False, score_grad=False, renorm=False)
         out, lse = ref.forward(fwd, q, k, v, caps, bm[:4 if problem.block_mask.full else 2] if bm else (),
                                reference=True)
         named.update(out=out.to(dt), lse=lse.float(), dout=torch.randn(problem.shape("dout"), generator=gen).to(dt))
@@ -117,14 +117,14 @@ def poisoned(problem: AttentionProblem, device: torch.device | str) -> tuple[tor
     shows up."""
     outs = []
     for name in problem.output_names:
-        dtype = torch.float32 if name == "lse" else DTYPES[problem.dtype]
+        dtype = torch.float32 if name in ("lse", "ds") else DTYPES[problem.dtype]
         outs.append(empty_output(problem, name, dtype, device).fill_(float("nan")))
     return tuple(outs)
 
 
 def run(launch, x: AttentionInputs, outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """One launch with ``outs`` as the outputs (a backward's inputs hold ``dout``)."""
-    names = ("dq", "dk", "dv") if "dout" in x.names else ("out", "lse")
+    names = ("dq", "dk", "dv", "ds") if "dout" in x.names else ("out", "lse")
     return tuple(launch(*x.tensors, **dict(zip(names, outs))))
 
 

@@ -45,6 +45,7 @@ class AttentionKind(ProblemKind):
             {"mask_mod": mods.dumps(mods.boolean_mask(0, (64, 64))), "captures": (Capture((64, 64), "bool"),)},
             {"block_mask": BlockMaskSpec(32, 32)}, {"lse_base": "2"}, {"empty_lse": 0.0},
             {"direction": "backward", "lse_grad": True}, {"orders": (("out", (0, 2, 1, 3)),)},
+            {"direction": "backward", "score_grad": True}, {"direction": "backward", "renorm": True},
             {"dynamic": frozenset()}, {"op": "flex_attention"},
         )]
 
@@ -73,6 +74,11 @@ class AttentionKind(ProblemKind):
         return checks.reference(problem, inputs)
 
     # -- the compiler's side ------------------------------------------------------------------------
+    def rewrite_dynamo(self, gm: Any) -> int:
+        from tilewright.kinds.attention.sdpa_ops import rewrite_sdpa_calls
+
+        return rewrite_sdpa_calls(gm)
+
     def rewrite_fx(self, gm: Any) -> int:
         from tilewright.kinds.attention.lower_eager import rewrite_eager_attention
 
@@ -100,7 +106,8 @@ class AttentionKind(ProblemKind):
 
     def extern_label(self, node: Any) -> str | None:
         target = str(node.target)
-        return "attention" if "scaled_dot_product" in target or "flash_attention" in target else None
+        return "attention" if any(w in target for w in ("scaled_dot_product", "flash_attention", "sdpa_mask_grad")) \
+            else None
 
     def call_options(self, node: Any) -> dict[str, Any]:
         """What the op's own value is: a lone tensor (SDPA), or a tuple with slots the kernel

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from tilewright.kinds.attention import mods
+from tilewright.kinds.attention import mods, sdpa_ops  # noqa: F401 - sdpa_ops registers its ops
 from tilewright.kinds.attention.problem import AttentionProblem, Capture
 from tilewright.compiler.graph import TensorMeta, size_hint
 from tilewright.ir import dtypes
@@ -42,6 +42,10 @@ CUDA_FLASH = aten._scaled_dot_product_flash_attention.default
 CUDA_FLASH_BWD = aten._scaled_dot_product_flash_attention_backward.default
 EFFICIENT = aten._scaled_dot_product_efficient_attention.default
 SDPA = aten.scaled_dot_product_attention.default  # what hand-written attention is rewritten to
+# SDPA with a float mask that requires grad (kinds/attention/sdpa_ops.py): the backward's
+# fourth output is the scores' gradient
+MASK_GRAD = torch.ops.tilewright.sdpa_mask_grad.default
+MASK_GRAD_BWD = torch.ops.tilewright.sdpa_mask_grad_backward.default
 
 
 class NotAttention(Exception):
@@ -204,6 +208,12 @@ def lower_sdpa(node: fx.Node) -> tuple[AttentionProblem, list[str], list[str]]:
         bwd = False
         a = dict(zip(["q", "k", "v", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"], node.args)) | kw
         empty_lse, mask = -math.inf, a.get("attn_mask")
+    elif target in (MASK_GRAD, MASK_GRAD_BWD):
+        bwd = target is MASK_GRAD_BWD
+        names = (["grad_out", "q", "k", "v", "attn_mask", "out", "lse", "scale", "score_grad"] if bwd
+                 else ["q", "k", "v", "attn_mask", "scale"])
+        a = dict(zip(names, node.args)) | kw
+        empty_lse, mask = 0.0, a["attn_mask"]
     elif target is EFFICIENT:
         bwd = False
         a = dict(zip(["q", "k", "v", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal"], node.args)) | kw
@@ -222,12 +232,16 @@ def lower_sdpa(node: fx.Node) -> tuple[AttentionProblem, list[str], list[str]]:
         raise NotAttention("causal GPU SDPA with Sq != Skv (its alignment is the kernel's)")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     score_mod, mask_mod, cap_nodes, captures = _sdpa_mask(mask, dims, full)
-    outs = [node, None] if target is SDPA else _getitems(node, 3 if bwd else 2)
+    renorm = target is MASK_GRAD_BWD  # the math form's P (sdpa_ops)
+    score_grad = renorm and bool(a.get("score_grad"))
+    outs = [node, None] if target is SDPA else _getitems(node, (4 if score_grad else 3) if bwd else 2)
     named = ({"dq": outs[0], "dk": outs[1], "dv": outs[2]} if bwd else {"out": outs[0], "lse": outs[1]})
+    if score_grad:
+        named["ds"] = outs[3]
     problem = AttentionProblem(**dims, scale=_scale(a.get("scale"), dims["D"]), causal=causal,
                                direction="backward" if bwd else "forward", score_mod=score_mod,
                                mask_mod=mask_mod, captures=captures, empty_lse=empty_lse,
-                               orders=_orders(named), op="sdpa")
+                               score_grad=score_grad, renorm=renorm, orders=_orders(named), op="sdpa")
     if target is SDPA and bool(a.get("enable_gqa", False)) != (dims["H"] != dims["H_kv"]):
         raise NotAttention("query and key heads differ without enable_gqa")
     head = [a["q"], a["k"], a["v"]] + ([a["out"], a["grad_out"], a["lse"]] if bwd else [])
@@ -236,7 +250,7 @@ def lower_sdpa(node: fx.Node) -> tuple[AttentionProblem, list[str], list[str]]:
 
 
 # -- the pass -----------------------------------------------------------------------------------------
-SDPA_OPS = (CPU_FLASH, CPU_FLASH_BWD, CUDA_FLASH, CUDA_FLASH_BWD, EFFICIENT, SDPA)
+SDPA_OPS = (CPU_FLASH, CPU_FLASH_BWD, CUDA_FLASH, CUDA_FLASH_BWD, EFFICIENT, SDPA, MASK_GRAD, MASK_GRAD_BWD)
 
 
 def lower_node(node: fx.Node, gm: fx.GraphModule) -> tuple[AttentionProblem, list[str], list[str]] | None:

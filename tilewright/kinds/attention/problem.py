@@ -21,7 +21,9 @@ One :class:`AttentionProblem` covers what ``F.scaled_dot_product_attention`` and
   returns base 2, SDPA's ops base e). A row with no unmasked key gets ``out = 0`` and
   ``lse = empty_lse`` (-inf, FlexAttention's value; 0.0 for SDPA's CPU kernel);
 * ``direction="backward"``: dQ, dK, dV from Q, K, V, out, dout and lse (and, with
-  ``lse_grad``, a gradient of the lse).
+  ``lse_grad``, a gradient of the lse); with ``score_grad`` also ``ds``, the gradient of the
+  modified, masked scores (B, H, Sq, Skv), fp32, 0 where a score is masked: an additive mask's
+  gradient before its broadcast is summed (SDPA with a mask that requires grad).
 
 Sizes that vary at run time (``dynamic``: "B", "Sq", "Skv") are tuned at buckets; kernels mask
 every edge, so no length needs to be a multiple of a block.
@@ -115,6 +117,10 @@ class AttentionProblem:
         lse_base: "e" or "2".
         empty_lse: the lse of a row with no unmasked key.
         lse_grad: backward only: a gradient of lse is an input too.
+        score_grad: backward only: ``ds`` (the modified scores' gradient) is an output too.
+        renorm: backward only: P as a materialised softmax gives it (SDPA's math form), not as
+            fused kernels recompute it from the lse: a row whose lse swallowed log(count) (every
+            kept score an additive mask's finfo.min, equal in fp32) gets 1 / count, not 1.
         orders: physical dim order of outputs as laid out in the traced graph, e.g.
             ``(("out", (0, 2, 1, 3)),)`` for an output stored (B, Sq, H, Dv); absent means
             contiguous.
@@ -140,6 +146,8 @@ class AttentionProblem:
     lse_base: str = "e"
     empty_lse: float = -math.inf
     lse_grad: bool = False
+    score_grad: bool = False
+    renorm: bool = False
     orders: tuple[tuple[str, tuple[int, ...]], ...] = ()
     dynamic: frozenset[str] = field(default_factory=frozenset)
     op: str = "attention"
@@ -163,6 +171,8 @@ class AttentionProblem:
             raise ValueError(f"scale must be finite, got {self.scale}")
         if self.lse_grad and self.direction != "backward":
             raise ValueError("lse_grad is an input of the backward only")
+        if (self.score_grad or self.renorm) and self.direction != "backward":
+            raise ValueError("score_grad and renorm are the backward's only")
         if set(self.dynamic) - set(DIMS):
             raise ValueError(f"dynamic dims {sorted(self.dynamic)}; only {DIMS} may vary")
         bm = self.block_mask
@@ -178,7 +188,7 @@ class AttentionProblem:
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        return OUTPUTS[self.direction]
+        return OUTPUTS[self.direction] + (("ds",) if self.score_grad else ())
 
     def order(self, name: str) -> tuple[int, ...]:
         """The physical dim order of output ``name`` (contiguous when not recorded)."""
@@ -195,7 +205,8 @@ class AttentionProblem:
         return {"q": q, "dq": q, "k": kv, "dk": kv,
                 "v": (self.B, self.H_kv, self.Skv, self.Dv), "dv": (self.B, self.H_kv, self.Skv, self.Dv),
                 "out": (self.B, self.H, self.Sq, self.Dv), "dout": (self.B, self.H, self.Sq, self.Dv),
-                "lse": (self.B, self.H, self.Sq), "dlse": (self.B, self.H, self.Sq)}[name]
+                "lse": (self.B, self.H, self.Sq), "dlse": (self.B, self.H, self.Sq),
+                "ds": (self.B, self.H, self.Sq, self.Skv)}[name]
 
     @property
     def has_mask(self) -> bool:
@@ -230,6 +241,7 @@ class AttentionProblem:
             total += n("out") * e
         else:
             total += (n("out") + n("dout") + n("dq") + n("dk") + n("dv")) * e
+            total += 4 * n("ds") if self.score_grad else 0
         for c in self.captures:
             total += math.prod(c.shape) * ELEMENT_BYTES.get(c.dtype, 8)
         return int(total)
@@ -252,6 +264,9 @@ class AttentionProblem:
         d["orders"] = [[n, list(o)] for n, o in self.orders]
         d["dynamic"] = sorted(self.dynamic)
         d["kind"] = self.kind
+        for name in ("score_grad", "renorm"):  # absent when off: the hashes of problems before them stay
+            if not d[name]:
+                del d[name]
         return d
 
     @classmethod
@@ -277,6 +292,8 @@ class AttentionProblem:
             parts.append("score_mod")
         if self.mask_mod:
             parts.append("mask_mod")
+        if self.score_grad:
+            parts.append("score grad")
         if self.block_mask:
             bm = self.block_mask
             parts.append(f"block mask {bm.q_block}x{bm.kv_block}{'' if bm.full else ' (no full blocks)'}")

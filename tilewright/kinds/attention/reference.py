@@ -29,6 +29,12 @@ from tilewright.kinds.attention import mods
 from tilewright.kinds.attention.problem import AttentionProblem
 
 CHUNK_SCORES = 1 << 24  # score elements materialised at a time
+# an lse beyond this has swallowed log(sum): a row whose every kept score is an additive mask's
+# finfo.min has scores equal in fp32 and lse = max + log(count) rounded to the max, so
+# exp(s - lse) is 1 where the softmax is 1 / count. Fused kernels (SDPA's CPU flash backward)
+# take the 1; a ``renorm`` problem (SDPA's math form, which saves the softmax) rescales such a
+# row's P by 1 / rowsum. ulp(1e12) in fp32 is 2^16, past any log(count)
+SATURATED_LSE = 1e12
 LN2 = math.log(2.0)
 
 
@@ -156,9 +162,10 @@ def backward(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: tor
              out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
              captures: Sequence[torch.Tensor] = (), block_mask: Sequence[torch.Tensor] = (),
              dlse: torch.Tensor | None = None, *, reference: bool = True
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             ) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) of a backward problem (see the module docstring), float64 with
-    ``reference``, else in the problem's dtype (computed in fp32).
+    ``reference``, else in the problem's dtype (computed in fp32); with ``score_grad`` also
+    ``ds`` (B, H, Sq, Skv), the modified scores' gradient (float64, or fp32), 0 where masked.
 
     Raises:
         NotDifferentiable: the score_mod has an op :func:`mods.score_derivative` cannot
@@ -172,6 +179,7 @@ def backward(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: tor
     dq = torch.zeros(problem.shape("q"), dtype=dt, device=device)
     dk = torch.zeros(problem.shape("k"), dtype=dt, device=device)
     dv = torch.zeros(problem.shape("v"), dtype=dt, device=device)
+    ds_all = torch.zeros(problem.shape("ds"), dtype=dt, device=device) if problem.score_grad else None
     step = _heads_per_chunk(problem)
     for b in range(problem.B):
         for h0 in range(0, problem.H, step):
@@ -187,12 +195,18 @@ def backward(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: tor
             raw, s = raw[0], s[0]
             kept = s > -math.inf
             p = torch.where(kept, torch.exp(s - torch.where(torch.isfinite(ll), ll, 0)[..., None]), 0)
+            sat = (ll.abs() > SATURATED_LSE) & torch.isfinite(ll)
+            if problem.renorm and bool(sat.any()):
+                total = p.sum(-1, keepdim=True)
+                p = torch.where(sat[..., None] & (total > 0), p / total.clamp_min(1e-300), p)
             dp = do @ vv.transpose(-1, -2)
             delta = (do * oo).sum(-1)
             if dlse is not None:
                 g = dlse[b, h0:h1].to(dt)
                 delta = delta - (g / LN2 if problem.lse_base == "2" else g)
             ds = p * (dp - delta[..., None])
+            if ds_all is not None:
+                ds_all[b, h0:h1] = ds
             if dmod is not None:
                 # a derivative that is a constant (a padding mask's score + where(keep, 0, -inf)
                 # has d/dscore 1) comes back 0-dim: broadcast before taking the batch's slice
@@ -202,9 +216,10 @@ def backward(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: tor
             dq[b, h0:h1] = problem.scale * ds @ kk
             dk[b].index_add_(0, kv_heads, problem.scale * ds.transpose(-1, -2) @ qq)
             dv[b].index_add_(0, kv_heads, p.transpose(-1, -2) @ do)
+    extra = (ds_all,) if ds_all is not None else ()
     if reference:
-        return dq, dk, dv
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        return (dq, dk, dv, *extra)
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *(t.float() for t in extra))
 
 
 # -- block masks -------------------------------------------------------------------------------

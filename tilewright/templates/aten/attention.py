@@ -18,7 +18,7 @@ from tilewright.templates.base import SUPPORTED, Params, RenderedKernel, Support
 
 def sdpa_form(problem: AttentionProblem) -> bool:
     """Whether SDPA's CPU flash kernel computes ``problem`` (with the same lse convention)."""
-    if problem.mask_mod or problem.block_mask is not None or problem.lse_grad:
+    if problem.mask_mod or problem.block_mask is not None or problem.lse_grad or problem.score_grad or problem.renorm:
         return False
     if problem.lse_base != "e" or problem.empty_lse != 0.0:
         return False

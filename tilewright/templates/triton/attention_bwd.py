@@ -20,6 +20,7 @@ from typing import Any
 
 from tilewright.kinds.attention import mods
 from tilewright.kinds.attention.problem import AttentionProblem
+from tilewright.kinds.attention.reference import SATURATED_LSE
 from tilewright.problem import ELEMENT_BYTES
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import Params, Support
@@ -76,13 +77,17 @@ class TritonAttentionBackward(AttentionTemplate):
         extra = e.helpers()
         if extra and "_bf16_rne" not in ctx["helpers"] and "_fp16_rne" not in ctx["helpers"]:
             ctx["helpers"] += extra
-        ctx.update(stores, lse_grad=problem.lse_grad, dq_order=problem.order("dq"),
+        # the norm pass: a row whose lse saturated gets SDPA's math-form P (reference.SATURATED_LSE)
+        ctx.update(stores, lse_grad=problem.lse_grad, score_grad=problem.score_grad,
+                   saturable=problem.renorm, saturated=repr(SATURATED_LSE), dq_order=problem.order("dq"),
                    dk_order=problem.order("dk"), dv_order=problem.order("dv"))
         return ctx
 
     def pointer_types(self, problem: AttentionProblem) -> dict[str, str]:
         dt = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}[problem.dtype]
-        return {"Q": dt, "K": dt, "V": dt, "DOUT": dt, "LSE2": "*fp32", "DELTA": "*fp32", "DK": dt, "DV": dt}
+        return {"Q": dt, "K": dt, "V": dt, "DOUT": dt, "LSE2": "*fp32", "DELTA": "*fp32", "DK": dt, "DV": dt,
+                **({"DS": "*fp32"} if problem.score_grad else {}),
+                **({"RSCALE": "*fp32"} if problem.renorm else {})}
 
     def unit_strides(self) -> dict[str, int]:
         return {"sqd": 1, "skd": 1, "svd": 1, "sdod": 1, "sdkd": 1, "sdvd": 1}
