@@ -159,6 +159,49 @@ def test_a_failure_at_each_stage_costs_that_kernel_only(monkeypatch, inputs, sta
     assert "kernel fallback" in text and stage in text
 
 
+@pytest.mark.parametrize("where", ["call", "line", "source"])
+def test_a_failure_building_a_kernels_wrapper_call_costs_that_kernel_only(monkeypatch, inputs, where):
+    """After the kernels compiled: building the sigmoid kernel's call object, writing its line
+    of the wrapper, or a line that does not compile (each cost the whole graph: it ran on ATen).
+    That kernel's FX nodes now run as ATen calls in the wrapper, the rest stays generated, the
+    values are eager's and the report names the ``wrap`` fallback."""
+    from tilewright.compiler import wrapper as wrapper_mod
+
+    if where == "call":
+        real_call = pipeline.make_call
+
+        def make_call(n, kind=None):
+            call = real_call(n, kind)
+            if "sigmoid" in call.problem.describe():
+                raise RuntimeError("injected wrap failure")
+            return call
+        monkeypatch.setattr(pipeline, "make_call", make_call)
+    else:
+        real_line = wrapper_mod.WrapperCodegen._fused
+
+        def fused(self, f):
+            lines = real_line(self, f)
+            if "sigmoid" in self.describe.get(f.name, ""):
+                if where == "line":
+                    raise RuntimeError("injected wrap failure")
+                lines[-1] += " )("  # a line that does not compile
+            return lines
+        monkeypatch.setattr(wrapper_mod.WrapperCodegen, "_fused", fused)
+    (report,), messages = _run(*inputs, calls=[8, 8])
+    assert report.fallback is None
+    kernels = _generated(report)
+    assert not any("sigmoid" in p for p, _ in kernels), kernels  # its ops are ATen calls now
+    assert report.extern_ops > 0
+    (fb,) = report.kernel_fallbacks
+    assert fb.stage == "wrap" and fb.runs == "ATen"
+    assert ("SyntaxError" if where == "source" else "injected wrap failure") in fb.error, fb.error
+    assert any("runs on ATen" in m for m in messages)
+    from tilewright.compiler.launches import LaunchReport
+
+    text = LaunchReport([report]).format()
+    assert "kernel fallback" in text and "wrap" in text
+
+
 def test_a_fused_group_that_cannot_be_built_is_split(monkeypatch, inputs):
     real = schedule_mod._fused
 

@@ -24,9 +24,10 @@ from tilewright._config import config
 
 log = logging.getLogger("tilewright.compiler")
 
-STAGES = ("lower", "fuse", "select", "render", "compile", "launch", "run")
-"""Where a kernel can fail: the pipeline's stages at compile time; ``launch`` its first call
-at the compiled sizes, ``run`` a later call (a new size bucket tuned or launched)."""
+STAGES = ("lower", "fuse", "select", "render", "compile", "wrap", "launch", "run")
+"""Where a kernel can fail: the pipeline's stages at compile time (``wrap``: building its call
+object or its line of the wrapper); ``launch`` its first call at the compiled sizes, ``run`` a
+later call (a new size bucket tuned or launched)."""
 
 
 @dataclass
@@ -169,3 +170,33 @@ def fx_ops_launcher(f: Any, gm: Any) -> Any:
         return tuple(res)
     launch.broadcasts = False  # type: ignore[attr-defined]
     return launch
+
+
+def unlower(kg: Any, node: Any) -> list[Any]:
+    """Replace kernel ``node`` of kernel graph ``kg`` (in place) by the FX nodes that compute its
+    outputs, each an ATen call (:class:`~tilewright.compiler.graph.ExternNode`): the FX nodes
+    between the values available before it (the graph's inputs, what earlier nodes produce) and
+    its outputs, in graph order. What a kernel whose wrapper call could not be built runs
+    instead; returns the new nodes."""
+    from tilewright.compiler.graph import ExternNode, produced
+
+    at = kg.nodes.index(node)
+    graph = node.fx_nodes[0].graph
+    by_name = {n.name: n for n in graph.nodes}
+    available = {p.name for p in kg.placeholders}
+    for n in kg.nodes[:at]:
+        available.update(produced(n))
+    needed: dict[str, Any] = {}
+    stack = [by_name[v] for v in produced(node)]
+    while stack:
+        fx_node = stack.pop()
+        if fx_node.name in available or fx_node.name in needed or fx_node.op == "placeholder":
+            continue
+        if fx_node.op not in ("call_function", "get_attr"):
+            raise NoOpsFallback(f"{fx_node.name} is a {fx_node.op} node")
+        needed[fx_node.name] = fx_node
+        stack.extend(fx_node.all_input_nodes)
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    externs = [ExternNode(f.name, [f]) for f in sorted(needed.values(), key=position.__getitem__)]
+    kg.nodes[at:at + 1] = externs
+    return externs

@@ -33,7 +33,7 @@ from tilewright.autotune.select import Selection
 from tilewright.compiler.prebuild import start_builds
 from tilewright.compiler.dispatch import KernelCall
 from tilewright.compiler.dispatches import traced
-from tilewright.compiler.fallbacks import LoopBuildFailure, contain, fx_ops_launcher, recording
+from tilewright.compiler.fallbacks import LoopBuildFailure, contain, fx_ops_launcher, recording, unlower
 from tilewright.compiler.graph import FusedNode, KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.programs import attach_programs
@@ -41,7 +41,7 @@ from tilewright.compiler.race import raced
 from tilewright.compiler.report import GemmReport, GraphReport, publish
 from tilewright.compiler.pdl import apply_pdl, pdl_kernels, with_pdl
 from tilewright.compiler.traffic import compiled_cost, eager_cost
-from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
+from tilewright.compiler.wrapper import WrapperCodegen, WrapperError, load_wrapper
 from tilewright.errors import UnknownTargetError
 from tilewright.compiler.kernel_factory import default_factory
 from tilewright.kinds import ProblemKind, kernel_nodes, kind_of_node, kinds
@@ -191,8 +191,14 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], kind: str, report: G
         kg = lower(gm)
     with stage("fuse"):
         fuse(kg, gm, report)
-    kernels = kernel_nodes(kg)  # (node, its kind) of every kernel, in graph order
-    calls = {n.name: make_call(n, kind) for n, kind in kernels}
+    calls: dict[str, KernelCall] = {}
+    for n, kind in kernel_nodes(kg):  # (node, its kind) of every kernel, in graph order
+        try:
+            calls[n.name] = make_call(n, kind)
+        except Exception as e:  # noqa: BLE001 - costs that kernel: its ops run on ATen
+            contain(e, n.name, "wrap", "building its call")
+            unlower(kg, n)
+    kernels = kernel_nodes(kg)
     for n, _ in kernels:  # a run-time failure of a bucket is reported with the graph
         calls[n.name].fallbacks = report.kernel_fallbacks
         if isinstance(n, FusedNode):
@@ -230,12 +236,8 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], kind: str, report: G
                               lambda: default_factory.compile(_aten_rendered(call, choices, name, rendered)))
             call.bind(choices[name][0], launch)
     with stage("wrap"):
-        describe = {name: f"{c.problem.describe()} | {choices[name][1].winner.name}" for name, c in calls.items()}
-        codegen = WrapperCodegen(kg, gm, describe)
-        source = codegen.generate()
-        debug = _dump_or_warn(report, gm, kg, calls, rendered, source) if config.debug_dir else None
-        fn = traced(raced(load_wrapper(source, calls, codegen.consts, filename=debug), gm, example_inputs, report),
-                    report.graph_id)
+        fn = _wrap(kg, gm, example_inputs, report, calls, choices, rendered)
+    kernels = kernel_nodes(kg)  # less those whose wrapper line failed
     report.gemm_nodes = len(kg.gemms)
     report.extern_nodes = len(kg.nodes) - len(kernels)
     for n, kind in kernels:  # each kind reports its own kernels
@@ -246,6 +248,35 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], kind: str, report: G
         kg, {name: int(getattr(c.problem, "min_bytes", 0)) for name, c in calls.items()})
     publish(report)
     return fn
+
+
+def _wrap(kg: KernelGraph, gm: fx.GraphModule, example_inputs: list[Any], report: GraphReport,
+          calls: dict[str, KernelCall], choices: dict, rendered: dict) -> Callable:
+    """The wrapper's boxed ``call``. A kernel whose line cannot be written or
+    loaded costs that kernel: it is replaced by its FX nodes as ATen calls
+    (:func:`~tilewright.compiler.fallbacks.unlower`, recorded at the ``wrap`` stage) and the
+    wrapper written again without it; a failure of no kernel's line costs the graph."""
+    while True:
+        describe = {name: f"{c.problem.describe()} | {choices[name][1].winner.name}" for name, c in calls.items()}
+        codegen = WrapperCodegen(kg, gm, describe)
+        try:
+            source = codegen.generate()
+            try:
+                compile(source, "<tilewright-wrapper>", "exec")
+            except SyntaxError as e:
+                raise WrapperError(codegen.owners.get(e.lineno or -1), e) from e
+        except WrapperError as e:
+            if e.node is None or e.node not in calls:
+                raise e.error
+            contain(e.error, e.node, "wrap", "writing its wrapper call")
+            unlower(kg, next(n for n in kg.nodes if n.name == e.node))
+            for table in (calls, choices, rendered):
+                table.pop(e.node, None)
+            continue
+        debug = _dump_or_warn(report, gm, kg, calls, rendered, source) if config.debug_dir else None
+        fn = traced(raced(load_wrapper(source, calls, codegen.consts, filename=debug), gm, example_inputs, report),
+                    report.graph_id)
+        return fn
 
 
 _RUN = f"run_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}"

@@ -46,6 +46,15 @@ VIEW_METHODS: dict[Any, tuple[str, int]] = {
 }
 
 
+class WrapperError(Exception):
+    """Writing or loading the wrapper failed at the line of kernel ``node`` (None: of no
+    kernel); ``error`` is what failed. The pipeline runs that kernel's ops on ATen instead."""
+
+    def __init__(self, node: str | None, error: BaseException):
+        super().__init__(f"{node or 'the wrapper'}: {type(error).__name__}: {error}")
+        self.node, self.error = node, error
+
+
 class WrapperCodegen:
     """Generates the wrapper source for one kernel graph.
 
@@ -63,6 +72,7 @@ class WrapperCodegen:
         self._names: dict[str, str] = {}
         self.symbols: dict[sympy.Symbol, str] = {}
         self.entries: dict[str, str] = {}  # header name -> the op overload it binds
+        self.owners: dict[int, str] = {}  # line number of the source -> the kernel node it calls
 
     # -- names and literals ----------------------------------------------------------------------
     def name(self, value: str) -> str:
@@ -207,15 +217,22 @@ class WrapperCodegen:
                        and self.name(p.name) not in sizes]
         if dead_inputs:
             body.append("del " + ", ".join(self.name(v) for v in dead_inputs))
+        kernel_lines: dict[int, str] = {}  # body index -> the kernel node it calls
         for i, n in enumerate(kg.nodes):
-            if isinstance(n, GemmNode):
-                body.extend(self._gemm(n))
-            elif isinstance(n, FusedNode):
-                body.extend(self._fused(n))
-            elif isinstance(n, KernelNode):
-                body.extend(self._kernel(n))
-            else:
-                body.append(self._extern(n))  # type: ignore[arg-type]
+            start = len(body)
+            try:
+                if isinstance(n, GemmNode):
+                    body.extend(self._gemm(n))
+                elif isinstance(n, FusedNode):
+                    body.extend(self._fused(n))
+                elif isinstance(n, KernelNode):
+                    body.extend(self._kernel(n))
+                else:
+                    body.append(self._extern(n))  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - costs that kernel (the pipeline unlowers it)
+                raise WrapperError(n.name if not isinstance(n, ExternNode) else None, e) from e
+            if not isinstance(n, ExternNode):
+                kernel_lines.update({k: n.name for k in range(start, len(body))})
             used = set(n.inputs)
             if isinstance(n, FusedNode):
                 used |= {by_var[self.symbols[s]] for s in n.symbols if self.symbols.get(s) in by_var}
@@ -238,6 +255,8 @@ class WrapperCodegen:
         header += [f"{k.name} = getattr(kernels[{k.name!r}], '_invoke', kernels[{k.name!r}])"
                    for k in kg.kernels]
         header += [f"{name} = getattr({path}, '_op', {path})" for name, path in sorted(self.entries.items())]
+        first = len(header) + 4  # the line number of the body's first line
+        self.owners = {first + k: name for k, name in kernel_lines.items()}
         return "\n".join(header + ["", "", "def call(args):"] + ["    " + line for line in body]) + "\n"
 
 
