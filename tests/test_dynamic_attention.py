@@ -159,6 +159,64 @@ def test_flex_decode_over_a_growing_kv_length_with_an_outside_block_mask():
     assert dynamic and all(k.winner == "aten.attention" for k in dynamic), [k.winner for k in dynamic]
 
 
+@pytest.fixture
+def flex_backward_on_cpu(monkeypatch):
+    """torch's ``flex_attention`` refuses inputs that require grad on a CPU in its Python
+    wrapper, before tracing (its own backward has no CPU kernel); the compiled graph's forward
+    and backward run tilewright's kernels (the Triton interpreter), so the check is lifted."""
+    import torch.nn.attention.flex_attention as fa
+
+    monkeypatch.setattr(fa, "_validate_device", lambda *args, **kwargs: None, raising=False)
+
+
+@pytest.mark.parametrize("mode", [pytest.param("automatic", marks=pytest.mark.slow), "dynamic=True"])
+def test_flex_backward_with_symbolic_sizes(flex_backward_on_cpu, mode):
+    """flex_attention training (GQA, an ALiBi score_mod reading captured slopes, a causal block
+    mask built outside the graph) at growing lengths: the graph Dynamo makes dynamic (after a
+    length change, or from the first call under dynamic=True) runs generated forward and
+    backward attention kernels with symbolic lengths, gradients float64-right at every size."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(8)
+    slopes = torch.rand(4)
+
+    def f(q, k, v, bm):
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, m, n: s + slopes[h] * (n - m), block_mask=bm,
+                              enable_gqa=True)
+
+    def ref(q, k, v):
+        k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+        pos = torch.arange(q.shape[2])
+        s = q @ k.transpose(-1, -2) / 4.0 + slopes.double()[:, None, None] * (pos[None, :] - pos[:, None])
+        return torch.softmax(s.masked_fill(pos[None, :] > pos[:, None], -math.inf), -1) @ v
+
+    # dynamic=True compiles once when the first call's block count (3) equals no other size:
+    # Dynamo's duck sizing gives equal sizes one symbol, and the heads (H_kv = 2) are fixed
+    sizes = ((2, 16), (2, 24), (2, 37)) if mode == "automatic" else ((1, 40), (1, 55))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # flex's eager reference
+        with tilewright.config.patch(force_backend="triton"), collect_reports() as reports:
+            cf = torch.compile(f, backend="tilewright", dynamic=True if mode == "dynamic=True" else None)
+            for B, S in sizes:
+                q = torch.randn(B, 4, S, 16, requires_grad=True)
+                k, v = (torch.randn(B, 2, S, 16, requires_grad=True) for _ in range(2))
+                bm = create_block_mask(lambda b, h, m, n: m >= n, 1, 1, S, S, device="cpu", BLOCK_SIZE=16)
+                out = cf(q, k, v, bm)
+                go = torch.randn_like(out)
+                grads = torch.autograd.grad(out, (q, k, v), go)
+                d64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+                want_out = ref(*d64)
+                assert rel_err(out, want_out) < TOL[torch.float32]
+                for g, w in zip(grads, torch.autograd.grad(want_out, d64, go.double())):
+                    assert rel_err(g, w) < TOL[torch.float32]
+    dyn = [k for k in _attention_kernels(reports) if "dynamic" in k.problem]
+    assert sorted(k.problem.split()[1] for k in dyn) == ["backward", "forward"], [k.problem for k in dyn]
+    assert all(k.winner.startswith("triton.attention") for k in dyn), [k.winner for k in dyn]
+    assert all(r.fallback is None and not r.kernel_fallbacks for r in reports)
+    if mode == "dynamic=True":
+        assert len(reports) == 2, [r.kind for r in reports]  # one forward and one backward graph
+
+
 def test_hand_written_attention_under_dynamic_true():
     """q @ kᵀ / sqrt(q.shape[-1]) + mask, softmax, @ v compiled with dynamic=True (the scale
     is then a tensor computed from the symbolic head dim): rewritten to one generated
