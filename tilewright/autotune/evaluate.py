@@ -83,6 +83,17 @@ def is_out_of_memory(e: BaseException) -> bool:
     return type(e).__name__ in _OOM_TYPES or "out of memory" in str(e)
 
 
+def _slow_first_call(template_id: str) -> bool:
+    """Whether the template says its kernels' first call sets something up (so that call's time
+    is no fair sample of the rest)."""
+    from tilewright.templates import get_template  # the templates import the autotuner
+
+    try:
+        return bool(getattr(get_template(template_id), "slow_first_call", False))
+    except KeyError:
+        return False
+
+
 def _failed(base: dict[str, Any], stage: str, e: BaseException, compile_s: float | None = None) -> EvalOutcome:
     if config.strict and isinstance(e, (NameError, SyntaxError)):
         # a candidate whose generated source is not valid Python is our bug, not the problem's:
@@ -334,9 +345,12 @@ def evaluate(task: EvalTask, factory: Any,
     # the first run is a fair sample for CPU kernels, except where the target's device is slow
     # to launch a kernel the first time (Target.slow_first_launch: those are judged after the
     # warm-up, by the timer's own abort); and ATen ones: the first call of an ATen overload
-    # from Python sets up its binding (~0.2 ms each, measured; an unfused program calls several)
+    # from Python sets up its binding (~0.2 ms each, measured; an unfused program calls several),
+    # and a template's that says its first call sets something up (``slow_first_call``: oneDNN
+    # builds its primitive, ~18 ms for a 64x1024x256 linear, measured)
     if (device.type == "cpu" and abort_at is not None and first.median_ms > abort_at
-            and not get_target(task.target).slow_first_launch and cand.backend != "aten"):
+            and not get_target(task.target).slow_first_launch and cand.backend != "aten"
+            and not _slow_first_call(cand.template_id)):
         return EvalOutcome(Record(**base, status="aborted", median_ms=first.median_ms, reps=1,
                                   rel_err=err,
                                   reason=f"first run {first.median_ms:.3g} ms vs best {best:.3g} ms"),

@@ -281,6 +281,9 @@ class GemmNode(Node):
     fmt: str = ""  # block-scaled format ("nvfp4") when A and B are packed with block scales
     scales: tuple[str, str] | None = None  # values of A's and B's block scales
     scale_layout: str = ""
+    # ``b`` names w where B is w.t() (a linear's weight; kinds/gemm/transposed.py): the view is
+    # not made in the wrapper; the kernel call takes w as it is or makes the view itself
+    b_t: bool = False
 
     @property
     def inputs(self) -> list[str]:
@@ -347,7 +350,7 @@ class KernelGraph:
                                  for op in n.epilogue) or "-"
                 lines.append(
                     f"{n.value}{', ' + n.acc_value if n.acc_value else ''} = {n.name}: {n.op} batch={n.batch} M={n.M} N={n.N} K={n.K} "
-                    f"{n.fmt or n.dtype}→{n.out_dtype} A={n.a}({n.layout_a}) B={n.b}({n.layout_b}) "
+                    f"{n.fmt or n.dtype}→{n.out_dtype} A={n.a}({n.layout_a}) B={n.b}{'.T' if n.b_t else ''}({n.layout_b}) "
                     + (f"scales={list(n.scales)} " if n.scales else "") +
                     f"epilogue: {eps} inputs: {[e.value for e in n.epilogue_inputs]} "
                     f"absorbs: {[f.name for f in n.fx_nodes]}")

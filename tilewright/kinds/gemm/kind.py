@@ -162,10 +162,20 @@ class GemmKind(ProblemKind):
         return lower_node(node, index)
 
     def fuse(self, kg: Any, gm: Any) -> int:
-        """Each GEMM's epilogue chain into its kernel (:mod:`tilewright.kinds.gemm.fuse`)."""
+        """Each GEMM's epilogue chain into its kernel (:mod:`tilewright.kinds.gemm.fuse`); then
+        a CPU GEMM takes a linear's weight as it is, not its transposed view
+        (:mod:`tilewright.kinds.gemm.transposed`; the view is left to dead-code removal)."""
+        from tilewright.compiler.fallbacks import contain
         from tilewright.kinds.gemm.fuse import fuse_epilogues
+        from tilewright.kinds.gemm.transposed import fold_weight_transposes
 
-        return fuse_epilogues(kg, gm)
+        fused = fuse_epilogues(kg, gm)
+        try:
+            fold_weight_transposes(kg)
+        except Exception as e:  # noqa: BLE001 - an optimisation: the GEMMs stay as fused
+            contain(e, "GEMM weights", "fuse", "passing linear weights without their view",
+                    runs="the GEMMs with the view")
+        return fused
 
     def owns(self, node: Any) -> bool:
         from tilewright.compiler.graph import GemmNode  # the compiler imports the registry
@@ -176,17 +186,29 @@ class GemmKind(ProblemKind):
         return gemm_problem(node)
 
     def call_options(self, node: Any) -> dict[str, Any]:
-        # per epilogue input, the shape it broadcasts against: "gemm" or "view"
-        return {"spaces": tuple(e.space for e in node.epilogue_inputs)}
+        # per epilogue input, the shape it broadcasts against: "gemm" or "view"; whether B
+        # arrives as w for B = w.t() (kinds/gemm/transposed.py)
+        return {"spaces": tuple(e.space for e in node.epilogue_inputs)} | ({"b_t": True} if node.b_t else {})
 
     def dims(self, problem: GemmProblem) -> tuple[str, ...]:
         return GEMM_DIMS
 
     def invoker(self, call: Any) -> Callable[..., Any]:
         """``call(a, b, *epilogue_inputs, view=None, **scales) -> Tensor`` (``(out, product)``
-        when the problem stores its product too)."""
+        when the problem stores its product too); with the ``b_t`` option ``b`` is ``w`` for
+        ``B = w.t()``, given to a launcher's ``linear(a, w, *epilogue_inputs)`` entry where it
+        has one."""
         problem: GemmProblem = call.problem
         spaces = tuple(call.options.get("spaces", ()))
+        b_t = bool(call.options.get("b_t"))
+
+        def run(launch: Callable[..., Any], a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
+                **scales: torch.Tensor) -> Any:
+            if b_t:  # b is w, B = w.t(): a launcher with a linear entry takes w as it is
+                linear = getattr(launch, "linear", None)
+                return linear(a, b, *epilogue_inputs) if linear is not None and not scales \
+                    else launch(a, b.t(), *epilogue_inputs, **scales)
+            return launch(a, b, *epilogue_inputs, **scales)
 
         def invoke(a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
                    view: Sequence[int] | None = None, **scales: torch.Tensor) -> Any:
@@ -194,7 +216,7 @@ class GemmKind(ProblemKind):
             if launch is not None and not epilogue_inputs and not problem.store_acc:
                 # the common static case: nothing to prepare (view's -1 is torch's own)
                 try:
-                    out = launch(a, b, **scales)
+                    out = run(launch, a, b, **scales)
                 except Exception as e:  # noqa: BLE001 - costs this kernel (KernelCall.rescue)
                     call.rescue(None, e)
                     return invoke(a, b, view=view, **scales)
@@ -205,7 +227,7 @@ class GemmKind(ProblemKind):
             if problem.block_scaled:  # stored (M, K/v) and (N, K/v), v values per byte
                 M, K, N = a.shape[0], a.shape[1] * VALUES_PER_BYTE[problem.dtype], b.shape[0]
             else:
-                M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+                M, K, N = a.shape[-2], a.shape[-1], b.shape[0 if b_t else -1]
             if problem.batched:
                 batch = max(a.shape[0], b.shape[0])
                 gemm_shape: tuple[int, ...] = (batch, M, N)
@@ -223,7 +245,7 @@ class GemmKind(ProblemKind):
                     else e if broadcasts else e.expand(gemm_shape)
                     for e, space in zip(epilogue_inputs, spaces))
             try:
-                out = launch(a, b, *epilogue_inputs, **scales)
+                out = run(launch, a, b, *epilogue_inputs, **scales)
             except Exception as e:  # noqa: BLE001 - costs this bucket (KernelCall.rescue)
                 call.rescue(sizes, e)
                 return invoke(a, b, *original, view=view, **scales)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tilewright._config import config
 from tilewright.autotune.cost_model import LAUNCH_US
 from tilewright.autotune.policy_base import CandidatePolicy
 from tilewright.kinds.gemm.cost import estimate_gemm, roofline_ms
@@ -78,6 +79,16 @@ class GemmPolicy(CandidatePolicy):
     # ATen on a CPU, so measuring many of them only costs time
     max_candidates: int | None = None
 
+    # on an interpreted target (the CPU) in auto mode, the templates whose kernels run compiled
+    # there (``compiled_on_cpu``: oneDNN's fused linear) are offered beside ATen; the
+    # interpreted Triton family only when a backend is forced
+    interpreted_aten_only = False
+
+    def offers(self, template: TemplateSpec, problem: GemmProblem, target: Target) -> bool:
+        if target.interpreted and config.force_backend == "auto" and not getattr(template, "compiled_on_cpu", False):
+            return False
+        return super().offers(template, problem, target)
+
     def tile_params(self, problem: GemmProblem, template: TemplateSpec, target: Target
                     ) -> list[dict[str, Any]]:
         """Legal, distinct parameter settings for one template: its own ``seed_params(problem,
@@ -129,6 +140,8 @@ class GemmPolicy(CandidatePolicy):
         return self.tile_params(problem, template, target)
 
     def estimate(self, problem: GemmProblem, params: dict[str, Any], target: Target, template: TemplateSpec) -> float:
+        if target.interpreted and getattr(template, "compiled_on_cpu", False):
+            return self.aten_ms(problem, target)  # a library's GEMM too, not interpreted tiles
         return estimate_gemm(problem, params, target, efficiency=template.efficiency(target),
                              register_pressure=template.register_pressure(problem, params, target)).ms
 

@@ -116,6 +116,9 @@ class AtenGemm(TemplateSpec):
             acc_torch_dtype=_TORCH_NAME.get(problem.dtype, "float32"), store_acc=problem.store_acc,
             block_scaled=problem.block_scaled, fmt=problem.dtype,
             addmm=addmm,
+            # a linear's weight as it is (GemmNode.b_t): one call where launch's product is two
+            linear=(problem.dtype in ("fp32", "fp16", "bf16") and not problem.store_acc
+                    and (addmm is None or addmm["scale"] == 1.0)),
             prologue=[] if not problem.store_acc else _epilogue_lines(
                 ops[:problem.acc_after - (1 if addmm else 0)], problem),
             epilogue=(torch_epilogue(problem_epilogue(problem)) if problem.epilogue_ir

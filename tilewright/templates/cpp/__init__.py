@@ -1,6 +1,7 @@
 """C++ templates for the host CPU (the ``cpu`` target): loop kernels as scalar C++ per element,
-vectorised by g++ and threaded with OpenMP over rows, and GEMM epilogues as one such pass after
-ATen's product; built by :mod:`tilewright.templates.cpp.runtime`."""
+vectorised by g++ and threaded with OpenMP over rows, GEMM epilogues as one such pass after
+ATen's product, and GEMMs with a bias, activation or residual as one oneDNN call
+(``gemm_onednn``); built by :mod:`tilewright.templates.cpp.runtime`."""
 
 import re
 from typing import Any
@@ -9,6 +10,7 @@ from tilewright.runtime.languages import Language
 from tilewright.templates import BackendManifest
 from tilewright.templates.cpp.attention import CppAttention
 from tilewright.templates.cpp.gemm import CppGemm
+from tilewright.templates.cpp.gemm_onednn import CppGemmOneDNN
 from tilewright.templates.cpp.loops import CppPointwise, CppReduction
 
 
@@ -44,4 +46,5 @@ LANGUAGE = Language(
     priority=70,
     prebuild=_prebuild,
 )
-MANIFEST = BackendManifest.of(LANGUAGE, (CppPointwise(), CppReduction(), CppGemm(), CppAttention()))
+MANIFEST = BackendManifest.of(LANGUAGE, (CppPointwise(), CppReduction(), CppGemm(), CppGemmOneDNN(),
+                                         CppAttention()))
