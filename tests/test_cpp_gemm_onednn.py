@@ -119,6 +119,20 @@ def test_the_cpu_gemm_policy_offers_onednn_beside_aten_without_forcing():
     assert ids == ["aten.gemm"], ids
 
 
+def test_the_cpu_gemm_policy_offers_a_cpp_epilogue_for_16_bit_swiglu_only():
+    """A bf16 silu·mul (no oneDNN post-op for it) gets the C++ epilogue pass beside ATen; in
+    fp32, where it measured a tie, no C++ build is spent."""
+    from tilewright.templates.cpp import runtime
+
+    if runtime.unavailable_reason() is not None:
+        pytest.skip(runtime.unavailable_reason())
+    for dtype, want in (("bf16", ["aten.gemm", "cpp.gemm"]), ("fp32", ["aten.gemm"])):
+        p = problem([EpilogueOp("silu"), EpilogueOp("mul", input=0)], (EpilogueInput("MN", dtype),), dtype=dtype)
+        cands = POLICIES[("gemm", "cpu")]().candidates(p, CPU)
+        assert [c.template_id for c in cands] == want
+        assert all(c.predicted_ms < 1.0 for c in cands)  # a library GEMM's time, not interpreted tiles
+
+
 @needs_onednn
 @pytest.mark.slow
 def test_an_mlp_compiles_with_its_epilogues_in_the_gemm_call(tmp_path):

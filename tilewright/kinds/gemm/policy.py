@@ -51,6 +51,13 @@ def _pow2_at_least(n: int, lo: int = 16) -> int:
     return p
 
 
+def _compiled_on_cpu(template: TemplateSpec, problem: GemmProblem) -> bool:
+    """Whether ``template`` runs ``problem`` compiled on the cpu target and offers it there
+    without a forced backend (``compiled_on_cpu``, or ``offered_on_cpu(problem)``)."""
+    return bool(getattr(template, "compiled_on_cpu", False)
+                or getattr(template, "offered_on_cpu", lambda p: False)(problem))
+
+
 def clamp_tile(problem: GemmProblem, bm: int, bn: int, bk: int) -> tuple[int, int, int]:
     """Shrink a tile to the problem: no dimension larger than the next power of two of the
     size (at least 16, the smallest tl.dot shape)."""
@@ -80,12 +87,13 @@ class GemmPolicy(CandidatePolicy):
     max_candidates: int | None = None
 
     # on an interpreted target (the CPU) in auto mode, the templates whose kernels run compiled
-    # there (``compiled_on_cpu``: oneDNN's fused linear) are offered beside ATen; the
-    # interpreted Triton family only when a backend is forced
+    # there are offered beside ATen: those that say so (``compiled_on_cpu``: oneDNN's fused
+    # linear) or say so for the problem (``offered_on_cpu(problem)``: a C++ epilogue, built per
+    # epilogue, where it can pay); the interpreted Triton family only when a backend is forced
     interpreted_aten_only = False
 
     def offers(self, template: TemplateSpec, problem: GemmProblem, target: Target) -> bool:
-        if target.interpreted and config.force_backend == "auto" and not getattr(template, "compiled_on_cpu", False):
+        if target.interpreted and config.force_backend == "auto" and not _compiled_on_cpu(template, problem):
             return False
         return super().offers(template, problem, target)
 
@@ -140,7 +148,7 @@ class GemmPolicy(CandidatePolicy):
         return self.tile_params(problem, template, target)
 
     def estimate(self, problem: GemmProblem, params: dict[str, Any], target: Target, template: TemplateSpec) -> float:
-        if target.interpreted and getattr(template, "compiled_on_cpu", False):
+        if target.interpreted and _compiled_on_cpu(template, problem):
             return self.aten_ms(problem, target)  # a library's GEMM too, not interpreted tiles
         return estimate_gemm(problem, params, target, efficiency=template.efficiency(target),
                              register_pressure=template.register_pressure(problem, params, target)).ms

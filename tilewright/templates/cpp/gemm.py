@@ -73,6 +73,16 @@ class CppGemm(TemplateSpec):
     op = "gemm"
     jinja = "gemm.py.jinja"
 
+    def offered_on_cpu(self, problem: GemmProblem) -> bool:
+        """Whether the GEMM policy offers it on the cpu target without a forced backend: for
+        16-bit operands whose epilogue oneDNN cannot fuse (``cpp.gemm_onednn``), where ATen's
+        epilogue pays a cast pass each way besides its steps (Llama's SwiGLU gate, silu·mul,
+        bf16: 77 against 98 us at 32x256x128, 274 against 320 us at 64x1024x256, one thread;
+        fp32 ties, so a C++ build per epilogue is not spent there)."""
+        from tilewright.templates.cpp.gemm_onednn import onednn_plan
+
+        return problem.dtype in ("bf16", "fp16") and isinstance(onednn_plan(problem), str)
+
     def problem_support(self, problem: Any, target: Target) -> Support:
         if not isinstance(problem, GemmProblem):
             return Support(False, "cpp.gemm runs GEMM problems")
