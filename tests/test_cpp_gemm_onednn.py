@@ -12,10 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilewright.autotune.inputs import make_inputs, poisoned_output, rel_error, tolerance
 from tilewright.compiler.kernel_factory import TemplateKernelFactory
+from tilewright.kinds.gemm.checks import make_inputs, poisoned_output, rel_error, tolerance
 from tilewright.kinds.gemm.policy import POLICIES
-from tilewright.problem import EpilogueInput, EpilogueOp, GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
+from tilewright.problem import EpilogueInput, EpilogueOp
 from tilewright.runtime.targets import get_target
 from tilewright.templates import get_template
 from tilewright.templates.cpp.gemm_onednn import onednn_plan, onednn_unavailable

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from tilewright.problem import GemmProblem
+from tilewright.kinds.gemm.problem import GemmProblem
 from tilewright.runtime.targets import Target
 from tilewright.templates.base import SUPPORTED, RenderedKernel, Support, TemplateSpec
 
