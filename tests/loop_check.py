@@ -201,7 +201,7 @@ SHAPE = (7, 13)  # odd on both sides: every block has a ragged edge
 
 
 def strided_refusal(kernel_report) -> str | None:
-    """Why a language whose lanes walk a row with a stride (C++, SYCL, Metal, FlyDSL) runs a
+    """Why a language whose lanes walk a row with a stride (SYCL, Metal, FlyDSL) runs a
     reported kernel elsewhere by design: an attention kernel (no template of theirs), or a loop
     kernel with a scan or a scatter (``templates/loop_schedule.strided_scan_refusal``); None for
     a kernel those languages must run."""

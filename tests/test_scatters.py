@@ -3,7 +3,8 @@ scatter_reduce sum/amax/amin/mean with include_self either way, index_add, the e
 backward) as scatter loop kernels: compiled with Triton forced (the interpreter) and as the
 torch form, against eager in float64; duplicate, negative and out-of-range indices;
 non-contiguous operands; values computed by the ops before the scatter fuse into its kernel;
-deterministic mode; the languages without scatters refuse them."""
+deterministic mode; the languages without scatters refuse them (C++ runs them:
+tests/test_cpp_rowops.py)."""
 
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ def test_float_accumulation_stays_aten_under_deterministic_algorithms():
 
 
 @pytest.mark.parametrize("template_id,target", [("sycl.pointwise", "xpu"), ("metal.pointwise", "mps"),
-                                                ("flydsl.pointwise", "hip:gfx950"), ("cpp.pointwise", "cpu")])
+                                                ("flydsl.pointwise", "hip:gfx950")])
 def test_languages_without_scatters_refuse_them_with_a_reason(template_id, target):
     fn, make, _ = OPS["scatter_add_transposed_self"]
     scatter = next(p for p in loop_problems(fn, *make()) if p.kernel.scatters())

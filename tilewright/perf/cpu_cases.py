@@ -61,6 +61,20 @@ def _layer_norm_gelu(rows: int, hidden: int) -> Setup:
     return _kernel(layer_norm_gelu, x, w, b)
 
 
+def _scan_scatter(rows: int, cols: int) -> Setup:
+    """A prefix sum along each row, values added at random columns of each row (duplicates
+    included), then update rows added at random rows (duplicates included): the new-user trial's
+    "cumsum + scatter_add + index_add" (issue 29)."""
+    g = torch.Generator().manual_seed(rows + cols)
+    index = torch.randint(0, cols, (rows, cols // 4), generator=g)
+    dest = torch.randint(0, rows, (rows // 4,), generator=g)
+    x, src, upd = _randn(rows, cols), _randn(rows, cols // 4), _randn(rows // 4, cols)
+
+    def cumsum_scatter_add_index_add(x, index, src, dest, upd):
+        return torch.cumsum(x, 1).scatter_add(1, index, src).index_add(0, dest, upd)
+    return _kernel(cumsum_scatter_add_index_add, x, index, src, dest, upd)
+
+
 class LlamaBlock(torch.nn.Module):
     """One Llama decoder layer with its rotary embedding (transformers' own modules)."""
 
@@ -141,6 +155,8 @@ KERNEL_CASES = (
     Case("cpu.rms_norm", "RMSNorm, fp32 (1024, 1024)", lambda: _rms_norm(1024, 1024)),
     Case("cpu.softmax", "softmax over the last dim, fp32 (1024, 1024)", lambda: _softmax(1024, 1024)),
     Case("cpu.layer_norm_gelu", "LayerNorm then GELU, fp32 (1024, 1024)", lambda: _layer_norm_gelu(1024, 1024)),
+    Case("cpu.scan_scatter", "cumsum along rows, scatter_add of 256 per row, index_add of 256 rows, fp32 (1024, 1024)",
+         lambda: _scan_scatter(1024, 1024)),
     Case("cpu.llama_block", "one Llama decoder layer, fp32, 2x64 tokens, hidden 256",
          lambda: _llama_block(2, 64, 256)),
 )
@@ -155,6 +171,8 @@ CI_CASES = (
     Case("cpu.rms_norm", "RMSNorm, fp32 (256, 512)", lambda: _rms_norm(256, 512)),
     Case("cpu.softmax", "softmax over the last dim, fp32 (256, 512)", lambda: _softmax(256, 512)),
     Case("cpu.layer_norm_gelu", "LayerNorm then GELU, fp32 (256, 512)", lambda: _layer_norm_gelu(256, 512)),
+    Case("cpu.scan_scatter", "cumsum along rows, scatter_add of 128 per row, index_add of 64 rows, fp32 (256, 512)",
+         lambda: _scan_scatter(256, 512)),
     Case("cpu.llama_block", "one Llama decoder layer, fp32, 1x32 tokens, hidden 128",
          lambda: _llama_block(1, 32, 128)),
 )

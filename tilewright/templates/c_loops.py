@@ -100,11 +100,11 @@ class CFamilyBody(LoopSchedule):
 
 
 def loop_support(template: Any, problem: Any, target: Target, *, backend: str, kernels: str,
-                 language: str, storage: Any) -> Support:
+                 language: str, storage: Any, scans_and_scatters: bool = False) -> Support:
     """The refusals a C++-family loop template shares: not its kind of loop kernel, a target of
     another backend than ``backend`` (``kernels`` names them: "SYCL kernels"), a buffer dtype
     with no ``language`` conversion (not in ``storage``), a GEMM accumulator, a strided scan or
-    scatter; else ``SUPPORTED``."""
+    scatter (unless the language writes them: ``scans_and_scatters``, C++); else ``SUPPORTED``."""
     if not isinstance(problem, LoopProblem) or problem.kind != template.op:
         return Support(False, f"{template.id} runs {template.op} loop kernels")
     if target.backend != backend:
@@ -114,6 +114,6 @@ def loop_support(template: Any, problem: Any, target: Target, *, backend: str, k
             return Support(False, f"{b.dtype} buffers ({b.name}) have no {language} conversion here")
     if any(n.op == "acc" for n in problem.kernel.nodes()):
         return Support(False, "GEMM accumulators belong to a GEMM template")
-    if (why := strided_scan_refusal(problem.kernel)) is not None:
+    if not scans_and_scatters and (why := strided_scan_refusal(problem.kernel)) is not None:
         return Support(False, why)
     return SUPPORTED

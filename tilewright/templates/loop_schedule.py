@@ -65,7 +65,7 @@ def needs_wide_index(problem: Any, limit: int) -> bool:
 
 def strided_scan_refusal(kernel: LoopKernel) -> str | None:
     """Why a language whose lanes walk a row with a stride (SYCL, Metal, FlyDSL: each lane sums
-    every WG-th element, then the work-group combines; C++: 16 lanes a step) cannot render
+    every WG-th element, then the work-group combines) cannot render
     ``kernel``: a scan needs the row in order (a lane-parallel scan, not written for them yet),
     a scatter atomics; None when it has neither. A combo kernel is judged by its parts too (a
     scan in one part passed unseen and the C++ build raised "has no scans": fuzzer find)."""

@@ -88,6 +88,14 @@ static inline int64_t tw_index(int64_t i, int64_t size, int64_t *err) {
   return i;
 }
 ''',
+    "tw_in_dim": '''
+// a scatter's index checked against its dim: outside it the kernel reports IndexError (as
+// torch raises) and the element is not written
+static inline bool tw_in_dim(int64_t i, int64_t size, int64_t *err) {
+  if (i < 0 || i >= size) { __atomic_store_n(err, int64_t(2), __ATOMIC_RELAXED); return false; }
+  return true;
+}
+''',
     "tw_erfinv": erfinv_source("logf", "sqrtf", "fabsf"),
 }
 

@@ -47,6 +47,7 @@ from tilewright.templates.base import (
 from tilewright.templates.c_expr import reduction_identity
 from tilewright.templates.c_loops import CFamilyBody, loop_support
 from tilewright.templates.cpp.emit import CTYPE, STORAGE, CppExpr, ccode, literal
+from tilewright.templates.cpp.rowops import CppRowOps, scatter_plan
 from tilewright.templates.cpp.source import LANES, source_context
 
 PERSISTENT_MAX_ROW = 1 << 16  # elements of a row a thread may buffer (per buffered value)
@@ -93,6 +94,8 @@ def _reciprocal_outside(roots: list[Node], inner) -> list[Node]:
     for n in toposort(roots):
         if n.op == "reduce":
             varies[n] = False
+        elif n.op == "scan":  # a prefix varies along its row, even of a value that does not
+            varies[n] = True
         elif n.op == "load":
             varies[n] = any(i.free_symbols & vs for i in n.arg[1]) or any(varies[x] for x in n.src)
         elif n.op == "index":
@@ -123,7 +126,7 @@ def _rewritten(kernel: LoopKernel, persistent: bool) -> LoopKernel:
     return dataclasses.replace(kernel, stores=tuple(stores))
 
 
-class _Body(CFamilyBody):
+class _Body(CppRowOps, CFamilyBody):
     """The loop schedule (:class:`~tilewright.templates.loop_schedule.LoopSchedule`) in C++ for
     the host CPU, on a kernel :func:`_rewritten` for it.
 
@@ -134,7 +137,9 @@ class _Body(CFamilyBody):
     lane array), then its ragged tail, the body written once and placed in both loops
     (:meth:`close_row_loop`). ``buffered`` (the template's ``PERSISTENT``): values a later pass
     reads are written to a row buffer per thread by the pass that computes them and read back
-    by the later ones (:meth:`_plan_buffers`)."""
+    by the later ones (:meth:`_plan_buffers`). Scans and scatters: :mod:`.rowops` (a loop that
+    computes a scan, or scatters along a variable that is not a target coordinate, runs in
+    order: no ``#pragma omp simd``)."""
 
     floordiv = "/"
 
@@ -145,7 +150,9 @@ class _Body(CFamilyBody):
         self.cached: dict[Node, tuple[str, int]] = {}  # value -> (its row buffer, its pass)
         self.pass_index = 0
         self.lanes_open = False  # the row loop being written updates lane arrays
+        self.in_order = False  # the row loop being written computes a scan: no simd
         super().__init__(_rewritten(kernel, self.buffered))
+        self.plan = scatter_plan(self.k)
         self.nodes = toposort(self.k.roots())
         self.dep_r = self._depends(self.rvars)
         self.ranges = var_ranges(self.k)
@@ -159,7 +166,8 @@ class _Body(CFamilyBody):
         return self.ranges  # computed once, in __init__
 
     def make_emitter(self) -> CppExpr:
-        e = CppExpr(load=self._load, index=self._index, reduce=self.reduce_inline, indent="    ")
+        e = CppExpr(load=self._load, index=self._index, reduce=self.reduce_inline, scan=self.scan_value,
+                    indent="    ")
         e.checked = self._checked
         return e
 
@@ -169,6 +177,8 @@ class _Body(CFamilyBody):
         for n in self.nodes:
             if n.op == "reduce":
                 memo[n] = False
+            elif n.op == "scan":  # a prefix varies along its row (scans are row ops)
+                memo[n] = True
             elif n.op == "load":
                 memo[n] = any(i.free_symbols & vs for i in n.arg[1]) or any(memo[s] for s in n.src)
             elif n.op == "index":
@@ -200,6 +210,12 @@ class _Body(CFamilyBody):
             if n not in names and not depends[n] and n.op != "const":
                 self.e.emit(n)
 
+    def write_store(self, s, buf, node: Node, value: str, guard: str | None) -> None:
+        if s.is_scatter:
+            self.write_scatter(s, buf, node, value)
+            return
+        super().write_store(s, buf, node, value, guard)
+
     def pointwise(self) -> None:
         """Inside a task: the row's variables, its invariant values, then the vectorised loop
         along the last dim over ``[tw_lo, tw_hi)``."""
@@ -208,7 +224,8 @@ class _Body(CFamilyBody):
         if len(k.ranges) > 1:
             self.decompose("tw_row", self.xvars[:-1], k.ranges[:-1])
         self.hoist(k.roots(), self._depends(inner))
-        self.e.line("#pragma omp simd")
+        if self.plan.inner_parallel:  # else a scatter may hit one element twice along the row: in order
+            self.e.line("#pragma omp simd")
         self.e.line("for (int64_t tw_col = tw_lo; tw_col < tw_hi; ++tw_col) {")
         self.e.indent += "  "
         self.e.push()
@@ -221,10 +238,14 @@ class _Body(CFamilyBody):
         self.e.line("}")
 
     def open_row_loop(self) -> tuple[str, str]:
+        # a scan computed in this loop (not read back from an earlier pass's row buffer) needs
+        # the row in order
+        self.in_order = any(not (n in self.cached and self.cached[n][1] < self.pass_index) for n in self.carries)
         if not self.lanes_open:  # the per-element stores' pass: a plain vectorised loop
             final = [s for s in self.k.stores if self.on_r(s)]
             self.hoist([s.value for s in final] + [s.mask for s in final if s.mask is not None], self.dep_r)
-            self.e.line("#pragma omp simd")
+            if not self.in_order and self.plan.inner_parallel:
+                self.e.line("#pragma omp simd")
             self.e.line("for (int64_t rindex = 0; rindex < rnumel; ++rindex) {")
             self.e.indent += "  "
         else:  # the body is written once, then placed in the whole-step loop and in the tail
@@ -250,7 +271,8 @@ class _Body(CFamilyBody):
         body, (e.lines, e.indent) = e.lines, self._outer
         e.line(f"int64_t {self.rbase} = 0;")
         e.line(f"for (; {self.rbase} + {LANES} <= rnumel; {self.rbase} += {LANES}) {{")
-        e.line("  #pragma omp simd")
+        if not self.in_order:
+            e.line("  #pragma omp simd")
         e.line(f"  for (int64_t tw_l = 0; tw_l < {LANES}; ++tw_l) {{")
         for text in body:
             e.line("    " + text)
@@ -424,8 +446,12 @@ class _CppLoops(TemplateSpec):
     compiled_on_cpu = True
 
     def problem_support(self, problem: Any, target: Target) -> Support:
+        for st in problem.kernel.scatters() + [s for p in problem.kernel.parts for s in p.scatters()]:
+            if st.accumulate not in (None, "add", "max", "min"):
+                return Support(False, f"C++ scatters do not combine by {st.accumulate!r}")
+        # scans and scatters: templates/cpp/rowops.py
         return loop_support(self, problem, target, backend="cpu", kernels="C++ loop kernels",
-                            language="C++", storage=STORAGE)
+                            language="C++", storage=STORAGE, scans_and_scatters=True)
 
     def render_kernel(self, problem: LoopProblem, params: dict[str, Any], target: Target) -> RenderedKernel:
         k = problem.kernel
@@ -434,7 +460,7 @@ class _CppLoops(TemplateSpec):
             problem_text=problem.describe().replace("\n", "\n# "), params_text=self.space.encode(params),
             target=target.name, name=f"cpp_{problem.kind}",
             inputs=[b.name for b in k.inputs], sizes=[s.name for s in k.size_symbols()],
-            outputs=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]),
+            outputs=[{"name": b.name, "dtype": str(dtypes.TORCH[b.dtype]), "init": b.init,
                       "shape": [py_code(s, names) for s in b.shape],
                       "stride": [py_code(s, names) for s in b.stride]} for b in k.outputs],
             block=int(params.get("BLOCK", 4096)), op=(problem.op or problem.kind).replace('"', "'"),

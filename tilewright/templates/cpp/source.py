@@ -46,14 +46,16 @@ def source_context(kernel: LoopKernel, persistent: bool) -> dict[str, Any]:
     functions, helpers = [], set()
     for i, part in enumerate(parts):
         body = _Body(part, persistent).build()
+        # a scatter splits across threads only along its target's coordinates (rowops.py)
+        split = dict(rows_parallel=body.plan.rows_parallel, inner_parallel=body.plan.inner_parallel)
         if part.kind == "reduction":
             functions.append(dict(name=f"tw_part{i}", kind="reduction", lines=body.e.lines, caches=body.caches,
-                                  xnumel=ccode(part.xnumel, names), rnumel=ccode(part.rnumel, names)))
+                                  xnumel=ccode(part.xnumel, names), rnumel=ccode(part.rnumel, names), **split))
         else:
             rows = part.ranges[:-1]
             functions.append(dict(name=f"tw_part{i}", kind="pointwise", lines=body.e.lines, caches=[],
                                   inner=ccode(part.ranges[-1], names) if part.ranges else "1L",
-                                  rows=ccode(sympy.Mul(*rows), names) if rows else "1L"))
+                                  rows=ccode(sympy.Mul(*rows), names) if rows else "1L", **split))
         helpers |= body.e.helpers_used
     helper_text = CppExpr(load=lambda n: "")
     helper_text.helpers_used = helpers
