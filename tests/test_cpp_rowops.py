@@ -44,6 +44,27 @@ def test_cpp_scans_fill_poisoned_outputs_with_the_reference(name):
         assert_matches_reference(problem, got, ref)
 
 
+# tw_prefix_sum's four types (16 lanes of fp32 and int32, 8 of fp64 and int64), rows shorter
+# than a vector, a vector and a ragged tail, several vectors
+SUM_CASES = [(torch.float32, 5), (torch.float32, 16), (torch.float32, 1000), (torch.float64, 37),
+             (torch.float64, 3), (torch.int64, 37), (torch.int32, 53)]
+
+
+@pytest.mark.parametrize("dtype,row", SUM_CASES, ids=[f"{d}-{r}".replace("torch.", "") for d, r in SUM_CASES])
+def test_cpp_cumsum_of_every_summed_type_matches_eager(dtype, row):
+    x = randn(3, row, seed=row).to(dtype) if dtype.is_floating_point else ints(3, row, lo=-1000, hi=1000, dtype=dtype)
+    fn = (lambda a: (a * 3).cumsum(1, dtype=torch.int32)) if dtype == torch.int32 else (lambda a: (a * 3).cumsum(1))
+    (problem,) = loop_problems(fn, x)
+    want = fn(x.double() if dtype.is_floating_point else x)
+    for params in REDUCTION_PARAMS:
+        (got,), ref = run_cpp(problem, params, LoopInputs([x], []))
+        assert got.dtype == fn(x).dtype
+        if dtype.is_floating_point:
+            assert rel_error(got, want) <= (1e-12 if dtype == torch.float64 else 2e-6)
+        else:
+            assert torch.equal(got, want)
+
+
 def test_a_scan_of_a_value_constant_along_its_row_is_computed_per_element():
     # the operand does not vary along the row, its prefix does: it must not be hoisted out of
     # the row loop as a row value

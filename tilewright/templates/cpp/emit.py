@@ -28,6 +28,7 @@ from tilewright.templates.c_expr import CFamilyExpr, CIndexPrinter
 from tilewright.templates.c_math import (  # noqa: F401 - CTYPE and literal are this module's names too
     CTYPE, Render, erfinv_source, int_div_source, literal, math_table,
 )
+from tilewright.templates.cpp.rowops_helpers import HELPERS as ROWOPS_HELPERS
 # element type -> C++ type of a buffer's elements
 STORAGE = {"fp64": "double", "fp32": "float", "fp16": "_Float16", "bf16": "uint16_t",
            "i64": "int64_t", "i32": "int32_t", "i16": "int16_t", "i8": "int8_t", "u8": "uint8_t",
@@ -88,14 +89,7 @@ static inline int64_t tw_index(int64_t i, int64_t size, int64_t *err) {
   return i;
 }
 ''',
-    "tw_in_dim": '''
-// a scatter's index checked against its dim: outside it the kernel reports IndexError (as
-// torch raises) and the element is not written
-static inline bool tw_in_dim(int64_t i, int64_t size, int64_t *err) {
-  if (i < 0 || i >= size) { __atomic_store_n(err, int64_t(2), __ATOMIC_RELAXED); return false; }
-  return true;
-}
-''',
+    **ROWOPS_HELPERS,  # tw_in_dim, tw_prefix_sum (rowops.py)
     "tw_erfinv": erfinv_source("logf", "sqrtf", "fabsf"),
 }
 

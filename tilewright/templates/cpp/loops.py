@@ -151,6 +151,7 @@ class _Body(CppRowOps, CFamilyBody):
         self.pass_index = 0
         self.lanes_open = False  # the row loop being written updates lane arrays
         self.in_order = False  # the row loop being written computes a scan: no simd
+        self.scan_buffers: dict[Node, str] = {}  # sums computed in passes of their own (rowops.py)
         super().__init__(_rewritten(kernel, self.buffered))
         self.plan = scatter_plan(self.k)
         self.nodes = toposort(self.k.roots())
@@ -253,9 +254,7 @@ class _Body(CppRowOps, CFamilyBody):
             self.e.lines, self.e.indent = [], ""
             self.e.line(f"const int64_t rindex = {self.rbase} + tw_l;")
         self.e.push()
-        for n, (name, computed_in) in self.cached.items():  # earlier passes' values: buffered
-            if computed_in < self.pass_index and n not in self.e.names:
-                self.e.bind(n, f"{name}[rindex]")
+        self.bind_row_values()  # earlier passes' values: buffered
         return "rindex", ""
 
     def close_row_loop(self) -> None:
@@ -294,7 +293,7 @@ class _Body(CppRowOps, CFamilyBody):
         """Values as cheap to compute again as to read from a row buffer."""
         if n.op == "load":
             return not n.src
-        if n.op in ("index", "const"):
+        if n.op in ("index", "const") or self.vector_scan(n):  # a sum is in a row buffer already
             return True
         return n.op == "cast" and self._cheap(n.src[0])
 

@@ -43,6 +43,8 @@ from tilewright.ir.kernel import LoopKernel
 from tilewright.templates.cpp.emit import CTYPE, ccode, literal
 
 SCAN_KINDS = ("sum", "prod", "logsumexp", "max", "argmax", "min", "argmin")
+VECTOR_SUMS = ("fp32", "fp64", "i64", "i32")  # the types tw_prefix_sum has
+MAX_SCAN_ROW = 1 << 22  # longer rows (16 MiB of fp32 per thread) scan in order, unbuffered
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,67 @@ def scatter_plan(kernel: LoopKernel) -> ScatterPlan:
 
 class CppRowOps:
     """Scan and scatter hooks of the C++ loop schedule (``self.e``, ``self.k``, ``self.names``
-    come from :class:`~tilewright.templates.loop_schedule.LoopSchedule`)."""
+    come from :class:`~tilewright.templates.loop_schedule.LoopSchedule`; ``self.caches`` and
+    ``self.scan_buffers`` from ``loops._Body``)."""
 
-    # -- scans: a carry combined with each element in order ------------------------------------
+    # -- sums: a pass of their own into a row buffer, summed a vector at a time -----------------
+    def vector_scan(self, n: Node) -> bool:
+        """Whether scan ``n`` runs as its own pass into a row buffer and ``tw_prefix_sum``
+        (sums of fp32, fp64, int64, int32 along rows that fit a buffer), not in order with a
+        carry inside the pass that reads it."""
+        rn = sympy.sympify(self.k.rnumel)
+        return (n.is_scan and n.arg == "sum" and dtypes.compute_type(n.src[0].dtype) in VECTOR_SUMS
+                and not (rn.is_number and int(rn) > MAX_SCAN_ROW))
+
+    def open_row(self, roots=()) -> None:
+        """:meth:`LoopSchedule.open_row`, with the sums the loop needs computed first, each in a
+        pass of its own (:meth:`scan_pass`), and read from their row buffers in the loop."""
+        from tilewright.ir.expr import toposort
+
+        self.carries = {}
+        for n in toposort(roots, stop=lambda n: n in self.e.names or n in self.scan_buffers):
+            if not n.is_scan or n in self.e.names or n in self.scan_buffers:
+                continue
+            if self.vector_scan(n):
+                self.scan_pass(n)
+            else:
+                self.carries[n] = self.init_scan(n)
+        rindex, suffix = self.open_row_loop()
+        self.decompose(rindex, self.rvars, self.k.reduction_ranges, suffix)
+
+    def scan_pass(self, n: Node) -> None:
+        """A vectorised loop writing the operand of sum ``n`` along the row to a row buffer of
+        its own, then ``tw_prefix_sum`` over the buffer: later loops read ``n`` from it."""
+        e = self.e
+        ct = dtypes.compute_type(n.src[0].dtype)
+        buf = f"tw_scan{len(self.scan_buffers)}"
+        self.caches.append((buf, CTYPE[ct]))
+        self.hoist([n.src[0]], self.dep_r)
+        e.line("#pragma omp simd")
+        e.line("for (int64_t rindex = 0; rindex < rnumel; ++rindex) {")
+        e.indent += "  "
+        e.push()
+        self.bind_row_values()
+        self.decompose("rindex", self.rvars, self.k.reduction_ranges)
+        e.line(f"{buf}[rindex] = {e.emit(n.src[0])};")
+        e.pop()
+        e.indent = e.indent[:-2]
+        e.line("}")
+        e.helpers_used.add("tw_prefix_sum")
+        e.line(f"tw_prefix_sum({buf}, rnumel);")
+        self.scan_buffers[n] = buf
+
+    def bind_row_values(self) -> None:
+        """Inside a loop over the row: the values earlier passes left in row buffers (sums,
+        and the ``PERSISTENT`` caches of earlier passes) as reads of them."""
+        for n, buf in self.scan_buffers.items():
+            if n not in self.e.names:
+                self.e.bind(n, f"{buf}[rindex]")
+        for n, (name, computed_in) in self.cached.items():
+            if computed_in < self.pass_index and n not in self.e.names:
+                self.e.bind(n, f"{name}[rindex]")
+
+    # -- other scans: a carry combined with each element in order --------------------------------
     def init_scan(self, n: Node) -> list[str]:
         kind, ct = n.arg, dtypes.compute_type(n.src[0].dtype)
         if kind not in SCAN_KINDS:

@@ -93,21 +93,6 @@ def dead_code(kg: KernelGraph) -> int:
         kg.nodes = keep
 
 
-def scatter_apart(a: list[LoopNode], b: list[LoopNode]) -> bool:
-    """Whether two groups on a CPU stay apart because only one of them scatters. The CPU's
-    compiled loop kernels (templates/cpp) write no scatters, so a kernel holding one runs as
-    PyTorch operators (its torch form or its ATen program), one call per op whether fused or
-    not: fusing saves nothing there and costs the other group its C++ kernel. Measured on the
-    demo Llama's backward: the last norm's gradient fused with the embedding's ran in ~190 us.
-    Only where the tuner chooses among those (``force_backend`` "auto", ``cpu_target`` "cpu":
-    kinds/loop/policy.py); a forced backend (the Triton interpreter) fuses as on a GPU.
-    (Drop this rule for a CPU language that writes scatters.)"""
-    scatters = (any(m.scatter is not None for m in a), any(m.scatter is not None for m in b))
-    if scatters[0] == scatters[1] or config.force_backend != "auto" or config.cpu_target != "cpu":
-        return False
-    return all(m.meta is not None and m.meta.device.type == "cpu" for m in (*a, *b))
-
-
 def _bytes(meta: TensorMeta | None) -> int:
     if meta is None or meta.dtype not in dtypes.NAMES:
         return 0
@@ -230,9 +215,6 @@ class Scheduler:
     def legal(self, g: nx.DiGraph, a: _Group, b: _Group) -> BuiltKernel | None:
         if frozenset((a.gid, b.gid)) in self.failed:
             return None
-        if scatter_apart(a.members, b.members):
-            self.failed.add(frozenset((a.gid, b.gid)))
-            return None
         members = sorted(a.members + b.members, key=lambda m: self.position[m.name])
         if len(members) > MAX_MEMBERS:
             return None
@@ -317,7 +299,7 @@ class Scheduler:
                     continue
                 if len(a.members) + len(b.members) > MAX_MEMBERS:
                     continue
-                if frozenset((a.gid, b.gid)) in failed or scatter_apart(a.members, b.members):
+                if frozenset((a.gid, b.gid)) in failed:
                     continue
                 if b.key in reach[a.key] or a.key in reach[b.key]:
                     continue  # one needs the other: they cannot run in one launch
