@@ -242,3 +242,14 @@ def check_against_eager_cpp(fn, *args):
     for o, r in zip(outs, refs):
         assert rel_error(o, r.to(o.dtype)) <= (2e-5 if o.is_floating_point() else 0)
 
+
+
+def test_cpp_scans_split_rows_across_threads_without_changing_a_result():
+    # 64 x 700 goes parallel (>= 32768 elements): each thread its own row buffers
+    x = randn(64, 700, seed=5)
+    (problem,) = loop_problems(lambda a: (torch.cumsum(a.exp(), 1), torch.cummax(a, 1).values * 2), x)
+    for params in REDUCTION_PARAMS:
+        one, ref = run_cpp(problem, params, LoopInputs([x], []), threads=1)
+        two, _ = run_cpp(problem, params, LoopInputs([x], []), threads=2)
+        assert_matches_reference(problem, two, ref)
+        assert all(torch.equal(a, b) for a, b in zip(one, two))
