@@ -14,6 +14,7 @@ GEMMs, each with its fused epilogue), registered once (:data:`tilewright.kinds.B
 ``lower``        the FX lowering of the GEMM-family calls to ``GemmNode``\\ s
 ``lower_scaled`` the block-scaled ``_scaled_mm``/``F.scaled_mm`` rewrite before lowering
 ``fuse``         epilogue fusion: the elementwise chain after a GEMM into its kernel
+``transposed``   a CPU linear's weight read in place (B = w.t() passed as w)
 ``capture``      ``capture_gemms`` (``tilewright aot``/``warm``)
 ================ =========================================================================
 
@@ -26,7 +27,7 @@ kind imports the autotuner).
 from typing import Any
 
 _MODULES = frozenset({"kind", "policy", "checks", "cost", "decode", "heuristics", "shapes", "lower", "lower_scaled",
-                      "fuse", "capture", "problem"})
+                      "fuse", "capture", "problem", "transposed"})
 
 
 def __getattr__(name: str) -> Any:

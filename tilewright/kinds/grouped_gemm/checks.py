@@ -3,7 +3,7 @@ offsets of :func:`~tilewright.kinds.grouped_gemm.problem.synthetic_offsets` unle
 NaN-poisoned output, running a launcher, the error measure (the GEMM kind's) and the float64
 reference (the ATen template's float64 path, a loop over groups). Block-scaled problems get
 random packed operands and row-major block scales as the dense block-scaled GEMM's checks draw
-them (:func:`tilewright.autotune.inputs.make_inputs`), and their per-group global scales."""
+them (:func:`tilewright.kinds.gemm.checks.make_inputs`), and their per-group global scales."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def _block_scaled(problem: GroupedGemmProblem, device, seed: int):
     """Packed A (M, K/pack), B (G, N, K/pack) and their row-major scales, drawn as a dense
     block-scaled GEMM's operands are (A's M rows, then the G experts' N rows as one matrix);
     NVFP4's per-group global scales in [0.5, 1.5)."""
-    from tilewright.autotune.inputs import make_inputs as dense_inputs
+    from tilewright.kinds.gemm.checks import make_inputs as dense_inputs
 
     G, N = problem.G, problem.N
     gemm = dataclasses.replace(problem.as_gemm(), N=G * N, epilogue=(), epilogue_inputs=(), epilogue_ir="")
