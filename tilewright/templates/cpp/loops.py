@@ -225,8 +225,8 @@ class _Body(CppRowOps, CFamilyBody):
         if len(k.ranges) > 1:
             self.decompose("tw_row", self.xvars[:-1], k.ranges[:-1])
         self.hoist(k.roots(), self._depends(inner))
-        if self.plan.inner_parallel:  # else a scatter may hit one element twice along the row: in order
-            self.e.line("#pragma omp simd")
+        # not vectorised where a scatter may hit one element twice along the row: in order
+        self.open_checked_loop(self.plan.inner_parallel)
         self.e.line("for (int64_t tw_col = tw_lo; tw_col < tw_hi; ++tw_col) {")
         self.e.indent += "  "
         self.e.push()
@@ -237,6 +237,7 @@ class _Body(CppRowOps, CFamilyBody):
         self.e.pop()
         self.e.indent = self.e.indent[:-2]
         self.e.line("}")
+        self.close_checked_loop()
 
     def open_row_loop(self) -> tuple[str, str]:
         # a scan computed in this loop (not read back from an earlier pass's row buffer) needs
@@ -245,8 +246,7 @@ class _Body(CppRowOps, CFamilyBody):
         if not self.lanes_open:  # the per-element stores' pass: a plain vectorised loop
             final = [s for s in self.k.stores if self.on_r(s)]
             self.hoist([s.value for s in final] + [s.mask for s in final if s.mask is not None], self.dep_r)
-            if not self.in_order and self.plan.inner_parallel:
-                self.e.line("#pragma omp simd")
+            self.open_checked_loop(not self.in_order and self.plan.inner_parallel)
             self.e.line("for (int64_t rindex = 0; rindex < rnumel; ++rindex) {")
             self.e.indent += "  "
         else:  # the body is written once, then placed in the whole-step loop and in the tail
@@ -266,6 +266,7 @@ class _Body(CppRowOps, CFamilyBody):
         if not self.lanes_open:
             e.indent = e.indent[:-2]
             e.line("}")
+            self.close_checked_loop()
             return
         body, (e.lines, e.indent) = e.lines, self._outer
         e.line(f"int64_t {self.rbase} = 0;")

@@ -40,7 +40,7 @@ from tilewright.ir.bounds import checks_enabled, proven_in_range, var_ranges
 from tilewright.ir.expr import Node, indirect_symbol
 from tilewright.ir.index import offset
 from tilewright.ir.kernel import LoopKernel
-from tilewright.templates.cpp.emit import CTYPE, ccode, literal
+from tilewright.templates.cpp.emit import CTYPE, ERR_INDEX, ccode, literal
 
 SCAN_KINDS = ("sum", "prod", "logsumexp", "max", "argmax", "min", "argmin")
 VECTOR_SUMS = ("fp32", "fp64", "i64", "i32")  # the types tw_prefix_sum has
@@ -197,6 +197,26 @@ class CppRowOps:
         return index if kind.startswith("arg") else value
 
     # -- scatters --------------------------------------------------------------------------------
+    bad_flag: str | None = None  # the failures of the checked loop being written (tw_bad)
+
+    def open_checked_loop(self, simd: bool) -> None:
+        """Before a loop over elements: ``#pragma omp simd`` where ``simd``. A vectorised loop
+        whose scatters check their indices collects the failures in a flag (an ``|``
+        reduction: a call that stores the error inside the loop keeps g++ from vectorising
+        it), reported after the loop (:meth:`close_checked_loop`)."""
+        self.bad_flag = None
+        if simd and checks_enabled() and self.k.scatters():
+            self.bad_flag = self.e.fresh()
+            self.e.line(f"int64_t {self.bad_flag} = 0;")
+            self.e.line(f"#pragma omp simd reduction(|:{self.bad_flag})")
+        elif simd:
+            self.e.line("#pragma omp simd")
+
+    def close_checked_loop(self) -> None:
+        if self.bad_flag is not None:
+            self.e.line(f"if ({self.bad_flag}) __atomic_store_n(tw_err, int64_t({ERR_INDEX}), __ATOMIC_RELAXED);")
+        self.bad_flag = None
+
     def write_scatter(self, s, buf, node: Node, value: str) -> None:
         """``buf[index] = value`` (or combined by ``s.accumulate``) where the data-dependent index
         lies inside the buffer; outside it nothing is written and ``IndexError`` is reported
@@ -207,7 +227,10 @@ class CppRowOps:
             names[indirect_symbol(k)] = f"int64_t({e.emit(v)})"
         syms = {indirect_symbol(k) for k in range(len(s.indirect))}
         extents = var_ranges(self.k)
-        idx, inside = list(s.index), []
+        idx = list(s.index)
+        # a combo kernel's part writes only its own share of the space (and checks nothing else)
+        mask = e.emit(s.mask) if s.mask is not None else None
+        inside = [mask] if mask is not None else []
         for d, (ix, size) in enumerate(zip(s.index, buf.shape)):
             if not sympy.sympify(ix).free_symbols & syms:
                 continue
@@ -215,7 +238,12 @@ class CppRowOps:
                 continue
             at = e.fresh()
             e.line(f"const int64_t {at} = {ccode(ix, names)};")
-            if checks_enabled():
+            if checks_enabled() and self.bad_flag is not None:
+                ok = e.fresh()
+                e.line(f"const bool {ok} = uint64_t({at}) < uint64_t({ccode(size, self.names)});")
+                e.line(f"{self.bad_flag} |= int64_t({'!' + ok if mask is None else f'{mask} && !{ok}'});")
+                inside.append(ok)
+            elif checks_enabled():
                 e.helpers_used.add("tw_in_dim")
                 inside.append(f"tw_in_dim({at}, int64_t({ccode(size, self.names)}), tw_err)")
             else:
@@ -241,7 +269,5 @@ class CppRowOps:
         else:
             node_dtype = node.dtype
         text = f"{element} = {e.store_value(value, node_dtype, buf.dtype)};"
-        if s.mask is not None:  # a combo kernel's part: only its own share of the space
-            inside.insert(0, e.emit(s.mask))
         e.line(f"if ({' && '.join(inside)}) {text}" if inside else text)
 
