@@ -138,10 +138,9 @@ def test_compiled_view_gathers_and_one_hot_scatters_raise_eagers_error(backend):
 
 
 # -- attention modifications ----------------------------------------------------------------------
-def test_a_modifications_gather_through_a_loaded_index_is_unproven_and_refused_by_triton():
-    # score + bias[doc[m]]: doc's values are data, so the gather is checked (here: refused by
-    # the Triton attention kernels, which write no check, so ATen's form raises eager's error);
-    # bias[h] with a bias of H entries is proven and keeps the kernel
+def test_a_modifications_gather_through_a_loaded_index_is_unproven():
+    # score + bias[doc[m]]: doc's values are data, so the gather is checked (the attention
+    # kernels check it on their live lanes); bias[h] with a bias of H entries is proven: no check
     from tilewright.kinds.attention import mods
     from tilewright.ir import expr as E
 
@@ -162,6 +161,43 @@ def test_a_modifications_gather_through_a_loaded_index_is_unproven_and_refused_b
     env["c1"] = torch.arange(16) // 4 + 1
     with pytest.raises(IndexError):
         mods.evaluate(by_doc, env, reference=False)
+
+
+@pytest.mark.parametrize("template", ["triton.attention", "triton.attention_decode", "triton.attention_bwd"])
+def test_the_triton_attention_kernels_check_a_modifications_gather(template):
+    """score + bias[doc[m]] in each Triton attention kernel (the interpreter): float64-right
+    while doc stays inside bias's 4 entries, eager's IndexError (the kernel's TW_ERR status)
+    once it does not. The kernels had refused such a problem (ATen's attention ran it)."""
+    from tilewright.kinds.attention import checks, mods
+    from tilewright.kinds.attention.problem import AttentionProblem, Capture
+    from tilewright.ir import expr as E
+    from tilewright.runtime.loader import load_module
+    from tilewright.runtime.targets import get_target
+    from tilewright.templates import get_template
+
+    cpu = get_target("cpu")
+    doc = E.load("c1", (mods.M_VAR,), "i64")
+    by_doc = E.op("add", mods.score(), E.load("c0", (E.indirect_symbol(0),), "fp32", indirect=(E.checked(doc, 4),)))
+    Sq = 2 if template == "triton.attention_decode" else 16
+    p = AttentionProblem(B=1, H=2, H_kv=1, Sq=Sq, Skv=16, D=16, Dv=16, dtype="fp32", scale=0.25,
+                         direction="backward" if template.endswith("bwd") else "forward",
+                         score_mod=mods.dumps(by_doc), captures=(Capture((4,), "fp32"), Capture((Sq,), "i64")))
+    t = get_template(template)
+    params = t.space.complete(dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1))
+    assert t.supports(p, cpu) and t.check(params, p, cpu) is None
+    rendered = t.render(p, params, cpu)
+    assert "TW_ERR" in rendered.source
+    launch = load_module(rendered.source, name=rendered.name, interpret=True).launch
+    x = checks.make_inputs(p, "cpu", seed=4)
+    x.tensors[x.names.index("c1")] = torch.arange(Sq) * 4 // Sq  # documents 0..3
+    result = checks.run(launch, x, checks.poisoned(p, "cpu"))
+    worst, tol = checks.error(p, result, checks.reference(p, x), False)
+    assert worst <= tol
+    bad = torch.arange(Sq) * 4 // Sq
+    bad[-1] = 4  # the last row reads bias[4]
+    x.tensors[x.names.index("c1")] = bad
+    with pytest.raises(IndexError, match="out of range"):
+        checks.run(launch, x, checks.poisoned(p, "cpu"))
 
 
 @pytest.mark.slow

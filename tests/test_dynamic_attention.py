@@ -123,7 +123,8 @@ def test_sdpa_backward_after_an_automatic_dynamic_length_change():
 def test_flex_decode_over_a_growing_kv_length_with_an_outside_block_mask():
     """flex_attention decode (one query) as the KV length grows, the block mask built outside
     the graph each step and a score_mod reading a captured table: every graph's attention is a
-    generated kernel; the dynamic one (symbolic block sizes, lengths) is right at each length."""
+    generated kernel; the dynamic one (symbolic block sizes, lengths) is right at each length,
+    and past the table's end it raises eager's IndexError (its check of bias[n])."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     torch.manual_seed(2)
@@ -151,12 +152,11 @@ def test_flex_decode_over_a_growing_kv_length_with_an_outside_block_mask():
             with pytest.raises(IndexError):
                 cf(q, k, v, bm)
     kernels = _attention_kernels(reports)
-    static = [k for k in kernels if "dynamic" not in k.problem]
     dynamic = [k for k in kernels if "dynamic Skv" in k.problem]
-    assert static and all(k.winner.startswith("triton.attention") for k in static), [k.winner for k in static]
-    # bias[n] over a symbolic Skv is not proven inside the table: the Triton kernels, which do not
-    # check a modification's gather yet, refuse it, and ATen's attention runs it (issue 27)
-    assert dynamic and all(k.winner == "aten.attention" for k in dynamic), [k.winner for k in dynamic]
+    # bias[n] over a symbolic Skv is not proven inside the table: the generated kernel checks it
+    # on its live lanes (it had refused the problem, leaving the dynamic graph ATen's attention)
+    assert dynamic and all(k.winner.startswith("triton.attention") for k in kernels), [k.winner for k in kernels]
+    assert all(not r.kernel_fallbacks and r.fallback is None for r in reports)
 
 
 @pytest.fixture

@@ -112,20 +112,33 @@ def uses(value: E.Node | None) -> set[str]:
     return {s.name for s in E.free_index_symbols([value]) if s in INDEX_VARS}
 
 
+def index_extents(sizes: dict[str, int], dynamic=()) -> dict:
+    """The extents of ``b, h, m, n`` (``"b"`` -> B, ...) that prove an index in range (a name in
+    ``dynamic`` varies, so proves nothing), for :func:`needs_check`."""
+    return {SYMBOLS[k]: sympy.Integer(v) for k, v in sizes.items() if k not in dynamic}
+
+
+def needs_check(n: E.Node, extents: dict, memo: dict | None = None) -> bool:
+    """Whether ``checked`` node ``n`` (a gathered index and its bound) is not proven inside its
+    bound over ``extents`` (:func:`index_extents`): a kernel checks it before it reads."""
+    from tilewright.ir.bounds import proven_in_range
+
+    return not proven_in_range(n.src[0], n.src[1].arg, extents, {} if memo is None else memo)
+
+
 def unchecked_indices(value: E.Node | None, sizes: dict[str, int], dynamic=()) -> list[E.Node]:
     """The gathered indices of a modification (``checked`` nodes: a captured tensor read at a
     loaded position, ``bias[doc[m]]``) not proven inside their bounds, given the extents of
     ``b, h, m, n`` in ``sizes`` (``"b"`` -> B, ...; a name in ``dynamic`` varies, so proves
     nothing): what a kernel must check before it reads through them. Empty when
     ``config.index_checks`` is off."""
-    from tilewright.ir.bounds import checks_enabled, proven_in_range
+    from tilewright.ir.bounds import checks_enabled
 
     if value is None or not checks_enabled():
         return []
-    extents = {SYMBOLS[k]: sympy.Integer(v) for k, v in sizes.items() if k not in dynamic}
+    extents = index_extents(sizes, dynamic)
     memo: dict = {}
-    return [n for n in E.toposort([value])
-            if n.op == "checked" and not proven_in_range(n.src[0], n.src[1].arg, extents, memo)]
+    return [n for n in E.toposort([value]) if n.op == "checked" and needs_check(n, extents, memo)]
 
 
 # -- meaning ------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tilewright.kinds.attention import mods
 from tilewright.kinds.attention.problem import AttentionProblem
 from tilewright.kinds.attention.views import block_mask_names
 from tilewright.ir.index import ceil_pow2
@@ -31,9 +30,10 @@ from tilewright.templates.base import (
     SUPPORTED, InstructionCheck, Knob, ParamSpace, Params, RenderedKernel, Support, TemplateSpec,
     powers_of_two,
 )
-from tilewright.templates.triton.attention_mods import IndexNames, render_all
+from tilewright.templates.triton.attention_mods import IndexNames, index_checks, render_all
 from tilewright.templates.triton.emit import POINTER, TritonExpr
 from tilewright.templates.triton.gemm import MAX_ACC_REGS_PER_THREAD, TORCH_DTYPE
+from tilewright.templates.triton.loops import ASSERT_OPTIONS
 
 MAX_HEAD_DIM = 256
 FORWARD_BLOCK_MASK = {"kv_num_blocks": "KV_NUM", "kv_indices": "KV_IDX",
@@ -133,14 +133,7 @@ class AttentionTemplate(TemplateSpec):
             return Support(False, f"head dim {max(problem.D, problem.Dv)} > {MAX_HEAD_DIM}")
         if len(problem.captures) and any(len(c.shape) > 6 for c in problem.captures):
             return Support(False, "a captured tensor of rank > 6")
-        sizes = {"b": problem.B, "h": problem.H, "m": problem.Sq, "n": problem.Skv}
-        dynamic = {v for v, d in (("b", "B"), ("m", "Sq"), ("n", "Skv")) if d in problem.dynamic}
-        for text in (problem.score_mod, problem.mask_mod):
-            if mods.unchecked_indices(mods.loads(text), sizes, dynamic):
-                # eager raises IndexError for one outside its dim; no check is written here
-                return Support(False, "a modification reads a captured tensor at a loaded index not proven in "
-                                      "range: the attention kernels write no bounds check (ATen's form raises "
-                                      "eager's error); config.index_checks=False lets it render")
+        # a gather through an index not proven in range is checked in the kernel (attention_mods)
         return SUPPORTED
 
     # -- resources ------------------------------------------------------------------------------
@@ -222,6 +215,7 @@ class AttentionTemplate(TemplateSpec):
             lse_order=problem.order("lse"), causal=problem.causal, has_mask=problem.has_mask,
             score_mod=score_mod, mask_mod=mask_mod, deriv=deriv, helpers=helpers, upcast=upcast,
             out_value=out_value, desc=bool(params["DESC"]),
+            index_checks=index_checks(problem), interpreted=interp,
             dot_kwargs=', input_precision="ieee"' if problem.dtype == "fp32" or upcast else "",
             **{k: v for k, v in params.items()},
         )
@@ -235,6 +229,8 @@ class AttentionTemplate(TemplateSpec):
             pointers[f"C{i}"] = POINTER[c.dtype]
         for n in block_mask_names(problem):
             pointers[FORWARD_BLOCK_MASK[n]] = "*i32"
+        if index_checks(problem):
+            pointers["TW_ERR"] = "*i32"
         constexprs = {"BLOCK_M": params["BLOCK_M"], "BLOCK_N": params["BLOCK_N"], "USE_DESC": bool(params["DESC"])}
         constexprs.update(self.unit_strides())
         divisible = list(pointers)
@@ -242,8 +238,10 @@ class AttentionTemplate(TemplateSpec):
             divisible += self.row_strides()
         divisible += [n for n, v in (("Sq", problem.Sq), ("Skv", problem.Skv))
                       if n not in problem.dynamic and v % 16 == 0]
-        return AotSpec(self.kernel_name, "triton", pointers, constexprs, tuple(divisible),
-                       {"num_warps": params["num_warps"], "num_stages": params["num_stages"]})
+        options = {"num_warps": params["num_warps"], "num_stages": params["num_stages"]}
+        if index_checks(problem):  # the gathers' device asserts (Triton drops them without debug)
+            options.update(ASSERT_OPTIONS)
+        return AotSpec(self.kernel_name, "triton", pointers, constexprs, tuple(divisible), options)
 
     def pointer_types(self, problem: AttentionProblem) -> dict[str, str]:
         dt = POINTER[problem.dtype]

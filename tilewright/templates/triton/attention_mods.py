@@ -7,6 +7,13 @@ tile, [BLOCK_M, BLOCK_N]), the index code the template names for ``b``, ``h``, `
 ``row_ok``/``col_ok`` (blocks of the same shapes as ``m``/``n``), and for each capture ``k`` its
 pointer ``C{k}`` and strides ``c{k}_s{d}``. Loads of captures are masked to in-bounds rows and
 columns (a gathered index read in a padded lane is 0, so never out of range).
+
+A gathered index not proven inside its bound (``bias[n]`` over a dynamic key length,
+``bias[doc[m]]``; :func:`~tilewright.kinds.attention.mods.needs_check`) is checked on the tile's
+live lanes (``row_ok & col_ok``) and read as 0 where it fails: under the interpreter the failing
+lanes store status 2 into ``TW_ERR`` (a one-element int32 buffer the launcher raises eager's
+IndexError for, :func:`tilewright.runtime.status.raise_status`), on a GPU a device assert (the
+kernel launched with ``debug=True``), as the loop kernels do.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ class RenderedMod:
     value: str
 
 
-def _emitter(interpreted: bool, names: IndexNames, prefix: str) -> TritonExpr:
+def _emitter(interpreted: bool, names: IndexNames, prefix: str, extents: dict | None = None) -> TritonExpr:
     sym = names.symbols()
     e: TritonExpr
 
@@ -72,9 +79,37 @@ def _emitter(interpreted: bool, names: IndexNames, prefix: str) -> TritonExpr:
         return f"{value}.to({TL_DTYPE[dtypes.compute_type(n.dtype)]})"
 
     e = TritonExpr(interpreted=interpreted, load=load, index=index, acc=lambda n: "s", prefix=prefix)
-    # problem_support refuses an index to check (mods.unchecked_indices): what is left is proven
-    e.checked = lambda n, value, bound, mask: value
+    def checked(n: Node, value: str, bound: str, mask: str | None) -> str:
+        if extents is None or not mods.needs_check(n, extents):
+            return value  # proven in range (or config.index_checks off)
+        live = " & ".join(f"({x})" for x in (names.row_ok, names.col_ok, mask) if x)
+        ok = e.fresh()
+        e.line(f"{ok} = ({value} >= 0) & ({value} < {bound})")
+        if interpreted:
+            bad = e.fresh()
+            e.line(f"{bad} = (~{ok}) & {live}")
+            e.line(f"tl.store(TW_ERR + {bad}.to(tl.int32) * 0, 2, mask={bad})")
+        else:
+            e.line(f"tl.device_assert({ok} | ~({live}), 'index out of bounds')")
+        safe = e.fresh()
+        e.line(f"{safe} = tl.where({ok}, {value}, 0)")
+        return safe
+
+    e.checked = checked
     return e
+
+
+def index_checks(problem: AttentionProblem) -> bool:
+    """Whether the problem's modifications gather through an index not proven in range (the
+    kernels then take ``TW_ERR`` and check it; see the module docstring)."""
+    sizes, dynamic = _sizes(problem)
+    return any(mods.unchecked_indices(mods.loads(t), sizes, dynamic) for t in (problem.score_mod, problem.mask_mod))
+
+
+def _sizes(problem: AttentionProblem) -> tuple[dict[str, int], set[str]]:
+    sizes = {"b": problem.B, "h": problem.H, "m": problem.Sq, "n": problem.Skv}
+    dynamic = {v for v, d in (("b", "B"), ("m", "Sq"), ("n", "Skv")) if d in problem.dynamic}
+    return sizes, dynamic
 
 
 def render_all(problem: AttentionProblem, interpreted: bool, names: IndexNames = IndexNames()
@@ -85,8 +120,11 @@ def render_all(problem: AttentionProblem, interpreted: bool, names: IndexNames =
     Raises:
         NotDifferentiable: a backward problem whose score_mod has no derivative rule.
     """
+    from tilewright.ir.bounds import checks_enabled
+
     helpers: set[str] = set()
     out = []
+    extents = mods.index_extents(*_sizes(problem)) if checks_enabled() else None
     sm = mods.loads(problem.score_mod)
     deriv = mods.score_derivative(sm) if problem.direction == "backward" else None
     for text, prefix in ((problem.score_mod, "sm"), (problem.mask_mod, "mk"),
@@ -95,7 +133,7 @@ def render_all(problem: AttentionProblem, interpreted: bool, names: IndexNames =
         if value is None:
             out.append(RenderedMod("", ""))
             continue
-        e = _emitter(interpreted, names, prefix)
+        e = _emitter(interpreted, names, prefix, extents)
         name = e.emit(value)
         if value.dtype != "bool" and dtypes.compute_type(value.dtype) != "fp32":
             name = e.convert(name, value.dtype, "fp32")
