@@ -77,3 +77,18 @@ def test_every_builtin_policy_is_the_shared_skeleton(kind):
         ranks = [c.rank for c in cands]
         assert cands[0].template_id.startswith("aten.") and ranks == sorted(set(ranks))
         assert len([c for c in cands if not c.template_id.startswith("aten.")]) <= policy.budget()
+
+
+def test_every_kind_pins_the_knobs_its_templates_compiler_needs_on_the_backend():
+    """Triton's AMD pipeliner wants 2 stages (``Language.pinned_knobs``): the shared skeleton
+    pins it for every kind's Triton candidates on gfx950, not only the GEMM policy's."""
+    from tilewright.kinds.grouped_gemm.policy import GroupedGemmPolicy
+    from tilewright.kinds.grouped_gemm.problem import GroupedGemmProblem
+
+    moe = GroupedGemmProblem(case="2d3d", G=8, M=1000, N=256, K=256, dtype="bf16", layout_b="col")
+    with tilewright.config.patch(force_backend="triton"):
+        for name, want in (("hip:gfx950", {2}), ("cuda:sm_90a", None)):
+            cands = GroupedGemmPolicy().candidates(moe, get_target(name))
+            stages = {c.param_dict["num_stages"] for c in cands if c.template_id.startswith("triton.")}
+            assert stages, name
+            assert stages == want if want else stages - {2}, (name, stages)

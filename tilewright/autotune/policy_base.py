@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
+from tilewright.runtime.languages import pinned_knobs
 from tilewright.runtime.targets import Target
 from tilewright.templates import TemplateSpec, get_template, templates_for
 
@@ -76,12 +77,14 @@ class CandidatePolicy:
     def legal(self, problem: Any, target: Target, template: TemplateSpec,
               proposals: Iterable[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The distinct proposals (default :meth:`proposals`) completed with the template's
-        defaults (knobs it does not have dropped) that its ``check`` accepts, in proposal
-        order."""
+        defaults (knobs it does not have dropped), with the knobs the template's compiler needs
+        on this backend pinned (``Language.pinned_knobs``: Triton's AMD pipeliner wants 2
+        stages), that its ``check`` accepts, in proposal order."""
         names = set(template.space.names())
+        pinned = {k: v for k, v in pinned_knobs(template.backend, target.backend).items() if k in names}
         seen, out = set(), []
         for p in self.proposals(problem, target, template) if proposals is None else proposals:
-            params = template.space.complete({k: v for k, v in p.items() if k in names})
+            params = template.space.complete({k: v for k, v in p.items() if k in names} | pinned)
             key = tuple(sorted(params.items()))
             if key in seen or template.check(params, problem, target):
                 continue
