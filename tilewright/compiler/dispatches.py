@@ -120,7 +120,8 @@ def _top_level(event: Any) -> bool:
 def counting(reports: Sequence[Any] = ()) -> Iterator[DispatchCount]:
     """Count the top-level ATen calls made inside the block (see the module docstring). On
     exit, each of ``reports`` (:class:`~tilewright.compiler.report.GraphReport`) gets its
-    graph's count in ``aten_dispatches``. Run one call of the model inside; the counts are per
+    graph's count in ``aten_dispatches`` and, of those, the calls that ran work in
+    ``aten_work_calls``. Run one call of the model inside; the counts are per
     block, so two calls count double.
 
     Raises:
@@ -142,3 +143,4 @@ def counting(reports: Sequence[Any] = ()) -> Iterator[DispatchCount]:
                 result.work_per_graph[_graph_of(e)] += 1
     for r in reports:
         r.aten_dispatches = result.per_graph.get(r.graph_id, 0)
+        r.aten_work_calls = result.work_per_graph.get(r.graph_id, 0)

@@ -68,7 +68,7 @@ def graph_run(report: GraphReport) -> GraphRun:
     winners = [(k.node, k.winner, k.kind) for k in (*report.gemms, *report.kernels)]
     return GraphRun(kernels=dict(Counter(kind for node, w, kind in winners
                                          if not _calls_aten(w) and node not in on_aten)),
-                    aten_calls=report.aten_dispatches)
+                    aten_calls=report.aten_dispatches if report.aten_work_calls is None else report.aten_work_calls)
 
 
 @dataclass

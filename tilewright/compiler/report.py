@@ -118,6 +118,9 @@ class GraphReport:
     # top-level ATen calls one call of the graph makes at run time, counted by the profiler
     # (compiler/dispatches.py: ``counting``); None until counted
     aten_dispatches: int | None = None
+    # of those, the calls that ran work (not an output allocation nor a free view:
+    # dispatches.does_work): what the launch report counts; None until counted
+    aten_work_calls: int | None = None
     # the graph race's outcome once decided (compiler/race.py): each side's median ms, the winner
     race: dict[str, Any] | None = None
     # CUDA graphs (compiler/cudagraphs.py), when asked for: {"status": "refused", "reason"} or
