@@ -379,7 +379,7 @@ SHARED = tuple(sorted(str(f.relative_to(_PKG)) for d in ("compiler", "autotune")
     "kernels/build.py", "cli/warm.py")
 KIND_NAMES = {"gemm", "grouped_gemm", "pointwise", "reduction", "attention", "loop"}
 KIND_TYPES = {"GemmProblem", "LoopProblem", "GroupedGemmProblem", "AttentionProblem", "GemmPolicy", "LoopPolicy",
-              "GroupedGemmPolicy", "AttentionPolicy"}
+              "GroupedGemmPolicy", "AttentionPolicy", "GemmNode", "GemmReport"}
 # every kind's code has moved into its folder (issue 30): the shared code names no kind
 ALLOWED: dict[str, set[str]] = {
 }
@@ -499,3 +499,51 @@ def test_the_fuse_stage_asks_every_kind_to_schedule():
         unregister_kind(toy)
     assert asked == [kg]
     assert sum(isinstance(n, FusedNode) for n in kg.nodes) == 1
+
+
+def test_a_kinds_own_node_type_answers_the_shared_passes():
+    """A kind whose kernels need a node type of their own (the GEMM kind's ``GemmNode``)
+    subclasses ``compiler.graph.Node``: the graph, the wrapper, the traffic model and PDL's
+    chains ask it (``launches_kernel``, ``produces``, ``describe``, ``wrapper_lines``) and never
+    name it. A toy node here, outside the package: its kernel is called by the wrapper."""
+    from typing import ClassVar
+
+    import torch.fx as fx
+
+    from tilewright.compiler.graph import KernelGraph, Node, produced
+    from tilewright.compiler.pdl import chain_edges
+    from tilewright.compiler.traffic import compiled_cost
+    from tilewright.compiler.wrapper import WrapperCodegen, load_wrapper
+
+    @dataclass
+    class ToyNode(Node):
+        out: str = ""
+        launches_kernel: ClassVar[bool] = True
+
+        @property
+        def inputs(self) -> list[str]:
+            return ["x"]
+
+        def produces(self) -> list[str]:
+            return [self.out]
+
+        def describe(self) -> str:
+            return f"{self.out} = {self.name}: toy(x)"
+
+        def wrapper_lines(self, w) -> list[str]:
+            return [f"{w.name(self.out)} = {self.name}({w.name('x')})"]
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(torch.neg, (x,))
+    g.output(y)
+    node = ToyNode("toy_0", [y], out=y.name)
+    kg = KernelGraph([x], [node], g.output_node())
+    assert kg.kernels == [node] and produced(node) == [y.name]
+    assert f"{y.name} = toy_0: toy(x)" in kg.describe()
+    assert compiled_cost(kg, {"toy_0": 123}) == (0, 123)
+    assert chain_edges([node, ToyNode("toy_1", [y], out="z")]) == [("toy_0", "toy_1")]
+    source = WrapperCodegen(kg, fx.GraphModule(torch.nn.Module(), g)).generate()
+    call = load_wrapper(source, {"toy_0": lambda t: t * 3.0}, [])
+    t = torch.randn(5, 7, dtype=torch.float64)
+    torch.testing.assert_close(call([t]), t * 3.0, rtol=0, atol=0)

@@ -13,7 +13,8 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.kinds.gemm.fuse import fuse_epilogues
-from tilewright.compiler.graph import ExternNode, GemmNode
+from tilewright.compiler.graph import ExternNode
+from tilewright.kinds.gemm.node import GemmNode, gemm_nodes
 from tilewright.compiler.lower import lower
 
 
@@ -52,7 +53,7 @@ def lowered(gm):
 def epilogues(kg):
     return collections.Counter(
         " → ".join(op.describe(tuple(e.pattern for e in g.epilogue_inputs)) for op in g.epilogue) or "-"
-        for g in kg.gemms)
+        for g in gemm_nodes(kg))
 
 
 class MLP(nn.Module):
@@ -86,9 +87,9 @@ class Attention(nn.Module):
 @pytest.mark.parametrize("shape", [(8, 32), (4, 8, 32)], ids=["2d", "3d"])
 def test_mlp_inference_fuses_every_epilogue(shape):
     kg = lowered(aten_graphs(MLP(), torch.randn(*shape))["inference"])
-    assert len(kg.gemms) == 3
+    assert len(gemm_nodes(kg)) == 3
     assert epilogues(kg) == {"add[N] → relu": 1, "add[N] → gelu_tanh": 1, "add[N] → add[MN]": 1}
-    assert all(g.layout_b == "col" for g in kg.gemms), "weights are read transposed, not copied"
+    assert all(g.layout_b == "col" for g in gemm_nodes(kg)), "weights are read transposed, not copied"
 
 
 def test_mlp_training_keeps_saved_values_and_lowers_backward():
@@ -97,14 +98,14 @@ def test_mlp_training_keeps_saved_values_and_lowers_backward():
     # relu's and gelu's inputs are saved for backward, so those chains stop at the bias add
     assert epilogues(fw) == {"add[N] → relu": 1, "add[N]": 1, "add[N] → add[MN]": 1}
     # dX and dW for each of 3 linears
-    assert len(bw.gemms) == 6 and {g.op for g in bw.gemms} == {"mm"}
+    assert len(gemm_nodes(bw)) == 6 and {g.op for g in gemm_nodes(bw)} == {"mm"}
 
 
 def test_attention_block():
     """Attention written out (no SDPA) is recognised and becomes one attention kernel between
     the projections (tilewright.compiler.lower_eager_attention)."""
     kg = lowered(aten_graphs(Attention(), torch.randn(2, 8, 32))["inference"])
-    ops = collections.Counter(g.op for g in kg.gemms)
+    ops = collections.Counter(g.op for g in gemm_nodes(kg))
     assert ops == {"addmm": 4}
     attention = [n for n in kg.nodes if getattr(n, "kind", "") == "attention" and hasattr(n, "problem")]
     assert len(attention) == 1 and attention[0].problem.scale == 8 ** -0.5
@@ -115,9 +116,9 @@ def test_attention_block_in_training_keeps_its_gemms():
     """A training graph saves the probabilities for the backward: the written-out attention
     stays two batched GEMMs around a softmax, the scale fused into the first."""
     fw = lowered(aten_graphs(Attention(), torch.randn(2, 8, 32, requires_grad=True), train=True)["forward"])
-    ops = collections.Counter(g.op for g in fw.gemms)
+    ops = collections.Counter(g.op for g in gemm_nodes(fw))
     assert ops == {"addmm": 4, "bmm": 2}
-    scores = [g for g in fw.gemms if g.op == "bmm" and g.epilogue]
+    scores = [g for g in gemm_nodes(fw) if g.op == "bmm" and g.epilogue]
     assert len(scores) == 1 and scores[0].epilogue[0].kind == "mul", "the 1/sqrt(d) scale fuses"
 
 
@@ -127,7 +128,7 @@ def test_minilm_graph():
 
     m = models.load_minilm()
     kg = lowered(aten_graphs(m, models.minilm_inputs(m))["inference"])
-    assert len(kg.gemms) == 36 and all(g.op == "addmm" for g in kg.gemms)
+    assert len(gemm_nodes(kg)) == 36 and all(g.op == "addmm" for g in gemm_nodes(kg))
     assert epilogues(kg) == {"add[N]": 18, "add[N] → gelu": 6, "add[N] → add[MN]": 12}
     # SDPA is kept whole (not decomposed) and each call becomes one attention kernel
     attention = [n for n in kg.nodes if getattr(n, "kind", "") == "attention" and hasattr(n, "problem")]
@@ -139,7 +140,7 @@ def test_llama_inference_graph():
     from tilewright.demo import models
 
     kg = lowered(aten_graphs(models.build_llama(), models.llama_inputs())["inference"])
-    assert len(kg.gemms) == 15  # 2 layers x (q, k, v, o, gate, up, down) + lm_head
+    assert len(gemm_nodes(kg)) == 15  # 2 layers x (q, k, v, o, gate, up, down) + lm_head
     counts = epilogues(kg)
     assert counts["silu → mul[MN]"] == 2, "SwiGLU: silu(gate) * up fuses into the gate GEMM"
     assert counts["add[MN]"] == 4, "o_proj and down_proj take the residual"
@@ -159,9 +160,9 @@ def test_symbolic_batch_lowers_with_sympy_sizes():
     with torch.no_grad():
         f(torch.randn(5, 32))
     kg = lowered(graphs["g"])
-    assert len(kg.gemms) == 3
-    assert all(g.dynamic == {"M"} for g in kg.gemms)
-    assert all(g.M.free_symbols for g in kg.gemms)
+    assert len(gemm_nodes(kg)) == 3
+    assert all(g.dynamic == {"M"} for g in gemm_nodes(kg))
+    assert all(g.M.free_symbols for g in gemm_nodes(kg))
 
 
 def test_unsupported_gemms_stay_on_aten():
@@ -171,6 +172,6 @@ def test_unsupported_gemms_stay_on_aten():
     graphs = aten_graphs(f, torch.randn(4, 5, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64),
                          torch.randint(0, 5, (4, 5)), torch.randint(0, 5, (5, 3)))
     kg = lowered(graphs["inference"])
-    assert kg.gemms == []
+    assert gemm_nodes(kg) == []
     assert all(isinstance(n, ExternNode) for n in kg.nodes)
     assert not any(isinstance(n, GemmNode) for n in kg.nodes)

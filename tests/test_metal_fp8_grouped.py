@@ -73,7 +73,7 @@ def _scaled_problem(M, N, K, out_dtype, rowwise):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from tilewright.compiler.capture import gemm_problem
-    from tilewright.compiler.graph import GemmNode
+    from tilewright.kinds.gemm.node import GemmNode
     from tilewright.compiler.lower import lower
 
     a, b = _fp8_operands(M, N, K, 0)

@@ -93,6 +93,8 @@ MOVED_NAMES = {
         "GEMM_OPS", "NVFP4_MM", "MX_MM", "FP8_DTYPES", "why_not_gemm", "broadcast_pattern", "lower_gemm",
         "lower_scaled_mm", "lower_block_scaled_mm", "lower_nvfp4_mm", "lower_mx_mm")),
     "tilewright.compiler.graph": ("tilewright.kinds.gemm.lower", ("FusedInput",)),
+    "tilewright.compiler.graph node": ("tilewright.kinds.gemm.node", ("GemmNode",)),
+    "tilewright.compiler.report": ("tilewright.kinds.gemm.report", ("GemmReport",)),
     "tilewright.compiler.capture": ("tilewright.kinds.gemm.capture", ("capture_gemms",)),
     "tilewright.compiler.capture kind": ("tilewright.kinds.gemm.kind", ("gemm_problem",)),
     "tilewright.problem": ("tilewright.kinds.gemm.problem", ("GemmProblem",)),
@@ -193,3 +195,18 @@ def test_tilewright_imports_only_the_new_paths():
         if hits := {o for o in old if f"from {o} import" in f.read_text() or f"import {o}\n" in f.read_text()}:
             bad[str(f.relative_to(PKG))] = sorted(hits)
     assert not bad, f"import the new paths: {bad}"
+
+
+def test_kernel_graph_gemms_is_the_gemm_kinds_with_a_warning():
+    """``KernelGraph.gemms`` (the GEMM kind's nodes) is ``kinds.gemm.node.gemm_nodes(kg)`` now."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilewright.compiler.lower import lower
+    from tilewright.kinds.gemm.node import GemmNode, gemm_nodes
+
+    gm = make_fx(lambda a, b: torch.relu(a @ b) @ b)(torch.randn(8, 8), torch.randn(8, 8))
+    kg = lower(gm)
+    with pytest.warns(DeprecationWarning, match="KernelGraph.gemms moved to tilewright.kinds.gemm.node.gemm_nodes"):
+        old = kg.gemms
+    assert old == gemm_nodes(kg) and len(old) == 2 and all(isinstance(n, GemmNode) for n in old)

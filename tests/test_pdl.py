@@ -269,7 +269,8 @@ def test_fused_quantising_producer_is_the_nvfp4_gemms_pdl_producer():
     activation and its block scales launches right before the NVFP4 GEMM reading them (no ATen
     quantisation between them breaks the chain), so it is the producer of a PDL edge, and its
     Triton rendering for sm_100a waits, releases, and stores the E4M3 scales."""
-    from tilewright.compiler.graph import FusedNode, GemmNode
+    from tilewright.compiler.graph import FusedNode
+    from tilewright.kinds.gemm.node import GemmNode
     from tilewright.demo.models import llama_nvfp4_decode_calibrated
 
     model, inputs = llama_nvfp4_decode_calibrated(tokens=4)
@@ -298,7 +299,8 @@ def test_fused_mx_quantising_producer_is_the_mx_gemms_pdl_producer():
     kernel that writes the packed activation and its E8M0 scale bytes (compiler/loops/
     quantize_mx.py) launches right before the MX GEMM reading them, so it is the producer of a
     PDL edge, and its Triton rendering for sm_100a waits and releases."""
-    from tilewright.compiler.graph import FusedNode, GemmNode
+    from tilewright.compiler.graph import FusedNode
+    from tilewright.kinds.gemm.node import GemmNode
     from tilewright.demo.models import build_llama, llama_inputs
     from tilewright.quant.linear import quantize_linears
 

@@ -2,8 +2,10 @@
 
 A :class:`KernelGraph` is an ordered list of nodes over named values (FX node names):
 
-* :class:`GemmNode`: one GEMM-family op (mm, addmm, bmm, baddbmm, and what linear decomposes
-  to) with its fused epilogue; sizes are sympy expressions so symbolic dims flow through;
+* a kind's own kernel node (the GEMM kind's :class:`~tilewright.kinds.gemm.node.GemmNode`:
+  one GEMM-family op with its fused epilogue; sizes are sympy expressions so symbolic dims flow
+  through): a :class:`Node` with ``launches_kernel`` set, which answers the graph and the
+  wrapper through :meth:`Node.produces`, :meth:`Node.describe` and :meth:`Node.wrapper_lines`;
 * :class:`LoopNode`: one pointwise or reduction op lowered to the expression IR
   (:mod:`tilewright.ir`), before fusion;
 * :class:`FusedNode`: after fusion, a group of loop nodes as one loop kernel;
@@ -19,14 +21,14 @@ Every node keeps the FX nodes it stands for, so the graph can always fall back t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import networkx as nx
 import sympy
 import torch
 import torch.fx as fx
 
-from tilewright.problem import EpilogueOp
+from tilewright._moved import moved_names
 
 
 def to_sympy(x: Any) -> sympy.Expr:
@@ -107,12 +109,35 @@ def layout_of(meta: TensorMeta) -> str:
 
 @dataclass
 class Node:
+    """A node of the kernel graph. A kind whose kernels need more than :class:`KernelNode`
+    subclasses it with ``launches_kernel`` set and answers the shared passes through
+    :meth:`produces`, :meth:`describe` and :meth:`wrapper_lines` (the compiler never names it)."""
+
     name: str
     fx_nodes: list[fx.Node]
+    # the wrapper calls a compiled kernel for it (:attr:`KernelGraph.kernels`)
+    launches_kernel: ClassVar[bool] = False
 
     @property
     def inputs(self) -> list[str]:
         raise NotImplementedError
+
+    def produces(self) -> list[str]:
+        """The graph values the node computes."""
+        return [self.name]
+
+    def describe(self) -> str:
+        """One line for :meth:`KernelGraph.describe` (debug dumps)."""
+        return f"{self.name} = {type(self).__name__}({', '.join(self.inputs)})"
+
+    def wrapper_lines(self, wrapper: Any) -> list[str]:
+        """The wrapper's lines calling this node's kernel, written with ``wrapper``'s names
+        (:class:`~tilewright.compiler.wrapper.WrapperCodegen`: ``name``, ``literal``, ``describe``).
+
+        Raises:
+            NotImplementedError: the node is no kernel of a kind's own node type.
+        """
+        raise NotImplementedError(f"{type(self).__name__} {self.name} has no wrapper call")
 
 
 @dataclass
@@ -219,24 +244,30 @@ class FusedNode(Node):
     symbols: list[sympy.Symbol] = field(default_factory=list)
     members: list[str] = field(default_factory=list)  # the loop nodes it computes
     device: torch.device = torch.device("cpu")
+    launches_kernel: ClassVar[bool] = True
 
     @property
     def inputs(self) -> list[str]:
         return list(self.args)
 
+    def produces(self) -> list[str]:
+        return list(self.outputs)
+
 
 @dataclass
 class KernelNode(Node):
-    """One kernel of a registered problem kind other than GEMMs and loop kernels (those have
-    :class:`GemmNode` and :class:`FusedNode`): ``problem`` at its trace-time sizes (dynamic ones
-    at their bucket), chosen and built by the pipeline like every kernel. The wrapper calls it as
-    ``outputs = name(*args)``: each arg an FX node (a graph value) or a literal."""
+    """One kernel of a registered problem kind that needs no node type of its own (loop kernels
+    have :class:`FusedNode`, GEMMs :class:`~tilewright.kinds.gemm.node.GemmNode`): ``problem``
+    at its trace-time sizes (dynamic ones at their bucket), chosen and built by the pipeline like
+    every kernel. The wrapper calls it as ``outputs = name(*args)``: each arg an FX node (a graph
+    value) or a literal."""
 
     kind: str = ""
     problem: Any = None
     args: list[Any] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     device: torch.device = torch.device("cpu")
+    launches_kernel: ClassVar[bool] = True
 
     @property
     def inputs(self) -> list[str]:
@@ -247,56 +278,8 @@ class KernelNode(Node):
                     seen.setdefault(x.name, None)
         return list(seen)
 
-
-@dataclass
-class GemmNode(Node):
-    """A GEMM with its fused epilogue. ``name`` is the kernel's name (gemm_0, gemm_1, ...);
-    ``value`` the FX value it produces (the last node it absorbed)."""
-
-    op: str = "mm"
-    a: str = ""
-    b: str = ""
-    M: sympy.Expr = sympy.Integer(0)
-    N: sympy.Expr = sympy.Integer(0)
-    K: sympy.Expr = sympy.Integer(0)
-    batch: sympy.Expr = sympy.Integer(1)
-    hints: dict[str, int] = field(default_factory=dict)
-    batched: bool = False
-    dtype: torch.dtype = torch.float32
-    out_dtype: torch.dtype = torch.float32
-    device: torch.device = torch.device("cpu")
-    layout_a: str = "row"
-    layout_b: str = "row"
-    epilogue: list[EpilogueOp] = field(default_factory=list)
-    epilogue_inputs: list[Any] = field(default_factory=list)  # tilewright.kinds.gemm.lower.FusedInput
-    view: fx.Node | None = None  # the absorbed view node, whose shape arguments the wrapper uses
-    value: str = ""
-    # the GEMM's own FX value when it is needed beside the epilogue's (saved for the backward):
-    # the kernel stores it too, before the epilogue
-    acc_value: str = ""
-    acc_after: int = 0  # leading epilogue steps (bias, scales from lowering) the stored value includes
-    # the epilogue as expression IR (tilewright.ir.expr.Node) once the chain took an op that is
-    # not one of the epilogue kinds; ``epilogue`` is then empty
-    epilogue_ir: Any = None
-    fmt: str = ""  # block-scaled format ("nvfp4") when A and B are packed with block scales
-    scales: tuple[str, str] | None = None  # values of A's and B's block scales
-    scale_layout: str = ""
-    # ``b`` names w where B is w.t() (a linear's weight; kinds/gemm/transposed.py): the view is
-    # not made in the wrapper; the kernel call takes w as it is or makes the view itself
-    b_t: bool = False
-
-    @property
-    def inputs(self) -> list[str]:
-        names = [self.a, self.b] + list(self.scales or ()) + [e.value for e in self.epilogue_inputs]
-        if self.view is not None:  # a symbolic view shape reads size values of the graph
-            names += [n.name for n in self.view.args[1] if isinstance(n, fx.Node)] \
-                if isinstance(self.view.args[1], (list, tuple)) else []
-        return names
-
-    @property
-    def dynamic(self) -> frozenset[str]:
-        dims = {"M": self.M, "N": self.N, "K": self.K, "batch": self.batch}
-        return frozenset(k for k, v in dims.items() if v.free_symbols)
+    def produces(self) -> list[str]:
+        return list(self.outputs)
 
 
 @dataclass
@@ -308,8 +291,14 @@ class KernelGraph:
     output: fx.Node
 
     @property
-    def gemms(self) -> list[GemmNode]:
-        return [n for n in self.nodes if isinstance(n, GemmNode)]
+    def gemms(self) -> list[Node]:
+        """Deprecated: :func:`tilewright.kinds.gemm.node.gemm_nodes` (the GEMM kind's)."""
+        import importlib
+        import warnings
+
+        warnings.warn("KernelGraph.gemms moved to tilewright.kinds.gemm.node.gemm_nodes(kg) (KernelGraph.gemms "
+                      "is removed in the next release)", DeprecationWarning, stacklevel=2)
+        return importlib.import_module("tilewright.kinds.gemm.node").gemm_nodes(self)
 
     @property
     def fused(self) -> list[FusedNode]:
@@ -318,7 +307,7 @@ class KernelGraph:
     @property
     def kernels(self) -> list[Node]:
         """Every node the wrapper calls a compiled kernel for, in order."""
-        return [n for n in self.nodes if isinstance(n, (GemmNode, FusedNode, KernelNode))]
+        return [n for n in self.nodes if n.launches_kernel]
 
     def producers(self) -> dict[str, Node]:
         """Value name -> the node that computes it."""
@@ -345,16 +334,7 @@ class KernelGraph:
         """Human-readable listing, for debug dumps."""
         lines = [f"inputs: {', '.join(p.name for p in self.placeholders)}"]
         for n in self.nodes:
-            if isinstance(n, GemmNode):
-                eps = " → ".join(op.describe(tuple(e.pattern for e in n.epilogue_inputs))
-                                 for op in n.epilogue) or "-"
-                lines.append(
-                    f"{n.value}{', ' + n.acc_value if n.acc_value else ''} = {n.name}: {n.op} batch={n.batch} M={n.M} N={n.N} K={n.K} "
-                    f"{n.fmt or n.dtype}→{n.out_dtype} A={n.a}({n.layout_a}) B={n.b}{'.T' if n.b_t else ''}({n.layout_b}) "
-                    + (f"scales={list(n.scales)} " if n.scales else "") +
-                    f"epilogue: {eps} inputs: {[e.value for e in n.epilogue_inputs]} "
-                    f"absorbs: {[f.name for f in n.fx_nodes]}")
-            elif isinstance(n, LoopNode):
+            if isinstance(n, LoopNode):
                 from tilewright.ir.expr import render
 
                 red = f" reduce {list(n.reduction_ranges)}" if n.reduction_ranges else ""
@@ -366,29 +346,19 @@ class KernelGraph:
             elif isinstance(n, KernelNode):
                 lines.append(f"{', '.join(n.outputs)} = {n.name}: {n.kind} {n.problem.describe()} "
                              f"inputs: {n.inputs} absorbs: {[f.name for f in n.fx_nodes]}")
-            else:
-                assert isinstance(n, ExternNode)
+            elif isinstance(n, ExternNode):
                 lines.append(f"{n.name} = {n.kind}: {n.fx_node.target}({', '.join(n.inputs)})")
+            else:  # a kind's own node
+                lines.append(n.describe())
         lines.append(f"outputs: {self.output.args}")
         return "\n".join(lines)
 
 
 def produced(n: Node) -> list[str]:
     """The graph values a node computes."""
-    if isinstance(n, GemmNode):
-        return [n.value] + ([n.acc_value] if n.acc_value else [])
-    if isinstance(n, (FusedNode, KernelNode)):
-        return list(n.outputs)
-    return [n.name]
+    return n.produces()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "FusedInput":  # the GEMM kind's: kept here for one release
-        import importlib
-        import warnings
-
-        new = "tilewright.kinds.gemm.lower"
-        warnings.warn(f"tilewright.compiler.graph.{name} moved to {new}; import it from there (the old name is "
-                      f"removed in the next release)", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(new), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the GEMM kind's names, kept here for one release
+__getattr__ = moved_names(__name__, {"FusedInput": "tilewright.kinds.gemm.lower",
+                                     "GemmNode": "tilewright.kinds.gemm.node"})

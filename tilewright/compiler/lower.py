@@ -2,7 +2,7 @@
 
 Every call is offered to the registered problem kinds, in registration order
 (:mod:`tilewright.kinds`: each may first rewrite the FX graph, then take nodes as kernels of its
-own: GEMM-family calls become :class:`~tilewright.compiler.graph.GemmNode`\ s,
+own: GEMM-family calls become :class:`~tilewright.kinds.gemm.node.GemmNode`\\ s,
 :mod:`tilewright.kinds.gemm.lower`; a ``_grouped_mm`` becomes a grouped-GEMM
 :class:`~tilewright.compiler.graph.KernelNode`); what none takes becomes an :class:`ExternNode`,
 run as ATen, so an op tilewright cannot lower never fails the model.
@@ -15,6 +15,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from tilewright._moved import moved_names
 from tilewright.compiler.graph import ExternNode, KernelGraph, Node
 from tilewright.compiler.fallbacks import contain
 from tilewright.compiler.views import fold_double_transposes
@@ -127,12 +128,4 @@ def lower_loop_nodes(kg: KernelGraph, gm: fx.GraphModule, skip: set[str] = froze
     return len(loops)
 
 
-def __getattr__(name: str):
-    if name in _MOVED:
-        import importlib
-        import warnings
-
-        warnings.warn(f"tilewright.compiler.lower.{name} moved to {_MOVED[name]}; import it from there (the "
-                      f"old name is removed in the next release)", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, _MOVED)

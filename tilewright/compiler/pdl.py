@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 
 from tilewright._config import config
 from tilewright.autotune.candidates import Candidate
-from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph
+from tilewright.compiler.graph import ExternNode, KernelGraph, KernelNode
 from tilewright.compiler.traffic import FREE_KINDS, is_free
 from tilewright.templates import get_template
 
@@ -60,11 +60,12 @@ def launches_nothing(node: Any) -> bool:
 def chain_edges(nodes: Iterable[Any], kernels: set[str] | None = None) -> list[tuple[str, str]]:
     """(producer, consumer) names of consecutive generated kernels in launch order. ``kernels``
     names the graph's kernel nodes (those of any registered kind, ``tilewright.kinds.kernel_nodes``);
-    by default GEMMs and loop kernels."""
+    by default every kernel node but a :class:`KernelNode` (GEMMs and loop kernels)."""
     edges: list[tuple[str, str]] = []
     previous: str | None = None
     for n in nodes:
-        if (n.name in kernels) if kernels is not None else isinstance(n, (GemmNode, FusedNode)):
+        kernel = getattr(n, "launches_kernel", False) and not isinstance(n, KernelNode)
+        if (n.name in kernels) if kernels is not None else kernel:
             if previous is not None:
                 edges.append((previous, n.name))
             previous = n.name

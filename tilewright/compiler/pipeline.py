@@ -38,7 +38,7 @@ from tilewright.compiler.graph import FusedNode, KernelGraph, Node
 from tilewright.compiler.lower import lower, lower_loop_nodes
 from tilewright.compiler.programs import attach_programs
 from tilewright.compiler.race import raced
-from tilewright.compiler.report import GemmReport, GraphReport, publish
+from tilewright.compiler.report import GraphReport, publish
 from tilewright.compiler.pdl import apply_pdl, pdl_kernels, with_pdl
 from tilewright.compiler.traffic import compiled_cost, eager_cost
 from tilewright.compiler.wrapper import WrapperCodegen, WrapperError, load_wrapper
@@ -238,12 +238,12 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], kind: str, report: G
     with stage("wrap"):
         fn = _wrap(kg, gm, example_inputs, report, calls, choices, rendered)
     kernels = kernel_nodes(kg)  # less those whose wrapper line failed
-    report.gemm_nodes = len(kg.gemms)
     report.extern_nodes = len(kg.nodes) - len(kernels)
-    for n, kind in kernels:  # each kind reports its own kernels
+    for n, kind in kernels:  # each kind reports its own kernels, into the list its report names
         r = kind.report(n, calls[n.name])
-        (report.gemms if isinstance(r, GemmReport) else report.kernels).append(r)
+        getattr(report, getattr(r, "section", "kernels")).append(r)
         report.kernel_counts[calls[n.name].kind] = report.kernel_counts.get(calls[n.name].kind, 0) + 1
+    report.gemm_nodes = len(report.gemms)  # the GEMM kind's nodes (its reports' section)
     report.extern_ops, report.bytes_moved = compiled_cost(
         kg, {name: int(getattr(c.problem, "min_bytes", 0)) for name, c in calls.items()})
     publish(report)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
+
+from tilewright._moved import moved_names
 
 
 @dataclass
@@ -25,34 +27,9 @@ class CandidateReport:
 
 
 @dataclass
-class GemmReport:
-    """One GEMM node: problem, fused epilogue and the kernel chosen. Times in ms."""
-
-    node: str
-    op: str
-    batch: int
-    M: int
-    N: int
-    K: int
-    dtype: str
-    out_dtype: str
-    epilogue: str
-    dynamic: list[str]
-    winner: str
-    winner_ms: float | None
-    reason: str
-    candidates: list[CandidateReport] = field(default_factory=list)
-    tune_seconds: float = 0.0
-    kind: str = ""  # the problem kind, as KernelReport's (set by the kind's report hook)
-
-    @property
-    def tried(self) -> int:
-        return len(self.candidates)
-
-
-@dataclass
 class KernelReport:
-    """One kernel of any kind but GEMM (those have :class:`GemmReport`): a loop kernel
+    """One kernel of any kind but GEMM (those have
+    :class:`~tilewright.kinds.gemm.report.GemmReport`): a loop kernel
     (pointwise or reduction), a grouped GEMM, ...: what it computes, the kernel chosen, and the
     bytes it moves per call at the trace-time sizes (modelled: each input read and each output
     written once). ``kind`` is the problem kind, ``members`` the loop nodes a loop kernel
@@ -71,6 +48,8 @@ class KernelReport:
     problem_json: dict[str, Any] = field(default_factory=dict)
     winner_ms: float | None = None
     candidates: list[CandidateReport] = field(default_factory=list)
+    # the list of GraphReport it goes in (a kind's own report type names its own)
+    section: ClassVar[str] = "kernels"
 
 
 def candidate_reports(selection: Any) -> list[CandidateReport]:
@@ -109,7 +88,7 @@ class GraphReport:
     eager_launches: int = 0
     kernel_counts: dict[str, int] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
-    gemms: list[GemmReport] = field(default_factory=list)
+    gemms: list[Any] = field(default_factory=list)  # tilewright.kinds.gemm.report.GemmReport
     kernels: list[KernelReport] = field(default_factory=list)
     fallback: str | None = None
     debug_dir: str | None = None
@@ -167,3 +146,7 @@ def collect_reports() -> Iterator[list[GraphReport]]:
         with _lock:
             # by identity: nested blocks' lists hold the same reports and compare equal
             _sinks[:] = [other for other in _sinks if other is not sink]
+
+
+# the GEMM kind's report, kept here for one release
+__getattr__ = moved_names(__name__, {"GemmReport": "tilewright.kinds.gemm.report"})

@@ -13,7 +13,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph, KernelNode, TensorMeta
+from tilewright.compiler.graph import ExternNode, KernelGraph, TensorMeta
 from tilewright.ir import dtypes
 
 FREE_KINDS = ("view", "getitem", "constant")
@@ -84,7 +84,7 @@ def compiled_cost(kg: KernelGraph, kernel_bytes: dict[str, int]) -> tuple[int, i
     kernels of every other kind)."""
     externs = traffic = 0
     for n in kg.nodes:
-        if isinstance(n, (GemmNode, FusedNode, KernelNode)):
+        if n.launches_kernel:
             traffic += kernel_bytes.get(n.name, 0)
         elif isinstance(n, ExternNode) and not is_free(n.fx_node) and n.kind not in FREE_KINDS:
             externs += 1

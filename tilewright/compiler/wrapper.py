@@ -1,8 +1,9 @@
 """Wrapper codegen: the kernel graph becomes a Python module whose ``call(args)`` Dynamo runs.
 
 The module calls ATen for extern nodes and the chosen kernel (through its
-:class:`~tilewright.compiler.dispatch.KernelCall`) for each GEMM, loop kernel and kernel of
-another problem kind (:class:`~tilewright.compiler.graph.KernelNode`), in order, and
+:class:`~tilewright.compiler.dispatch.KernelCall`) for each kernel node: a loop kernel, a
+kernel of a kind's own node type (which writes its call: ``Node.wrapper_lines``, a GEMM's) and
+one of another problem kind (:class:`~tilewright.compiler.graph.KernelNode`), in order, and
 drops every value after its last use so memory is freed as early as eager would. It takes its
 inputs as one list and clears it (aot_autograd's boxed calling convention), so inputs can be
 freed early too. Symbolic sizes a loop kernel needs are read off the graph's inputs once, at the
@@ -22,7 +23,7 @@ import torch.fx as fx
 
 import sympy
 
-from tilewright.compiler.graph import ExternNode, FusedNode, GemmNode, KernelGraph, KernelNode, produced, to_sympy
+from tilewright.compiler.graph import ExternNode, FusedNode, KernelGraph, KernelNode, produced, to_sympy
 
 RESERVED = {"torch", "aten", "prims", "operator", "math", "kernels", "consts", "args", "call",
             "device", "inf", "nan"}
@@ -141,19 +142,6 @@ class WrapperCodegen:
         args += [f"{k}={self.literal(v)}" for k, v in node.kwargs.items()]
         return f"{self.name(n.name)} = {self.target(node.target)}({', '.join(args)})"
 
-    def _gemm(self, g: GemmNode) -> list[str]:
-        args = [self.name(g.a), self.name(g.b)] + [self.name(e.value) for e in g.epilogue_inputs]
-        if g.scales:
-            args += [f"a_scale={self.name(g.scales[0])}", f"b_scale={self.name(g.scales[1])}"]
-        if g.view is not None:
-            args.append(f"view={self.literal(g.view.args[1])}")
-        lines = []
-        if g.name in self.describe:
-            lines.append(f"# {g.name}: {self.describe[g.name]}")
-        outs = self.name(g.value) + (f", {self.name(g.acc_value)}" if g.acc_value else "")
-        lines.append(f"{outs} = {g.name}({', '.join(args)})")
-        return lines
-
     def _fused(self, f: FusedNode) -> list[str]:
         args = [self.name(v) for v in f.args] + [self.symbol(s) for s in f.symbols]
         outs = ", ".join(self.name(v) for v in f.outputs)
@@ -221,12 +209,12 @@ class WrapperCodegen:
         for i, n in enumerate(kg.nodes):
             start = len(body)
             try:
-                if isinstance(n, GemmNode):
-                    body.extend(self._gemm(n))
-                elif isinstance(n, FusedNode):
+                if isinstance(n, FusedNode):
                     body.extend(self._fused(n))
                 elif isinstance(n, KernelNode):
                     body.extend(self._kernel(n))
+                elif n.launches_kernel:  # a kind's own node (a GEMM) writes its call
+                    body.extend(n.wrapper_lines(self))
                 else:
                     body.append(self._extern(n))  # type: ignore[arg-type]
             except Exception as e:  # noqa: BLE001 - costs that kernel (the pipeline unlowers it)

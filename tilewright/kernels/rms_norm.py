@@ -79,6 +79,7 @@ def reference_loop_problem(dtype: torch.dtype, weight_dtype: torch.dtype, eps: f
     from tilewright.compiler.decompositions import decomposition_table
     from tilewright.compiler.lower import lower
     from tilewright.compiler.pipeline import fuse
+    from tilewright.kinds.gemm.node import gemm_nodes
 
     def reference(x, w):
         h = x.to(torch.float32)
@@ -90,7 +91,7 @@ def reference_loop_problem(dtype: torch.dtype, weight_dtype: torch.dtype, eps: f
     fuse(kg, gm)
     placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     fused = list(kg.fused)
-    if len(fused) != 1 or kg.gemms or list(fused[0].inputs) != placeholders or \
+    if len(fused) != 1 or gemm_nodes(kg) or list(fused[0].inputs) != placeholders or \
             fused[0].problem.kind != "reduction" or len(fused[0].problem.kernel.outputs) != 1:
         raise gate.FlyDslUnavailable(f"the pipeline made {[f.problem.describe() for f in fused]} of "
                                      f"the reference RMSNorm, not one reduction over (x, weight)")

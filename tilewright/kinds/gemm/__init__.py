@@ -16,10 +16,12 @@ GEMMs, each with its fused epilogue), registered once (:data:`tilewright.kinds.B
 ``fuse``         epilogue fusion: the elementwise chain after a GEMM into its kernel
 ``transposed``   a CPU linear's weight read in place (B = w.t() passed as w)
 ``capture``      ``capture_gemms`` (``tilewright aot``/``warm``)
+``node``         :class:`GemmNode`, the kind's kernel-graph node (the wrapper, PDL and
+                 traffic passes ask it through ``compiler.graph.Node``'s interface)
+``report``       :class:`GemmReport`, a GEMM kernel's part of a graph's report
 ================ =========================================================================
 
-Still outside it: the kernel-graph node (:class:`tilewright.compiler.graph.GemmNode`, which
-the wrapper, PDL and traffic passes read). The names of ``kind`` (``KIND``, ``GemmKind``, ``gemm_problem``, ...) are
+The names of ``kind`` (``KIND``, ``GemmKind``, ``gemm_problem``, ...) are
 importable from here, as from the module this package replaced; they load on first use (the
 kind imports the autotuner).
 """
@@ -27,7 +29,7 @@ kind imports the autotuner).
 from typing import Any
 
 _MODULES = frozenset({"kind", "policy", "checks", "cost", "decode", "heuristics", "shapes", "lower", "lower_scaled",
-                      "fuse", "capture", "problem", "transposed"})
+                      "fuse", "capture", "problem", "transposed", "node", "report"})
 
 
 def __getattr__(name: str) -> Any:

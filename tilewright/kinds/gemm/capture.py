@@ -1,6 +1,6 @@
 """The GEMM kind's part of ``tilewright aot``/``warm``'s capture: a model's distinct GEMM
 problems (its ``capture`` hook is :meth:`~tilewright.kinds.gemm.kind.GemmKind.capture`, the
-default over its :class:`~tilewright.compiler.graph.GemmNode`\\ s). It moved here from
+default over its :class:`~tilewright.kinds.gemm.node.GemmNode`\\ s). It moved here from
 :mod:`tilewright.compiler.capture`, where the name resolves for one release with a
 DeprecationWarning.
 """

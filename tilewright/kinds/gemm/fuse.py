@@ -27,8 +27,9 @@ import sympy
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.graph import ExternNode, GemmNode, KernelGraph, TensorMeta
+from tilewright.compiler.graph import ExternNode, KernelGraph, TensorMeta
 from tilewright.kinds.gemm.lower import FusedInput, broadcast_pattern
+from tilewright.kinds.gemm.node import GemmNode, gemm_nodes
 from tilewright.problem import DTYPE_NAMES, EpilogueInput, EpilogueOp
 
 aten = torch.ops.aten
@@ -293,7 +294,7 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
     absorbed: set[int] = set()
     total = 0
 
-    for g in kg.gemms:
+    for g in gemm_nodes(kg):
         gemm_fx = g.fx_nodes[0]
         # the GEMM's own value is never an operand of its epilogue (it is being computed)
         descendants = nx.descendants(fx_graph, gemm_fx.name) | {gemm_fx.name}
@@ -352,7 +353,7 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
     # by then, since each one fed a node of its chain; a GEMM that also stores its product
     # moves the product's other users after it (they do not feed the chain)
     kg.nodes.sort(key=lambda n: position[n.fx_nodes[-1]])
-    if any(g.acc_value for g in kg.gemms):
+    if any(g.acc_value for g in gemm_nodes(kg)):
         by_name = {n.name: n for n in kg.nodes}
         order = {n.name: i for i, n in enumerate(kg.nodes)}
         deps = kg.dependency_graph()

@@ -5,7 +5,7 @@ Policy :class:`~tilewright.kinds.gemm.policy.GemmPolicy` (per target backend:
 ``kinds.gemm.policy.POLICIES``), cost model :func:`~tilewright.kinds.gemm.cost.estimate_gemm`,
 inputs and checks :mod:`tilewright.kinds.gemm.checks`, ATen template ``aten.gemm`` (also the
 float64 reference, B a slab of columns at a time). Its kernels are the kernel graph's
-:class:`~tilewright.compiler.graph.GemmNode`\\ s, which its lowering makes
+:class:`~tilewright.kinds.gemm.node.GemmNode`\\ s, which its lowering makes
 (:mod:`tilewright.kinds.gemm.lower`, after the block-scaled rewrite :mod:`~tilewright.kinds.gemm.lower_scaled`)
 and its epilogue fusion grows (:mod:`tilewright.kinds.gemm.fuse`).
 """
@@ -33,7 +33,7 @@ REFERENCE_SLAB_BYTES = 64 << 20  # float64 B columns converted at a time
 
 
 def gemm_problem(g: Any) -> GemmProblem:
-    """The autotuner's view of a GEMM node (:class:`~tilewright.compiler.graph.GemmNode`), at
+    """The autotuner's view of a GEMM node (:class:`~tilewright.kinds.gemm.node.GemmNode`), at
     its trace-time sizes."""
     from tilewright.ir.epilogue import dumps
     from tilewright.problem import DTYPE_NAMES
@@ -155,7 +155,7 @@ class GemmKind(ProblemKind):
 
     # -- the compiler's side --------------------------------------------------------------------
     def lower(self, node: Any, index: int) -> Any:
-        """A GEMM-family call as a :class:`~tilewright.compiler.graph.GemmNode`
+        """A GEMM-family call as a :class:`~tilewright.kinds.gemm.node.GemmNode`
         (:func:`tilewright.kinds.gemm.lower.lower_node`)."""
         from tilewright.kinds.gemm.lower import lower_node  # the compiler imports the registry
 
@@ -178,7 +178,7 @@ class GemmKind(ProblemKind):
         return fused
 
     def owns(self, node: Any) -> bool:
-        from tilewright.compiler.graph import GemmNode  # the compiler imports the registry
+        from tilewright.kinds.gemm.node import GemmNode  # the compiler imports the registry
 
         return isinstance(node, GemmNode)
 
@@ -257,7 +257,8 @@ class GemmKind(ProblemKind):
 
     # -- reports and names ----------------------------------------------------------------------
     def report(self, node: Any, call: Any) -> Any:
-        from tilewright.compiler.report import GemmReport, candidate_reports  # compiler imports us
+        from tilewright.compiler.report import candidate_reports  # compiler imports us
+        from tilewright.kinds.gemm.report import GemmReport
 
         sel = next(iter(call.selections.values()))
         rec = sel.winner_record

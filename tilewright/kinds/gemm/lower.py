@@ -1,5 +1,5 @@
 """The GEMM kind's FX lowering: GEMM-family calls with float operands on one device become
-:class:`~tilewright.compiler.graph.GemmNode`\\ s (the kind's :meth:`~tilewright.kinds.gemm.kind.GemmKind.lower`
+:class:`~tilewright.kinds.gemm.node.GemmNode`\\ s (the kind's :meth:`~tilewright.kinds.gemm.kind.GemmKind.lower`
 hook): ``mm``, ``addmm`` (bias as the first epilogue step, ``alpha``/``beta`` as scales), ``bmm``,
 ``baddbmm``, fp8 ``_scaled_mm`` (its scales and bias as epilogue steps) and NVFP4
 ``tilewright.nvfp4_mm`` and MXFP4 ``tilewright.mx_mm`` (packed operands with block scales; alpha
@@ -17,8 +17,9 @@ import sympy
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.graph import GemmNode, TensorMeta, layout_of
+from tilewright.compiler.graph import TensorMeta, layout_of
 from tilewright.compiler.lower import is_op
+from tilewright.kinds.gemm.node import GemmNode
 from tilewright.problem import DTYPE_NAMES, GEMM_INPUT_DTYPES, VALUES_PER_BYTE, EpilogueInput, EpilogueOp
 
 aten = torch.ops.aten

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from tilewright.compiler.graph import ExternNode, GemmNode, KernelGraph, TensorMeta
+from tilewright.compiler.graph import ExternNode, KernelGraph, TensorMeta
+from tilewright.kinds.gemm.node import gemm_nodes
 
 aten = torch.ops.aten
 
@@ -48,7 +49,7 @@ def fold_weight_transposes(kg: KernelGraph) -> int:
     place. Returns how many GEMMs now take their B as ``w``."""
     views = {n.name: n for n in kg.nodes if isinstance(n, ExternNode) and n.fx_node.op == "call_function"}
     folded = 0
-    for g in kg.gemms:
+    for g in gemm_nodes(kg):
         if g.b_t or g.batched or g.fmt or g.scales or g.device.type != "cpu" or g.b not in views:
             continue
         src = transposed_source(views[g.b].fx_node)
