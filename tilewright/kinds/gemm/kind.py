@@ -201,6 +201,11 @@ class GemmKind(ProblemKind):
         problem: GemmProblem = call.problem
         spaces = tuple(call.options.get("spaces", ()))
         b_t = bool(call.options.get("b_t"))
+        store_acc = problem.store_acc
+        # epilogue inputs all in the GEMM's own shape: a launcher that broadcasts them (ATen's,
+        # oneDNN's) takes them as they come, so a static call needs no sizes (the common case:
+        # a linear's bias); the other way costs ~2 us of shape arithmetic per call
+        gemm_space = "view" not in spaces
 
         def run(launch: Callable[..., Any], a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
                 **scales: torch.Tensor) -> Any:
@@ -213,13 +218,19 @@ class GemmKind(ProblemKind):
         def invoke(a: torch.Tensor, b: torch.Tensor, *epilogue_inputs: torch.Tensor,
                    view: Sequence[int] | None = None, **scales: torch.Tensor) -> Any:
             launch = call._fast
-            if launch is not None and not epilogue_inputs and not problem.store_acc:
+            if launch is not None and not store_acc and (not epilogue_inputs or (
+                    gemm_space and getattr(launch, "broadcasts", False))):
                 # the common static case: nothing to prepare (view's -1 is torch's own)
                 try:
-                    out = run(launch, a, b, **scales)
+                    if b_t and not scales:  # run's linear entry, one frame less
+                        linear = getattr(launch, "linear", None)
+                        out = linear(a, b, *epilogue_inputs) if linear is not None \
+                            else launch(a, b.t(), *epilogue_inputs)
+                    else:
+                        out = run(launch, a, b, *epilogue_inputs, **scales)
                 except Exception as e:  # noqa: BLE001 - costs this kernel (KernelCall.rescue)
                     call.rescue(None, e)
-                    return invoke(a, b, view=view, **scales)
+                    return invoke(a, b, *epilogue_inputs, view=view, **scales)
                 if view is None:
                     return out
                 # torch infers a -1 except next to a 0 (an empty product): resolved here then
@@ -249,7 +260,7 @@ class GemmKind(ProblemKind):
             except Exception as e:  # noqa: BLE001 - costs this bucket (KernelCall.rescue)
                 call.rescue(sizes, e)
                 return invoke(a, b, *original, view=view, **scales)
-            if problem.store_acc:  # (epilogue result, the product itself)
+            if store_acc:  # (epilogue result, the product itself)
                 out, acc = out
                 return (out.view(view_shape) if view_shape is not None else out), acc
             return out.view(view_shape) if view_shape is not None else out

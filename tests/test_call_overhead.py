@@ -1,0 +1,126 @@
+"""The Python work a compiled graph's GEMM call does per call (issue 29: the race-off graph's
+per-call overhead). Counted as Python frames entered, not timed, so the checks are
+deterministic: a static GEMM whose launcher broadcasts its epilogue inputs (ATen's, oneDNN's)
+goes straight to the launcher's linear entry with the bias as it came, no shape arithmetic."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import rel_err
+from tilewright.kinds.gemm.kind import GemmKind
+
+
+def _launcher(broadcasts: bool, seen: list):
+    def launch(a, b, *epilogue_inputs):
+        seen.append(("launch", epilogue_inputs))
+        out = a @ b
+        for e in epilogue_inputs:
+            out = out + e
+        return torch.relu(out)
+
+    def linear(a, w, *epilogue_inputs):
+        seen.append(("linear", epilogue_inputs))  # no comprehension: its frame would count
+        return torch.relu(torch.nn.functional.linear(a, w, *epilogue_inputs))
+
+    launch.broadcasts = broadcasts
+    launch.linear = linear
+    return launch
+
+
+def _call(launch, spaces=("gemm",), b_t=True):
+    """What the GEMM invoker reads off a KernelCall, for a static problem."""
+    problem = SimpleNamespace(store_acc=False, block_scaled=False, batched=False)
+    call = SimpleNamespace(problem=problem, options={"spaces": spaces, "b_t": b_t}, _fast=launch,
+                           rescued=[])
+
+    def rescue(sizes, error):
+        call.rescued.append((sizes, type(error).__name__))
+        call._fast = _launcher(True, [])
+        return call._fast
+
+    call.rescue = rescue
+    return call
+
+
+def _frames(fn, *args, **kwargs) -> tuple[list[str], object]:
+    names: list[str] = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        sys.setprofile(None)
+    return names, out
+
+
+def _shapes(seen: list) -> list:
+    return [(entry, [tuple(e.shape) for e in inputs]) for entry, inputs in seen]
+
+
+def _inputs(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    a, w, bias = (torch.randn(*s, generator=gen) for s in ((5, 7), (3, 7), (3,)))
+    return a, w, bias, torch.relu(a.double() @ w.double().t() + bias.double())
+
+
+def test_a_static_linear_with_a_bias_calls_the_launchers_linear_entry_and_nothing_else():
+    seen: list = []
+    invoke = GemmKind().invoker(_call(_launcher(True, seen)))
+    a, w, bias, ref = _inputs()
+    names, out = _frames(invoke, a, w, bias)
+    # before: invoke -> run -> linear, plus the expand generator's frames (~2 us per call)
+    assert names == ["invoke", "linear"]
+    assert _shapes(seen) == [("linear", [(3,)])]  # the bias as it came, not expanded to (M, N)
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_a_launcher_that_does_not_broadcast_still_gets_its_epilogue_inputs_expanded():
+    seen: list = []
+    invoke = GemmKind().invoker(_call(_launcher(False, seen)))
+    a, w, bias, ref = _inputs(1)
+    out = invoke(a, w, bias)
+    assert _shapes(seen) == [("linear", [(5, 3)])]
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_an_epilogue_input_in_the_views_shape_is_reshaped_to_the_gemms():
+    seen: list = []
+    invoke = GemmKind().invoker(_call(_launcher(True, seen), spaces=("view",)))
+    a, w, bias, ref = _inputs(2)
+    out = invoke(a, w, bias.view(1, 1, 3), view=[5, 1, 3])
+    assert _shapes(seen) == [("linear", [(5, 3)])]
+    assert out.shape == (5, 1, 3) and rel_err(out, ref.view(5, 1, 3)) < 1e-5
+
+
+def test_a_failing_fast_call_is_rescued_and_rerun_with_its_bias():
+    def broken(a, w, *epilogue_inputs):
+        raise RuntimeError("kernel failed")
+
+    launch = _launcher(True, [])
+    launch.linear = broken
+    call = _call(launch)
+    a, w, bias, ref = _inputs(3)
+    out = GemmKind().invoker(call)(a, w, bias)
+    assert [error for _, error in call.rescued] == ["RuntimeError"]
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("b_t", [False, True])
+def test_a_launcher_without_a_linear_entry_gets_b(b_t):
+    seen: list = []
+    launch = _launcher(True, seen)
+    del launch.linear
+    invoke = GemmKind().invoker(_call(launch, b_t=b_t))
+    a, w, bias, ref = _inputs(4)
+    out = invoke(a, w if b_t else w.t(), bias)
+    assert _shapes(seen) == [("launch", [(3,)])]
+    assert rel_err(out, ref) < 1e-5
