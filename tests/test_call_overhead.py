@@ -124,3 +124,14 @@ def test_a_launcher_without_a_linear_entry_gets_b(b_t):
     out = invoke(a, w if b_t else w.t(), bias)
     assert _shapes(seen) == [("launch", [(3,)])]
     assert rel_err(out, ref) < 1e-5
+
+
+def test_a_graph_traced_for_dispatch_counting_costs_one_frame_while_counting_is_off():
+    from tilewright.compiler.dispatches import traced
+
+    def graph(args):
+        return args[0] + 1
+
+    names, out = _frames(traced(graph, 0), [torch.ones(2)])
+    assert names == ["call", "graph"]
+    assert torch.equal(out, torch.full((2,), 2.0))
