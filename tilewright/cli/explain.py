@@ -39,7 +39,7 @@ def missing_templates_note(problem: Any, target: Any, dumped: list[str]) -> str 
     another process are not seen in this one. None when neither holds."""
     from tilewright.autotune.kinds import kind_name
     from tilewright.autotune.policy import policy_for
-    from tilewright.templates import all_templates, user_modules_loaded
+    from tilewright.templates import all_templates, is_builtin, user_modules_loaded
 
     fix = ("load the module or file that registers them: tilewright explain --templates MODULE_OR_FILE "
            "(or TILEWRIGHT_TEMPLATES=MODULE_OR_FILE; entry points are loaded already)")
@@ -50,8 +50,8 @@ def missing_templates_note(problem: Any, target: Any, dumped: list[str]) -> str 
     if user_modules_loaded():
         return None
     cands = policy_for(kind_name(problem), target).candidates(problem, target)
-    if all(c.backend == "aten" for c in cands):
-        return ("only ATen is a candidate here; templates your own code registers by calls "
+    if all(is_builtin(c.template_id) for c in cands):
+        return ("only tilewright's own templates are candidates here; templates your own code registers by calls "
                 f"(register_template, helion_template) are not in a new process: {fix}")
     return None
 

@@ -62,6 +62,7 @@ _lock = threading.RLock()
 _TEMPLATES: dict[str, TemplateSpec] = {}
 _BY_LANGUAGE: dict[str, list[TemplateSpec]] = {}
 _discovered = False
+_BUILTIN: set[str] = set()  # the ids the package's own language folders registered
 # what the scan of the folders and entry points registered (the rest came from calls)
 _SCANNED_LANGUAGES: set[str] = set()
 _SCANNED_TEMPLATES: set[str] = set()
@@ -301,6 +302,7 @@ def ensure_registered() -> None:
         except BaseException:
             _discovered = False  # a broken folder of ours is a bug: raise it every time
             raise
+        _BUILTIN.update(_TEMPLATES)
         load_entry_points()
     from tilewright._config import config
 
@@ -352,6 +354,13 @@ def load_user_modules(specs: Iterable[str], *, strict: bool = True) -> dict[str,
                                         "module name (mypkg.kernels) or a .py file") from e
             failed[spec] = why
     return failed
+
+
+def is_builtin(template_id: str) -> bool:
+    """Whether ``template_id`` is one of the package's own templates (not a plug-in's or a
+    user's, registered by entry point, ``TILEWRIGHT_TEMPLATES`` or a call)."""
+    ensure_registered()
+    return template_id in _BUILTIN
 
 
 def user_modules_loaded() -> list[str]:
