@@ -41,11 +41,11 @@ def _cases() -> dict[str, GemmProblem]:
     add0 = EpilogueOp("add", input=0)
     res = (EpilogueInput("N", "fp32"), EpilogueInput("MN", "fp32"))
     out = {}
-    for act in ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
+    for act in ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
         out[f"fp32_bias_{act}"] = problem([add0, EpilogueOp(act)], bias("fp32"))
     for op in ("add", "sub", "mul", "div"):
         out[f"fp32_bias_{op}_residual"] = problem([add0, EpilogueOp(op, input=1)], res)
-    out["fp32_relu_no_bias_a_col_b_row"] = problem([EpilogueOp("relu")], layout_a="col", layout_b="row")
+    out["fp32_silu_no_bias_a_col_b_row"] = problem([EpilogueOp("silu")], layout_a="col", layout_b="row")
     out["fp32_residual_no_bias_strided"] = problem([EpilogueOp("add", input=0)], (EpilogueInput("MN", "fp32"),),
                                                    layout_a="strided", layout_b="strided", M=65, N=33, K=130)
     out["bf16_bias_gelu_tanh"] = problem([add0, EpilogueOp("gelu_tanh")], bias("bf16"), dtype="bf16", M=70, K=100)
@@ -93,14 +93,16 @@ def test_the_plan_maps_each_epilogue_onto_one_call():
     (problem([EpilogueOp("add", input=0)], bias("fp32")), "addmm"),
     (problem([]), "addmm"),
     (problem([EpilogueOp("silu"), EpilogueOp("mul", input=0)], (EpilogueInput("MN", "fp32"),)), "2 steps"),
-    (problem([EpilogueOp("add", input=0, scale=0.5), EpilogueOp("relu")], bias("fp32")), "step"),
+    (problem([EpilogueOp("add", input=0, scale=0.5), EpilogueOp("silu")], bias("fp32")), "step"),
+    (problem([EpilogueOp("relu")]), "NaN"),
+    (problem([EpilogueOp("add", input=0), EpilogueOp("relu")], bias("fp32")), "NaN"),
     (problem([EpilogueOp("sub", input=0, reverse=True)], (EpilogueInput("MN", "fp32"),)), "step"),
     (problem([EpilogueOp("add", input=0)], (EpilogueInput("MN", "bf16"),)), "step"),  # mixed dtypes
     (problem([EpilogueOp("mul", scalar=2.0)]), "step"),
-    (problem([EpilogueOp("relu")], dtype="fp16"), "fp16"),
-    (problem([EpilogueOp("relu")], out_dtype="bf16"), "output"),
-    (problem([EpilogueOp("relu")], batch=2, batched=True), "batched"),
-    (problem([EpilogueOp("relu")], store_acc=True), "stores"),
+    (problem([EpilogueOp("silu")], dtype="fp16"), "fp16"),
+    (problem([EpilogueOp("silu")], out_dtype="bf16"), "output"),
+    (problem([EpilogueOp("silu")], batch=2, batched=True), "batched"),
+    (problem([EpilogueOp("silu")], store_acc=True), "stores"),
 ])
 def test_what_onednn_cannot_fuse_is_refused_with_the_reason(p, why):
     s = TEMPLATE.supports(p, CPU)
@@ -162,7 +164,7 @@ def test_an_mlp_compiles_with_its_epilogues_in_the_gemm_call(tmp_path):
 
 
 # -- a linear's weight read in place (kinds/gemm/transposed.py) --------------------------------------
-@pytest.mark.parametrize("name", ["fp32_bias_gelu", "fp32_bias_sub_residual", "fp32_relu_no_bias_a_col_b_row",
+@pytest.mark.parametrize("name", ["fp32_bias_gelu", "fp32_bias_sub_residual", "fp32_silu_no_bias_a_col_b_row",
                                   "bf16_bias_gelu_tanh", "fp32_scaled_bias_relu"])
 @pytest.mark.parametrize("template_id", ["aten.gemm", "cpp.gemm_onednn"])
 def test_the_linear_entry_computes_what_launch_does_from_the_weight(name, template_id):
@@ -226,3 +228,23 @@ def test_a_compiled_linear_passes_its_weight_without_a_view(weight, tmp_path):
             fn(x, w, b)
     assert rel_error(got, ref) <= 1e-4
     assert n.total > 0 and not {"aten::t", "aten::transpose"} & set(n.per_op), n.per_op
+
+
+def test_a_nan_through_a_fused_relu_stays_nan():
+    """A new-user trial: oneDNN's relu post-op gave 0 for a NaN product (eager keeps NaN), and
+    the tuner's check on random inputs cannot see it; relu is left to the templates that keep
+    NaN (the C++ epilogue pass, ATen)."""
+    import torch.nn.functional as F
+
+    import tilewright
+
+    x, w, b = torch.randn(33, 47), torch.randn(29, 47), torch.randn(29)
+    x[0, 0], x[1, 0] = float("nan"), float("inf")
+    for dtype in (torch.float32, torch.bfloat16):
+        xs, ws, bs = x.to(dtype), w.to(dtype), b.to(dtype)
+        for fn in (lambda x, w, b: F.relu(F.linear(x, w, b)), lambda x, w, b: F.relu(x @ w.t())):
+            torch._dynamo.reset()
+            with tilewright.config.patch(graph_race="off", force_backend="cpp"):
+                out = torch.compile(fn, backend="tilewright")(xs, ws, bs)
+            ref = fn(xs, ws, bs)
+            assert torch.equal(out.isnan(), ref.isnan()) and ref.isnan().any(), dtype
