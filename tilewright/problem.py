@@ -51,6 +51,21 @@ BINARY_EPILOGUES = ("add", "sub", "mul", "div")
 EPILOGUE_KINDS = UNARY_EPILOGUES + BINARY_EPILOGUES
 
 
+def json_digest(d: dict) -> str:
+    """A problem's stable hash: the first 16 hex digits of the SHA-256 of its JSON (sorted keys,
+    no spaces), the key its tuning records are filed under."""
+    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def decode_epilogue(d: dict) -> dict:
+    """``d`` (a GEMM-family problem's JSON, copied) with its epilogue, epilogue inputs and dynamic
+    dims decoded back into their types."""
+    d["epilogue"] = tuple(EpilogueOp(**e) for e in d.get("epilogue", ()))
+    d["epilogue_inputs"] = tuple(EpilogueInput(**e) for e in d.get("epilogue_inputs", ()))
+    d["dynamic"] = frozenset(d.get("dynamic", ()))
+    return d
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """Short name ("fp32", "bf16", ...) of a torch dtype; raises KeyError for non-float dtypes."""
     return DTYPE_NAMES[dtype]
@@ -191,8 +206,7 @@ class LoopProblem:
         d = self.to_json()
         d.pop("op")  # display only
         d.pop("unfused", None)  # its candidate's key carries its digest
-        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return json_digest(d)
 
     def describe(self) -> str:
         sizes = " ".join(f"{k}={v}" for k, v in self.sizes)

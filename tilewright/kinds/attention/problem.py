@@ -32,13 +32,11 @@ every edge, so no length needs to be a multiple of a block.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilewright.problem import ELEMENT_BYTES
+from tilewright.problem import ELEMENT_BYTES, json_digest
 
 DIRECTIONS = ("forward", "backward")
 ATTENTION_DTYPES = ("fp32", "fp16", "bf16")
@@ -281,8 +279,7 @@ class AttentionProblem:
         return cls(**d)
 
     def stable_hash(self) -> str:
-        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return json_digest(self.to_json())
 
     def describe_mods(self) -> str:
         parts = []

@@ -14,12 +14,10 @@ epilogue steps stay there, shared with the other kinds.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS, EpilogueInput, EpilogueOp
+from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS, EpilogueInput, EpilogueOp, decode_epilogue, json_digest
 
 
 @dataclass(frozen=True)
@@ -155,14 +153,10 @@ class GemmProblem:
     @classmethod
     def from_json(cls, d: dict) -> "GemmProblem":
         d = dict(d)
-        d["epilogue"] = tuple(EpilogueOp(**e) for e in d.get("epilogue", ()))
-        d["epilogue_inputs"] = tuple(EpilogueInput(**e) for e in d.get("epilogue_inputs", ()))
-        d["dynamic"] = frozenset(d.get("dynamic", ()))
-        return cls(**d)
+        return cls(**decode_epilogue(d))
 
     def stable_hash(self) -> str:
-        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return json_digest(self.to_json())
 
     def describe_epilogue(self) -> str:
         if self.epilogue_ir:

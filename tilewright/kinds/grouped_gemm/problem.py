@@ -49,15 +49,14 @@ and the epilogue. Kernels take ``launch(a, b, offs, a_scale, b_scale[, global_a,
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from tilewright.kinds.gemm.problem import GemmProblem
-from tilewright.problem import ELEMENT_BYTES, SCALED_FORMATS, VALUES_PER_BYTE, EpilogueInput, EpilogueOp
+from tilewright.problem import (ELEMENT_BYTES, SCALED_FORMATS, VALUES_PER_BYTE, EpilogueInput, EpilogueOp,
+                                decode_epilogue, json_digest)
 
 CASES = ("2d3d", "2d2d", "3d2d", "3d3d")
 RAGGED = {"2d3d": "M", "2d2d": "K", "3d2d": "N", "3d3d": ""}
@@ -278,14 +277,10 @@ class GroupedGemmProblem:
     def from_json(cls, d: dict) -> "GroupedGemmProblem":
         d = dict(d)
         d.pop("kind", None)
-        d["epilogue"] = tuple(EpilogueOp(**e) for e in d.get("epilogue", ()))
-        d["epilogue_inputs"] = tuple(EpilogueInput(**e) for e in d.get("epilogue_inputs", ()))
-        d["dynamic"] = frozenset(d.get("dynamic", ()))
-        return cls(**d)
+        return cls(**decode_epilogue(d))
 
     def stable_hash(self) -> str:
-        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return json_digest(self.to_json())
 
     def describe_epilogue(self) -> str:
         text = self.as_gemm().describe_epilogue()
