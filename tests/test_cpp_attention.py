@@ -245,3 +245,74 @@ def test_threads_take_tasks():
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
+# -- the softmax's exp (glibc's vector expf leaves its fast path for lanes below -87.3) ---------
+def _spread_scores(x: tuning.AttentionInputs, factor: float) -> tuning.AttentionInputs:
+    """Q scaled so a row's scores span about +-5 * factor: many fall 87..104 below the row max
+    (exp is a denormal there, 0 in the kernel) and many further (0 either way)."""
+    tensors = list(x.tensors)
+    tensors[0] = strided(tensors[0] * factor)
+    tensors[1:3] = [strided(t) for t in tensors[1:3]]
+    return tuning.AttentionInputs(tensors, x.names)
+
+
+@pytest.mark.parametrize("layout", ["prefill_packed_gqa", "decode_dot_products"])
+def test_exp_clamp_against_float64_with_wide_scores_and_a_nan_row(layout):
+    """The demo Llama's training shape (GQA 4/2 heads, Sq 24 under BLOCK_M 32, causal: -inf in
+    most score vectors) through both score layouts, on (B, S, H, D)-strided inputs and into
+    poisoned outputs: against float64 with scores whose differences reach past -104, and a
+    NaN query row giving NaN as eager's (the clamp must not turn NaN into a number)."""
+    Sq, params = (24, dict(BLOCK_M=32, BLOCK_N=64, PACK=True)) if layout == "prefill_packed_gqa" else \
+        (2, dict(BLOCK_M=2, BLOCK_N=16, PACK=True))
+    p = AttentionProblem(B=2, H=4, H_kv=2, Sq=Sq, Skv=24 if Sq == 24 else 37, D=32, Dv=32, dtype="fp32",
+                         scale=32 ** -0.5, causal=Sq == 24, orders=(("out", (0, 2, 1, 3)), ("lse", (0, 2, 1))))
+    x = _spread_scores(tuning.make_inputs(p, "cpu", seed=11), 25.0)
+    s = torch.einsum("bhmd,bhnd->bhmn", x.tensors[0].double(),
+                     x.tensors[1].double().repeat_interleave(2, 1)) * p.scale
+    if p.causal:
+        s = s.masked_fill(torch.ones(Sq, Sq, dtype=torch.bool).triu(1), -math.inf)
+    gap = s.amax(-1, keepdim=True) - s
+    assert ((gap > 87) & (gap < 104)).any() and ((gap > 104) & (gap < math.inf)).any()
+    check(p, x, **params)
+    q = x.tensors[0].clone()
+    q[1, 2, Sq - 1, 5] = float("nan")
+    out, lse = launcher(p, **params)(q, *x.tensors[1:])
+    assert out[1, 2, Sq - 1].isnan().all() and lse[1, 2, Sq - 1].isnan()
+    out[1, 2, Sq - 1] = 0.0
+    assert not out.isnan().any()
+
+
+def test_rows_rendered_for_the_problems_sq_still_serve_a_longer_call():
+    """BLOCK_M 32 over Sq 24 renders 24-row tasks (no padding rows); a call with Sq 50 (the
+    launcher takes any) runs in more tasks and stays right."""
+    p = AttentionProblem(B=1, H=4, H_kv=2, Sq=24, Skv=24, D=32, Dv=32, dtype="fp32", scale=0.2, causal=True)
+    t = get_template("cpp.attention")
+    ctx = t.context(p, t.space.complete({"BLOCK_M": 32, "BLOCK_N": 64, "PACK": True}), CPU)
+    assert ctx["BLOCK_M"] == 24 and ctx["rows_pad"] == 48
+    launch = launcher(p, BLOCK_M=32, BLOCK_N=64, PACK=True)
+    longer = dataclasses.replace(p, Sq=50, Skv=50)
+    x = tuning.make_inputs(longer, "cpu", seed=2)
+    got = launch(*x.tensors)
+    want = tuning.reference(longer, x)
+    worst, tol = tuning.error(longer, got, want, False)
+    assert worst <= tol
+
+
+def test_softmax_exp_calls_are_vector_calls_only():
+    """Prefill (Sᵀ) layout, fp32, causal: every expf of the online softmax (p and the rescale
+    alpha) is a libmvec vector call; the rescale's loop used to call scalar expf."""
+    import re
+    import shutil
+    import subprocess
+
+    if not cpp.toolchain().libmvec >= 1 or shutil.which("objdump") is None:
+        pytest.skip("needs glibc's libmvec and objdump")
+    p = AttentionProblem(B=2, H=4, H_kv=2, Sq=24, Skv=24, D=32, Dv=32, dtype="fp32", scale=0.2, causal=True)
+    t = get_template("cpp.attention")
+    source = t.render(p, t.space.complete({"BLOCK_M": 32, "BLOCK_N": 64, "PACK": True}), CPU).source
+    kernel = re.search(r"SOURCE = r'''(.*?)'''\n_KERNEL", source, re.S).group(1)
+    calls = subprocess.run(["objdump", "-d", str(cpp.build(kernel, "cpp_attention"))],
+                           capture_output=True, text=True).stdout
+    assert re.findall(r"call.*<_ZGV\w*v_expf", calls)
+    assert not re.findall(r"call.*<expf@plt>", calls), "a softmax loop calls scalar expf"

@@ -184,7 +184,13 @@ class CppAttention(TemplateSpec):
     # -- rendering --------------------------------------------------------------------------------
     def context(self, problem: AttentionProblem, params: Params, target: Target) -> dict[str, Any]:
         pack = problem.group if params["PACK"] else 1
-        rows = pack * params["BLOCK_M"]
+        block_m = params["BLOCK_M"]
+        if "Sq" not in problem.dynamic and problem.block_mask is None:
+            # a task holds no more query rows than there are (Sq = 24 with BLOCK_M = 32: 48 rows
+            # of a GQA pair, not 64 of which 16 are padding that the products and exp compute);
+            # a call with another Sq still runs, in more tasks
+            block_m = min(block_m, max(problem.Sq, 1))
+        rows = pack * block_m
         transposed = rows >= TRANSPOSED_ROWS
         dvv = _pad16(problem.Dv) // 16
         rb_pv = max(1, min(8, 16 // dvv))
@@ -209,7 +215,7 @@ class CppAttention(TemplateSpec):
             kernel_name="tw_cpp_attention", problem_text=problem.describe(), params_text=self.space.encode(params),
             target=target.name, name="cpp_attention", D=problem.D, Dv=problem.Dv, D_pad=_pad16(problem.D),
             Dv_pad=_pad16(problem.Dv), H=problem.H, H_kv=problem.H_kv, group=problem.group, PACK=pack,
-            BLOCK_M=params["BLOCK_M"], BLOCK_N=params["BLOCK_N"], rows_pad=rows_pad, rb_qk=rb_qk, rb_pv=rb_pv,
+            BLOCK_M=block_m, BLOCK_N=params["BLOCK_N"], rows_pad=rows_pad, rb_qk=rb_qk, rb_pv=rb_pv,
             transposed=transposed, direct=problem.dtype == "fp32", scale=repr(float(problem.scale)), empty_lse=empty_lse,
             lse_base=problem.lse_base, causal=problem.causal, has_mask=problem.has_mask,
             score_mod=dict(lines=sm_lines, value=sm_value), mask_mod=dict(lines=mk_lines, value=mk_value),
