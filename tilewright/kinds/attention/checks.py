@@ -122,8 +122,11 @@ def poisoned(problem: AttentionProblem, device: torch.device | str) -> tuple[tor
     return tuple(outs)
 
 
-def run(launch, x: AttentionInputs, outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """One launch with ``outs`` as the outputs (a backward's inputs hold ``dout``)."""
+def run(launch, x: AttentionInputs, outs: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...]:
+    """One launch with ``outs`` as the outputs (a backward's inputs hold ``dout``); None: the
+    launcher allocates them, as in a compiled graph."""
+    if outs is None:
+        return tuple(launch(*x.tensors))
     names = ("dq", "dk", "dv", "ds") if "dout" in x.names else ("out", "lse")
     return tuple(launch(*x.tensors, **dict(zip(names, outs))))
 
