@@ -316,3 +316,19 @@ def test_softmax_exp_calls_are_vector_calls_only():
                            capture_output=True, text=True).stdout
     assert re.findall(r"call.*<_ZGV\w*v_expf", calls)
     assert not re.findall(r"call.*<expf@plt>", calls), "a softmax loop calls scalar expf"
+
+
+def test_launcher_refuses_other_tensors_and_returns_empty_batches():
+    """The launcher reads each tensor attribute once (its per-call cost): its checks still name
+    the mismatch, and an empty batch gives empty outputs without running the kernel."""
+    p = AttentionProblem(B=2, H=4, H_kv=2, Sq=5, Skv=7, D=16, Dv=8, dtype="fp32", scale=0.25)
+    launch = launcher(p, BLOCK_M=8, BLOCK_N=16)
+    q, k, v = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 8)
+    with pytest.raises(ValueError, match="H=4, H_kv=2"):
+        launch(q, torch.randn(2, 4, 7, 16), v)
+    with pytest.raises(ValueError, match="float64"):
+        launch(q.double(), k, v)
+    with pytest.raises(ValueError, match="0 captured and 0 block-mask tensors, got 1"):
+        launch(q, k, v, q)
+    out, lse = launch(q[:0], k[:0], v[:0])
+    assert out.shape == (0, 4, 5, 8) and lse.shape == (0, 4, 5)
