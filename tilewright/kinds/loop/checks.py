@@ -23,10 +23,12 @@ DISCRETE_TOLERANCE = 1e-3
 @dataclass
 class LoopInputs:
     """Tensors for one run of a loop kernel: its inputs (in their traced layouts) and the values
-    of its size symbols."""
+    of its size symbols; ``scatters``: the kernel updates one of its inputs in the graph (a
+    scatter's target), so a timed run must be handed its outputs (LoopKind.run_timed)."""
 
     tensors: list[torch.Tensor]
     sizes: list[int]
+    scatters: bool = False
 
     def as_reference(self) -> "LoopInputs":
         return self  # the torch emitter converts to float64 itself
@@ -62,7 +64,8 @@ def make_loop_inputs(problem: LoopProblem, device: torch.device | str, seed: int
         shape = [static_or_hint(s, sizes) for s in b.shape]
         stride = [static_or_hint(s, sizes) for s in b.stride]
         tensors.append(_strided_random(shape, stride, b.dtype, device, gen, b.bounds_at(sizes)))
-    return LoopInputs(tensors, [static_or_hint(s, sizes) for s in problem.kernel.size_symbols()])
+    return LoopInputs(tensors, [static_or_hint(s, sizes) for s in problem.kernel.size_symbols()],
+                      scatters=any(b.init for b in problem.kernel.outputs))
 
 
 # the second check input set of a loop kernel: every float input has one of these in every
