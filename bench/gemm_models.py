@@ -8,6 +8,8 @@ tilewright with the graph race on and off, and Inductor timed interleaved in one
 timed thread's CPU time) ``--repeat`` times; the table shows each ratio's median over the
 repeats and their range, since on a shared machine one run's ratio can move by 10-30%.
 ``race_off/inductor`` is the generated graph's time over Inductor's (issue 29's target: <= 1.1).
+The cases are the ``cpu`` suite's (``model.mlp``, ``model.gpt2``, ``model.bert``, ``demo.*``):
+``tilewright bench run --suite cpu --cases model.mlp,...`` runs each once, with first calls.
 """
 
 from __future__ import annotations
@@ -23,58 +25,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+# short names (--cases) -> the cpu suite's cases (tilewright/perf/cpu_cases.py), one copy of each
+CASES = {"mlp": "model.mlp", "gpt2": "model.gpt2", "bert": "model.bert",
+         "llama_bf16": "demo.llama_bf16", "llama_train": "demo.llama_train"}
+
+
 def _cases():
-    import torch
+    from tilewright.perf.cpu_cases import find_case
 
-    from tilewright.perf.cpu_cases import Case, Setup, find_case
-
-    def mlp() -> Setup:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
-                                    torch.nn.Linear(1024, 256), torch.nn.ReLU()).eval()
-        x = torch.randn(64, 256)
-
-        def step(m):
-            with torch.no_grad():
-                return m(x)
-        return Setup(make=lambda: __import__("copy").deepcopy(model), step=step)
-
-    def gpt2() -> Setup:
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        torch.manual_seed(0)
-        cfg = GPT2Config(vocab_size=1000, n_positions=64, n_embd=128, n_layer=2, n_head=4,
-                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        model = GPT2LMHeadModel(cfg).eval()
-        ids = torch.randint(0, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
-
-        def step(m):
-            with torch.no_grad():
-                return m(input_ids=ids).logits
-        return Setup(make=lambda: __import__("copy").deepcopy(model), step=step)
-
-    def bert() -> Setup:
-        from transformers import BertConfig, BertModel
-
-        torch.manual_seed(0)
-        cfg = BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=512, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                         attention_probs_dropout_prob=0.0)
-        model = BertModel(cfg).eval()
-        ids = torch.randint(0, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
-
-        def step(m):
-            with torch.no_grad():
-                return m(input_ids=ids).last_hidden_state
-        return Setup(make=lambda: __import__("copy").deepcopy(model), step=step)
-
-    return {
-        "mlp": Case("mlp", "2-layer MLP fp32, 64x256 -> 1024 (GELU) -> 256 (ReLU)", mlp),
-        "gpt2": Case("gpt2", "GPT-2 tiny (2 layers, 128 wide) LM inference, 2x32", gpt2),
-        "bert": Case("bert", "BERT tiny (2 layers, 128 wide) inference, 2x32", bert),
-        "llama_bf16": find_case("cpu", "demo.llama_bf16"),
-        "llama_train": find_case("cpu", "demo.llama_train"),
-    }
+    return {short: find_case("cpu", name) for short, name in CASES.items()}
 
 
 def main() -> None:

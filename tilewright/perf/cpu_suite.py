@@ -2,7 +2,8 @@
 
 Where the GEMM suites time one problem's kernels, this suite times whole functions and models as
 a user runs them: a few kernels (RMSNorm, softmax, LayerNorm + GELU), one Llama decoder block,
-and the demo's models (MiniLM, Llama inference and a training step, a Qwen3-MoE training step).
+small held-out-style models (a 2-layer MLP, GPT-2 and BERT tiny with random weights) and the
+demo's models (MiniLM, Llama inference and a training step, a Qwen3-MoE training step).
 Per case:
 
 * **first call**: the compile and first call (wall time) of each backend, each in a **fresh
@@ -32,8 +33,8 @@ Per case:
 Rows are in the format ``bench compare`` gates: ``paired_vs_aten`` is tilewright's time over
 eager's, round by round, so machine drift cancels. ``paired_vs_inductor`` and
 ``first_call_vs_inductor`` are recorded beside it, not gated; the document's
-``settings.first_call`` says how first calls were timed. The ``cpu-ci`` variant is the three
-kernels and the block at small sizes, without Inductor unless asked: what CI runs.
+``settings.first_call`` says how first calls were timed. The ``cpu-ci`` variant is the kernels
+and the block at small sizes and the MLP, without Inductor unless asked: what CI runs.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import torch
 
 from tilewright._config import config
 from tilewright.perf.cpu_cases import (  # noqa: F401 - the cases' names, re-exported
-    CI_CASES, DEMO_CASES, KERNEL_CASES, MODEL_SUITES, Case, LlamaBlock, Setup, find_case,
+    CI_CASES, DEMO_CASES, KERNEL_CASES, MODEL_CASES, MODEL_SUITES, Case, LlamaBlock, Setup, find_case,
 )
 from tilewright.perf.first_call import FirstCallError, compile_bytecode, first_call_s
 from tilewright.perf.load import LoadProbe, load_per_cpu
