@@ -209,8 +209,10 @@ class Config:
         GRAPH_RACE_MODES)
     graph_race_rounds: int = _setting(
         5, "TILEWRIGHT_GRAPH_RACE_ROUNDS",
-        "Timed calls of each side of the graph race (after one untimed call of each); the side "
-        "with the faster fastest call wins; 0 runs no race, as graph_race 'off' does.")
+        "Timed calls of each side of the graph race (after one untimed call of each), up to 3 "
+        "times as many in a close race; the compiled graph wins when the median of its calls' "
+        "ratios to the ATen calls beside them is below 0.97, else ATen (ties included); 0 runs "
+        "no race, as graph_race 'off' does.")
     index_checks: bool = _setting(
         True, "TILEWRIGHT_INDEX_CHECKS",
         "Bounds-check every gathered or scattered index a generated kernel reads through "

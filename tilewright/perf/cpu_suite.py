@@ -150,6 +150,7 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path, *,
     without, in this one. ``inject_slowdown`` (tests) makes both tilewright sides' timed calls
     that much slower (:func:`tilewright.perf.run.slowed`)."""
     from tilewright.compiler.dispatches import counting
+    from tilewright.compiler.race import calls_to_decide
     from tilewright.compiler.report import collect_reports
 
     row: dict[str, Any] = {"id": case.name, "describe": case.describe, "impls": {}}
@@ -164,7 +165,7 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path, *,
         with config.patch(cache_dir=str(folder / "tilewright")):
             with collect_reports() as reports:
                 tw_model, tw_step, tw_first = _first_call(setup, "tilewright", contextlib.nullcontext)
-                for _ in range(3 + 2 * config.graph_race_rounds):  # steady state: the race decided
+                for _ in range(calls_to_decide()):  # steady state: the race decided
                     tw_step()
             # the same graphs with the race off (the tuning records are the default model's)
             with collect_reports() as off_reports:

@@ -80,6 +80,7 @@ def bench_decode_case(case: DecodeCase, device: torch.device, dtype: torch.dtype
     """One row of the results (see the module docstring)."""
     import torch._dynamo
 
+    from tilewright.compiler.race import calls_to_decide
     from tilewright.compiler.report import collect_reports
     from tilewright.perf.cpu_suite import thread_ms, timing_summary_plain
 
@@ -104,7 +105,7 @@ def bench_decode_case(case: DecodeCase, device: torch.device, dtype: torch.dtype
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                     first = time.perf_counter() - t0
-                    for _ in range(3 + 2 * config.graph_race_rounds):  # races decided, graphs recorded
+                    for _ in range(calls_to_decide()):  # races decided, graphs recorded
                         step()
                 runs[name] = [step]
                 reports[name] = list(reps)
