@@ -71,6 +71,12 @@ def cpu_target(target: Target) -> Target:
     return host
 
 
+def node_target(n: Node) -> Target:
+    """The target a kernel node's kernels are generated for (:func:`cpu_target` of its
+    device's); raises UnknownTargetError for a device no registered target runs."""
+    return cpu_target(detect_target(n.device))
+
+
 def make_call(n: Node, kind: ProblemKind | None = None) -> KernelCall:
     """The wrapper's call for a kernel node of any kind, its kernel not yet chosen."""
     kind = kind or kind_of_node(n)
@@ -79,7 +85,7 @@ def make_call(n: Node, kind: ProblemKind | None = None) -> KernelCall:
     problem = kind.problem_of(n)
     fixed = None
     try:
-        target = cpu_target(detect_target(n.device))
+        target = node_target(n)
     except UnknownTargetError as e:
         if str(e) not in _unknown_warned:  # once per device kind, not once per kernel
             _unknown_warned.add(str(e))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import networkx as nx
 import sympy
@@ -281,8 +282,12 @@ def _acc_chain_start(g: GemmNode, gemm_fx: fx.Node, chain: _Chain, descendants: 
     return None
 
 
-def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
-    """Fuse epilogue chains into the graph's GEMMs in place; returns the FX nodes absorbed."""
+def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule,
+                   fuses: Callable[[GemmNode], bool] | None = None) -> int:
+    """Fuse epilogue chains into the graph's GEMMs in place; returns the FX nodes absorbed.
+    ``fuses(gemm)`` False leaves that GEMM's chain to the loop kernels (what lowering already
+    put in the GEMM, a bias or scales, stays): the GEMM kind asks its policy for the GEMM's
+    target (:meth:`~tilewright.kinds.gemm.policy.GemmPolicy.fuses_epilogues`)."""
     fx_graph = nx.DiGraph()
     position: dict[fx.Node, int] = {}
     for i, n in enumerate(gm.graph.nodes):
@@ -296,6 +301,10 @@ def fuse_epilogues(kg: KernelGraph, gm: fx.GraphModule) -> int:
 
     for g in gemm_nodes(kg):
         gemm_fx = g.fx_nodes[0]
+        if fuses is not None and not fuses(g):
+            g.acc_after = len(g.epilogue)
+            g.value, g.out_dtype = gemm_fx.name, TensorMeta.of(gemm_fx).dtype  # type: ignore[union-attr]
+            continue
         # the GEMM's own value is never an operand of its epilogue (it is being computed)
         descendants = nx.descendants(fx_graph, gemm_fx.name) | {gemm_fx.name}
         shape = TensorMeta.of(gemm_fx).shape  # type: ignore[union-attr]

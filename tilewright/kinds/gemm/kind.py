@@ -166,10 +166,23 @@ class GemmKind(ProblemKind):
         a CPU GEMM takes a linear's weight as it is, not its transposed view
         (:mod:`tilewright.kinds.gemm.transposed`; the view is left to dead-code removal)."""
         from tilewright.compiler.fallbacks import contain
+        from tilewright.compiler.pipeline import node_target
+        from tilewright.errors import UnknownTargetError
         from tilewright.kinds.gemm.fuse import fuse_epilogues
         from tilewright.kinds.gemm.transposed import fold_weight_transposes
 
-        fused = fuse_epilogues(kg, gm)
+        policies: dict[str, bool] = {}
+
+        def fuses(g: Any) -> bool:  # the GEMM's target's policy says whether its chain pays here
+            try:
+                target = node_target(g)
+            except UnknownTargetError:  # its kernel will be ATen's: fusing changes nothing
+                return True
+            if target.name not in policies:
+                policies[target.name] = self.policy("gemm", target).fuses_epilogues(target)
+            return policies[target.name]
+
+        fused = fuse_epilogues(kg, gm, fuses)
         try:
             fold_weight_transposes(kg)
         except Exception as e:  # noqa: BLE001 - an optimisation: the GEMMs stay as fused
