@@ -131,10 +131,11 @@ def explain_problem(problem: Any, target: Any, cache: Any) -> None:
                       "tie goes to the lowest policy rank (ATen is rank 0)")
 
 
-def _model_kernels(args: argparse.Namespace) -> list[Any]:
+def _model_kernels(args: argparse.Namespace, target: Any = None) -> list[Any]:
     from tilewright.compiler.capture import capture_kernels, load_model
 
-    return capture_kernels(load_model(args.model), train=args.train)
+    # fused as the compiled model on ``target`` fuses them (a CPU's GEMMs keep no epilogue)
+    return capture_kernels(load_model(args.model), train=args.train, target=target)
 
 
 def _list_kernels(kernels: list[Any]) -> None:
@@ -165,7 +166,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                                 "or --model package.module:fn (with --kernel to pick one)")
     target = get_target(args.target)
     if args.model is not None:
-        kernels = _model_kernels(args)
+        kernels = _model_kernels(args, target)
         if args.kernel is None:
             _list_kernels(kernels)
             return 0

@@ -56,7 +56,10 @@ def gather_problems(args: argparse.Namespace):
 
         name = args.shapes.split(":")[-1]
         out = []
-        for i, c in enumerate(capture_kernels(load_model(args.shapes), train=args.train)):
+        from tilewright.runtime.targets import get_target
+
+        target = get_target(getattr(args, "target", "cpu"))  # its compiled models' problems (their fusion)
+        for i, c in enumerate(capture_kernels(load_model(args.shapes), train=args.train, target=target)):
             # each at the sizes the compiled model looks up (a loop kernel's bucket), as its kind says
             for suffix, p in kind_of(c.problem).warm_problems(c.problem):
                 out.append(NamedProblem(f"{name}.{i}.{suffix}", p))

@@ -334,7 +334,9 @@ def build(model: ModelSpec | str, targets: Iterable[str | Target], out_dir: Path
             raise UnsupportedProblemError(f"{t.name} has no ahead-of-time compiler in tilewright")
         else:
             compiled.append(t)
-    captured = capture_kernels(spec, train=train)
+    # fused as for the targets built (every AOT target compiles its kernels: none is the
+    # CPU's interpreter, whose GEMMs leave epilogues to the loop kernels)
+    captured = capture_kernels(spec, train=train, target=(compiled or resolved)[0] if resolved else None)
     kernels, refused = plan(captured, compiled, per_template=per_template)
     plans = [(lang, *plan_language(lang, captured, ts, per_template=per_template)) for lang, ts in
              sorted(written.values(), key=lambda w: (w[0].priority, w[0].name))]

@@ -29,6 +29,7 @@ from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.lower import lower
 from tilewright.errors import InvalidInputError
 from tilewright.kinds import kinds
+from tilewright.runtime.targets import Target
 
 
 @dataclass
@@ -192,17 +193,27 @@ class CapturedKernel:
     chained: bool = False
 
 
-def capture_kernels(spec: ModelSpec, *, train: bool = False) -> list[CapturedKernel]:
+_COMPILED_STAND_IN = "cuda:sm_90a"  # a compiled target: only its policies' fusion answers are read
+
+
+def capture_kernels(spec: ModelSpec, *, train: bool = False, target: Target | None = None) -> list[CapturedKernel]:
     """Distinct kernel problems of the model, kind by kind in registration order (GEMMs, grouped
-    GEMMs, loop kernels, ...), each in first-seen order, with their uses."""
+    GEMMs, loop kernels, ...), each in first-seen order, with their uses. ``target``: the target
+    the kernels are for, whose policies decide the fusion: a model captured on the host is
+    mostly built for GPUs (``tilewright aot``), whose GEMMs take the epilogues a CPU GEMM leaves
+    to the loop kernels (:meth:`~tilewright.kinds.gemm.policy.GemmPolicy.fuses_epilogues`), so
+    None fuses as for a compiled GPU target; ``tilewright warm``/``explain`` pass the target
+    they tune for, so a CPU's problems are those its compiled models look up."""
     from tilewright.compiler.pdl import chained
-    from tilewright.compiler.pipeline import fuse  # the pipeline imports this module
+    from tilewright.compiler.pipeline import fuse, fusing_for  # the pipeline imports this module
+    from tilewright.runtime.targets import get_target
 
     registered = kinds()
     found: list[dict[Any, CapturedKernel]] = [{} for _ in registered]
     for graph, gm in aten_graphs(spec, train=train).items():
         kg = lower(gm)
-        fuse(kg, gm)
+        with fusing_for(target or get_target(_COMPILED_STAND_IN)):
+            fuse(kg, gm)
         links = chained(kg)
         for kind, seen in zip(registered, found):
             for name, p in kind.capture(kg):

@@ -15,6 +15,7 @@ rendered kernels and wrapper into a folder of its own.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import itertools
@@ -75,6 +76,26 @@ def node_target(n: Node) -> Target:
     """The target a kernel node's kernels are generated for (:func:`cpu_target` of its
     device's); raises UnknownTargetError for a device no registered target runs."""
     return cpu_target(detect_target(n.device))
+
+
+_fusing_for: contextvars.ContextVar[Target | None] = contextvars.ContextVar("tilewright_fusing_for", default=None)
+
+
+@contextlib.contextmanager
+def fusing_for(target: Target) -> Iterator[None]:
+    """Within the block the fuse stage decides as for ``target``, not for the graph's device
+    (:func:`fuse_target`): ``tilewright aot`` captures on the host the kernels it builds for GPUs."""
+    token = _fusing_for.set(target)
+    try:
+        yield
+    finally:
+        _fusing_for.reset(token)
+
+
+def fuse_target(n: Node) -> Target:
+    """The target whose policies the fuse stage asks about kernel node ``n``: the one
+    :func:`fusing_for` set, else :func:`node_target`'s."""
+    return _fusing_for.get() or node_target(n)
 
 
 def make_call(n: Node, kind: ProblemKind | None = None) -> KernelCall:

@@ -166,7 +166,7 @@ class GemmKind(ProblemKind):
         a CPU GEMM takes a linear's weight as it is, not its transposed view
         (:mod:`tilewright.kinds.gemm.transposed`; the view is left to dead-code removal)."""
         from tilewright.compiler.fallbacks import contain
-        from tilewright.compiler.pipeline import node_target
+        from tilewright.compiler.pipeline import fuse_target
         from tilewright.errors import UnknownTargetError
         from tilewright.kinds.gemm.fuse import fuse_epilogues
         from tilewright.kinds.gemm.transposed import fold_weight_transposes
@@ -174,8 +174,10 @@ class GemmKind(ProblemKind):
         policies: dict[str, bool] = {}
 
         def fuses(g: Any) -> bool:  # the GEMM's target's policy says whether its chain pays here
+            if g.fmt or g.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                return True  # scales and quantisation belong with the low-precision GEMM
             try:
-                target = node_target(g)
+                target = fuse_target(g)
             except UnknownTargetError:  # its kernel will be ATen's: fusing changes nothing
                 return True
             if target.name not in policies:
