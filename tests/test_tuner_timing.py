@@ -60,3 +60,37 @@ def test_a_scatter_keeps_its_buffers_when_timed():
     assert problems, "index_add made no scatter kernel"
     outs = timed_outs(problems[0])
     assert outs and all(isinstance(o, tuple) for o in outs), outs
+
+
+class SlowFirstCall(Recording):
+    """The real factory's launcher, its first call 40 ms slower (what the first C++ kernel of a
+    process pays once: OpenMP's start, its library paged in)."""
+
+    def build(self, problem, candidate, target):
+        launch = FACTORY.build(problem, candidate, target)
+        calls = []
+
+        def first_slow(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                import time
+                time.sleep(0.04)
+            return launch(*args, **kwargs)
+        return first_slow
+
+
+def test_a_candidate_whose_first_call_pays_a_one_time_cost_is_not_aborted():
+    (problem,) = loop_problems(lambda x: torch.softmax(x, -1), torch.randn(16, 32))
+    t = get_template("cpp.reduction")
+    params = t.space.default()
+    forget_inputs()
+    with tilewright.config.patch(bench_rep=3, bench_min_rep=3, bench_warmup=1, bench_budget_ms=1000.0):
+        # the best so far 1 ms: the abort line at bench_abort_ratio (4) x 1 ms, under the 40 ms
+        task = EvalTask(problem, Candidate.of(t.id, t.source_hash, params), "cpu", "cpu", best_ms=1.0)
+        record = evaluate(task, SlowFirstCall()).record
+    assert record.status == "ok" and record.median_ms < 4.0, record
+    # a candidate slow on every call is still aborted after its second run
+    with tilewright.config.patch(bench_rep=3, bench_min_rep=3, bench_warmup=1, bench_budget_ms=1000.0):
+        task = EvalTask(problem, Candidate.of(t.id, t.source_hash, params), "cpu", "cpu", best_ms=1e-4)
+        record = evaluate(task, Recording()).record
+    assert record.status == "aborted" and record.reps == 1 and "first runs" in record.reason, record
