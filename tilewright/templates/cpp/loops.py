@@ -46,6 +46,7 @@ from tilewright.templates.base import (
 )
 from tilewright.templates.c_expr import reduction_identity
 from tilewright.templates.c_loops import CFamilyBody, loop_support
+from tilewright.templates.cpp.outer import outer_refusal
 from tilewright.templates.cpp.emit import CTYPE, STORAGE, CppExpr, ccode, literal
 from tilewright.templates.cpp.rowops import CppRowOps, scatter_plan
 from tilewright.templates.cpp.source import LANES, source_context
@@ -464,7 +465,7 @@ class _CppLoops(TemplateSpec):
                       "shape": [py_code(s, names) for s in b.shape],
                       "stride": [py_code(s, names) for s in b.stride]} for b in k.outputs],
             block=int(params.get("BLOCK", 4096)), op=(problem.op or problem.kind).replace('"', "'"),
-            **source_context(k, bool(params.get("PERSISTENT", False))))
+            **source_context(k, bool(params.get("PERSISTENT", False)), params.get("ORDER", "row")))
         return RenderedKernel(template_id=self.id, params=dict(params), target=target.name, source=source,
                               name=f"cpp_{problem.kind}", meta={"kind": problem.kind, "language": "cpp"})
 
@@ -487,11 +488,16 @@ class CppReduction(_CppLoops):
     id = "cpp.reduction"
     op = "reduction"
     space = ParamSpace((Knob("PERSISTENT", (False, True), True,
-                             "buffer the values later passes read in a row buffer per thread"),))
+                             "buffer the values later passes read in a row buffer per thread"),
+                        Knob("ORDER", ("row", "outer"), "row",
+                             "row: x outermost, each row reduced in lanes; outer: r outermost, a "
+                             "vectorised loop over a block of x inside (templates/cpp/outer.py)")))
 
     def check(self, params: Params, problem: Any, target: Target) -> str | None:
         if (why := self.space_refusal(params)) is not None:
             return why
+        if self.space.complete(params)["ORDER"] == "outer":
+            return outer_refusal(problem.kernel)  # PERSISTENT: nothing to buffer, ignored
         if self.space.complete(params)["PERSISTENT"] and problem.rnumel > PERSISTENT_MAX_ROW:
             return f"a row of {problem.rnumel} is too long to buffer (PERSISTENT=False loops over it)"
         return None
@@ -500,4 +506,7 @@ class CppReduction(_CppLoops):
         """The persistent form where the row fits, the looped one for long rows (each one
         build: the knob changes the source)."""
         out = [{"PERSISTENT": True}] if problem.rnumel <= PERSISTENT_MAX_ROW else []
-        return out + ([{"PERSISTENT": False}] if problem.rnumel >= LOOPED_MIN_ROW or not out else [])
+        out += [{"PERSISTENT": False}] if problem.rnumel >= LOOPED_MIN_ROW or not out else []
+        if outer_refusal(problem.kernel) is None:  # x contiguous, r strided: both orders timed
+            out.append({"PERSISTENT": False, "ORDER": "outer"})
+        return out

@@ -25,10 +25,12 @@ LANES = 16  # partial accumulators per reduction: one 512-bit vector of fp32, or
 PARALLEL_MIN_ELEMENTS = 32768  # below this a kernel runs on the calling thread only
 
 
-def source_context(kernel: LoopKernel, persistent: bool) -> dict[str, Any]:
+def source_context(kernel: LoopKernel, persistent: bool, order: str = "row") -> dict[str, Any]:
     """The context of ``loops.cpp.jinja`` for ``kernel`` (reductions buffered per row when
-    ``persistent``): functions, the entry's unpacking and layout check, helpers, libm."""
+    ``persistent``; r outermost where ``order`` is ``"outer"``, :mod:`.outer`): functions, the
+    entry's unpacking and layout check, helpers, libm."""
     from tilewright.templates.cpp.loops import _Body
+    from tilewright.templates.cpp.outer import OUTER_WIDTH, build_outer
 
     parts = kernel.parts or (kernel,)
     buffers = list(kernel.inputs) + list(kernel.outputs)
@@ -45,6 +47,16 @@ def source_context(kernel: LoopKernel, persistent: bool) -> dict[str, Any]:
               for b, d, s in strides]
     functions, helpers = [], set()
     for i, part in enumerate(parts):
+        if order == "outer":
+            body = _Body(part, False)
+            build_outer(body)
+            rows = part.ranges[:-1]
+            functions.append(dict(name=f"tw_part{i}", kind="outer", lines=body.e.lines, caches=[],
+                                  xnumel=ccode(part.xnumel, names), rnumel=ccode(part.rnumel, names),
+                                  inner=ccode(part.ranges[-1], names), width=OUTER_WIDTH,
+                                  rows=ccode(sympy.Mul(*rows), names) if rows else "1L"))
+            helpers |= body.e.helpers_used
+            continue
         body = _Body(part, persistent).build()
         # a scatter splits across threads only along its target's coordinates (rowops.py)
         split = dict(rows_parallel=body.plan.rows_parallel, inner_parallel=body.plan.inner_parallel)
