@@ -13,7 +13,8 @@ times a block of :data:`OUTER_WIDTH` along the last dim.
 
 Only what this order computes exactly: one level of ``sum``/``prod``/``max``/``min``/``any``/
 ``all`` reductions (no Welford, argmax, scan or scatter, no gather, no reduction of a reduced
-value), and stores of per-x values only (:func:`outer_refusal`).
+value), stores of per-x values after the pass, and of per-element values that read no reduced value
+in the pass (the input of a norm's backward beside its weight gradient) (:func:`outer_refusal`).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def outer_refusal(kernel: LoopKernel) -> str | None:
     for s in kernel.stores:
         if s.is_scatter or s.mask is not None:
             return "the outer order stores no scatters or masked parts"
-        if kernel.depends_on_r(s.value) or any(sympy.sympify(e).free_symbols & r_vars for e in s.index):
-            return "the outer order stores per output element only (a value along the row takes row order)"
+        along_r = kernel.depends_on_r(s.value) or any(sympy.sympify(e).free_symbols & r_vars for e in s.index)
+        if along_r and any(m.is_reduce for m in toposort([s.value])):
+            return "a value stored along the row reads a reduced value (row order computes it after its pass)"
     reads_r = False
     accesses = [(kernel.buffer(s.buffer), s.index) for s in kernel.stores]
     accesses += [(kernel.buffer(n.arg[0]), n.arg[1]) for n in nodes if n.op == "load"]
@@ -74,7 +76,7 @@ def build_outer(body) -> None:
     """Write the outer-order body of ``body`` (a :class:`~tilewright.templates.cpp.loops._Body`
     of a kernel :func:`outer_refusal` accepts) into ``body.e.lines``: inside a task, the row's
     variables, the accumulators, the loop over r with a vectorised loop over ``[tw_lo, tw_hi)``
-    inside, then a vectorised loop computing and storing the per-x values."""
+    inside (storing the per-element values), then a vectorised loop storing the per-x values."""
     from tilewright.templates.cpp.loops import _identity
 
     k, e = body.k, body.e
@@ -84,7 +86,9 @@ def build_outer(body) -> None:
     dep_inner = body._depends([inner])
     dep_both = body._depends([inner, *k.r_vars])
     reduces = k.reductions()
-    body.hoist([r.src[0] for r in reduces], dep_both)
+    along_r = [s for s in k.stores if body.on_r(s)]
+    in_pass = [r.src[0] for r in reduces] + [s.value for s in along_r]
+    body.hoist(in_pass, dep_both)
     accs = []
     for r in reduces:
         ct = "bool" if r.arg in ("any", "all") else dtypes.compute_type(r.src[0].dtype)
@@ -96,10 +100,12 @@ def build_outer(body) -> None:
     e.indent += "  "
     e.push()
     body.decompose("rindex", k.r_vars, k.reduction_ranges)
-    body.hoist([r.src[0] for r in reduces], dep_inner)  # values of this r, the same for every x
+    body.hoist(in_pass, dep_inner)  # values of this r, the same for every x
     _open_columns(body, inner)
     for r, acc, _ in accs:
         body.update_accumulators(r, [acc], e.emit(r.src[0]))
+    for s in along_r:  # values of the elements this pass reads (no reduced value among them)
+        body.store(s, None)
     _close_columns(body)
     e.pop()
     e.indent = e.indent[:-2]
@@ -108,7 +114,8 @@ def build_outer(body) -> None:
     for r, acc, ct in accs:
         e.bind(r, body._as(f"{acc}[tw_l]", ct, r.dtype))
     for s in k.stores:
-        body.store(s, None)
+        if not any(s is t for t in along_r):
+            body.store(s, None)
     _close_columns(body)
 
 
