@@ -6,6 +6,8 @@ view run by the general instance, threads; and which kernels the order refuses."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import sympy
 import torch
@@ -139,3 +141,15 @@ def test_outer_order_refuses_what_it_cannot_compute_exactly_or_would_not_pay():
             assert outer_refusal(p.kernel) is not None, what
             assert template.check(OUTER, p, CPU) is not None, what
             assert OUTER not in template.seed_params(p, CPU), what
+
+
+def test_outer_order_refuses_a_layout_not_contiguous_along_x():
+    # a column of a row-major tensor's transpose: x strided, r contiguous; row order reads it better
+    problem = _norm_backward_kernel(2, 5, 12)
+    k = problem.kernel
+    bt = (sympy.Integer(10), sympy.Integer(12))
+    strided = tuple(dataclasses.replace(b, stride=(sympy.Integer(1), sympy.Integer(10))) if b.name == "in0" else b
+                    for b in k.inputs)
+    assert all(b.shape == bt for b in strided if b.name == "in0")
+    why = outer_refusal(dataclasses.replace(k, inputs=strided))
+    assert why is not None and "in0" in why

@@ -64,7 +64,8 @@ def outer_refusal(kernel: LoopKernel) -> str | None:
     accesses += [(kernel.buffer(n.arg[0]), n.arg[1]) for n in nodes if n.op == "load"]
     for buf, idx in accesses:
         off = sympy.expand(offset(list(idx), list(buf.stride)))
-        if inner in off.free_symbols and sympy.simplify(sympy.diff(off, inner) - 1) != 0:
+        step = off.coeff(inner, 1)  # 1, and the rest free of it: a unit step along x (no Mod/floor of x)
+        if inner in off.free_symbols and (step != 1 or inner in sympy.expand(off - step * inner).free_symbols):
             return f"{buf.name} is not contiguous along the last output dim (row order reads it better)"
         reads_r = reads_r or bool(off.free_symbols & r_vars)
     if not reads_r:
