@@ -18,6 +18,9 @@ later pass needs in a row buffer per thread (softmax's ``exp``, computed once; a
 to load again, a plain load, is loaded again), and computes mean and M2 exactly in two passes
 over the buffered row; the looped form recomputes them from memory instead, for rows too long
 to buffer. The knob changes the source (a build each); the block size is a run-time argument.
+``ORDER="outer"`` (:mod:`.outer`) loops r outermost and a vectorised loop over a block of x
+inside, for reductions over the outer dims of a row-major tensor (a norm's weight gradient):
+offered beside the row order where the traced layout reads x contiguously, both timed.
 
 Combo kernels run their parts one after another, each part in its own space (no masked lanes).
 Loads and stores index buffers through run-time strides (in elements), so any layout is read
