@@ -94,3 +94,32 @@ def test_a_candidate_whose_first_call_pays_a_one_time_cost_is_not_aborted():
         task = EvalTask(problem, Candidate.of(t.id, t.source_hash, params), "cpu", "cpu", best_ms=1e-4)
         record = evaluate(task, Recording()).record
     assert record.status == "aborted" and record.reps == 1 and "first runs" in record.reason, record
+
+
+class WrongWhenAllocating(Recording):
+    """The real factory's launcher, its result 1% off only when it allocates its outputs (the
+    path the compiled graph calls and the tuner times), right into the outputs it is handed."""
+
+    def build(self, problem, candidate, target):
+        launch = FACTORY.build(problem, candidate, target)
+
+        def wrong_as_called(*args, outs=None, **kwargs):
+            result = launch(*args, outs=outs, **kwargs)
+            if outs is None:
+                for r in result:
+                    r.mul_(1.01)
+            return result
+        return wrong_as_called
+
+
+def test_a_candidate_wrong_only_as_the_graph_calls_it_is_wrong():
+    # the check into poisoned outputs passes; the graph's call (outs=None) is 1% off: before,
+    # the tuner timed that call without judging it and kept the candidate ("ok")
+    (problem,) = loop_problems(lambda x: torch.softmax(x, -1), torch.randn(16, 32))
+    t = get_template("cpp.reduction")
+    for timed in (True, False):
+        forget_inputs()
+        with tilewright.config.patch(bench_rep=3, bench_min_rep=3, bench_warmup=1, bench_budget_ms=1000.0):
+            task = EvalTask(problem, Candidate.of(t.id, t.source_hash, t.space.default()), "cpu", "cpu")
+            record = evaluate(task, WrongWhenAllocating(), timed=timed).record
+        assert record.status == "wrong" and "as the graph calls it" in record.reason, record

@@ -30,7 +30,7 @@ from tilewright._config import config
 from tilewright.autotune.bench import time_callable
 from tilewright.autotune.cache import Record
 from tilewright.autotune.candidates import Candidate
-from tilewright.kinds import kind_of
+from tilewright.kinds import ProblemKind, kind_of
 from tilewright.runtime.targets import get_target
 
 _log = logging.getLogger(__name__)
@@ -219,6 +219,23 @@ def _special_values_wrong(task: EvalTask, factory: Any, launch: Callable) -> str
     return f"with special values (inf, NaN, +-0, subnormals): relative error {err:.3g} > tolerance {tol:.0e}"
 
 
+def _wrong_as_called(kind: Any, problem: Any, timed_run: Callable[[], Any], ref: Callable[[], Any]) -> str | None:
+    """Why the candidate's result is wrong when it runs as the compiled graph calls it (its
+    kind's ``run_timed``: on a CPU the launcher allocates its outputs), or None. The first check
+    writes into poisoned outputs; a launcher whose own allocation path is wrong (a layout, an
+    output it leaves unwritten) would pass it, be timed on that path and run on it in the graph.
+    Skipped when checking is off and for kinds that time the checked call itself."""
+    if not config.check_candidates or type(kind).run_timed is ProblemKind.run_timed:
+        return None
+    try:
+        err, tol = kind.error(problem, timed_run(), ref(), config.allow_tf32)
+    except Exception as e:  # noqa: BLE001 - a kernel that fails as called is wrong as called
+        return f"run as the graph calls it (allocating its outputs): {type(e).__name__}: {e}"[:500]
+    if err <= tol:
+        return None
+    return f"run as the graph calls it (allocating its outputs): relative error {err:.3g} > tolerance {tol:.0e}"
+
+
 UNTOUCHED = ("; the output tensors it was handed (filled with NaN) are untouched: a kernel must write its "
              "result into the outputs it is given (``out``/``outs``), in place; returning a new tensor instead "
              "is not the calling convention")
@@ -337,7 +354,7 @@ def evaluate(task: EvalTask, factory: Any,
     if err is not None and not err <= tol:
         reason = f"relative error {err:.3g} > tolerance {tol:.0e}" + untouched_outputs_hint(outs[0], result)
         return EvalOutcome(Record(**base, status="wrong", rel_err=err, reason=reason), compile_s)
-    why = _special_values_wrong(task, factory, launch)
+    why = _special_values_wrong(task, factory, launch) or _wrong_as_called(kind, problem, timed_runs[0], ref)
     if why:
         return EvalOutcome(Record(**base, status="wrong", rel_err=err, reason=why), compile_s)
     if not timed:
