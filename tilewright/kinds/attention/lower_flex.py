@@ -261,7 +261,8 @@ def _mods(gm: fx.GraphModule, score_node: Any, mask_node: Any, score_bufs, mask_
           ) -> tuple[str, str, list[fx.Node], tuple[Capture, ...]]:
     nodes, ids = _captures(list(score_bufs) + list(mask_bufs))
     follow = [_capture_dims(n, full) for n in nodes]
-    score = lower_mod_graph(_subgraph(gm, score_node), SCORE_ARGS, _capture_ids(score_bufs, ids))
+    score = _in_working_precision(
+        lower_mod_graph(_subgraph(gm, score_node), SCORE_ARGS, _capture_ids(score_bufs, ids)))
     mask = lower_mod_graph(_subgraph(gm, mask_node), MASK_ARGS, _capture_ids(mask_bufs, ids))
     if mask.op == "const" and mask.arg:
         mask = None  # constantly true: no mask
@@ -274,6 +275,32 @@ def _mods(gm: fx.GraphModule, score_node: Any, mask_node: Any, score_bufs, mask_
     caps = tuple(Capture(s, dtypes.name_of(_meta(n).dtype), bounds.get(k), follow[k])
                  for k, (n, s) in enumerate(zip(nodes, shapes)))
     return mods.dumps(score), mods.dumps(mask), nodes, caps
+
+
+def _in_working_precision(score: E.Node) -> E.Node:
+    """The score_mod as FlexAttention computes it: on the score in fp32 whatever q's dtype (its
+    math reference works in fp32, fp64 for fp64 inputs; Inductor's kernels too), where the
+    traced graph's ops carry q's dtype and the loop rules round each result to it (bf16: a
+    soft-cap ``50 * tanh(s / 50)`` rounded three times came out 7e-2 from float64, eager 2e-3).
+    Drops those implicit roundings of values that depend on the score; an explicit cast the
+    user wrote (``.to(torch.bfloat16)``) still rounds."""
+    reads: dict[int, bool] = {}
+
+    def reads_score(n: E.Node) -> bool:
+        if id(n) not in reads:
+            reads[id(n)] = n.op == "acc" or any(reads_score(s) for s in n.src)
+        return reads[id(n)]
+
+    def fn(n: E.Node, src: tuple[E.Node, ...]) -> E.Node | None:
+        if n.op == "cast" and not n.arg and src:
+            x = src[0]
+            if n.dtype in ("bf16", "fp16") and dtypes.is_float(x.dtype) and reads_score(x):
+                return x  # kept in its compute type
+            if x.dtype == n.dtype:  # the widening back of a rounding dropped above
+                return x
+        return None
+
+    return E.rewrite([score], fn)[0]
 
 
 def _full(q: fx.Node, k: fx.Node) -> tuple[Any, ...]:
