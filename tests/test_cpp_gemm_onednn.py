@@ -140,7 +140,8 @@ def test_the_cpu_gemm_policy_offers_a_cpp_epilogue_for_16_bit_swiglu_only():
 @pytest.mark.slow
 def test_an_mlp_compiles_with_its_epilogues_in_the_gemm_call(tmp_path):
     """End to end: Linear+GELU, Linear+residual: each GEMM's winner ran the epilogue in its own
-    call, and the model matches float64 eager."""
+    call, and the model matches float64 eager. With the C++ backend forced: in auto mode a CPU
+    GEMM leaves its epilogue to the loop kernels (GemmPolicy.fuses_epilogues)."""
     import tilewright
     from tilewright.compiler.report import collect_reports
 
@@ -155,7 +156,8 @@ def test_an_mlp_compiles_with_its_epilogues_in_the_gemm_call(tmp_path):
         lin1d, lin2d = torch.nn.Linear(48, 96).double(), torch.nn.Linear(96, 48).double()
         lin1d.load_state_dict(lin1.state_dict()), lin2d.load_state_dict(lin2.state_dict())
         ref = x.double() + lin2d(torch.nn.functional.gelu(lin1d(x.double())))
-        with tilewright.config.patch(cache_dir=str(tmp_path), graph_race="off"), collect_reports() as reports:
+        with tilewright.config.patch(cache_dir=str(tmp_path), graph_race="off", force_backend="cpp"), \
+                collect_reports() as reports:
             got = torch.compile(f, backend="tilewright")(x)
     assert rel_error(got, ref) <= 1e-4
     gemms = [g for r in reports for g in r.gemms]
