@@ -135,3 +135,68 @@ def test_a_graph_traced_for_dispatch_counting_costs_one_frame_while_counting_is_
     names, out = _frames(traced(graph, 0), [torch.ones(2)])
     assert names == ["call", "graph"]
     assert torch.equal(out, torch.full((2,), 2.0))
+
+
+def _aten_launcher(**problem):
+    """ATen's GEMM launcher as the tuner builds it, for a static (8, 16, 12) fp32 problem."""
+    from tilewright.autotune.candidates import Candidate
+    from tilewright.compiler.kernel_factory import default_factory
+    from tilewright.problem import GemmProblem
+    from tilewright.runtime.targets import get_target
+    from tilewright.templates import get_template
+
+    p = GemmProblem(**({"M": 8, "N": 16, "K": 12, "dtype": "fp32", "layout_b": "col"} | problem))
+    aten = get_template("aten.gemm")
+    return p, default_factory.build(p, Candidate.of(aten.id, aten.source_hash), get_target("cpu"))
+
+
+@pytest.mark.parametrize("b_t", [False, True])
+def test_a_plain_aten_gemm_is_called_with_no_launcher_frame(b_t):
+    # a product with no epilogue in its operands' dtype: ATen's entries serve the call as they
+    # are (~45 such GEMMs in the demo Llama's training step, a Python frame each)
+    _, launch = _aten_launcher()
+    assert launch.direct is torch.matmul and launch.linear is torch.nn.functional.linear
+    call = _call(launch, spaces=(), b_t=b_t)
+    gen = torch.Generator().manual_seed(5)
+    a, w = torch.randn(8, 12, generator=gen), torch.randn(16, 12, generator=gen)
+    names, out = _frames(GemmKind().invoker(call), a, w if b_t else w.t())
+    assert names == ["invoke"]
+    assert rel_err(out, a.double() @ w.double().t()) < 1e-5
+
+
+def test_an_aten_gemm_with_an_epilogue_or_a_cast_keeps_its_launcher():
+    from tilewright.problem import EpilogueOp
+
+    for problem in ({"epilogue": (EpilogueOp("relu"),)}, {"dtype": "bf16", "out_dtype": "fp32"}):
+        p, launch = _aten_launcher(**problem)
+        assert not hasattr(launch, "direct"), problem
+        call = _call(launch, spaces=(), b_t=True)
+        gen = torch.Generator().manual_seed(6)
+        dt = torch.bfloat16 if p.dtype == "bf16" else torch.float32
+        a, w = torch.randn(8, 12, generator=gen).to(dt), torch.randn(16, 12, generator=gen).to(dt)
+        out = GemmKind().invoker(call)(a, w)
+        ref = a.double() @ w.double().t()
+        ref = torch.relu(ref) if p.epilogue else ref
+        assert out.dtype == torch.float32 and rel_err(out, ref) < 1e-2, problem
+
+
+def test_wrapper_views_take_their_sizes_as_separate_arguments(tmp_path):
+    # x.view(48, 128) parses in ~0.96 us where x.view([48, 128]) takes ~1.57 (permute, expand
+    # alike); the sizes' forms that only a list spells (an empty one: a 0-d view) stay lists
+    import tilewright
+
+    def f(x, w, z, one):
+        a = torch.mm(x.view(6, 4), w)  # GEMM operands: the views stay in the wrapper
+        b = torch.bmm(x.permute(0, 2, 1), z)
+        return a, b, one.view([]) + 1.0, x.view(-1, 8).sum(1)
+
+    gen = torch.Generator().manual_seed(7)
+    x, w, z, one = (torch.randn(*s, generator=gen) for s in ((2, 3, 4), (4, 5), (2, 3, 5), (1,)))
+    torch._dynamo.reset()
+    with tilewright.config.patch(debug_dir=str(tmp_path), graph_race="off"):
+        out = torch.compile(f, backend="tilewright")(x, w, z, one)
+    ref = f(x.double(), w.double(), z.double(), one.double())
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and rel_err(o, r) < 1e-6
+    source = "\n".join(p.read_text() for p in tmp_path.rglob("wrapper.py"))
+    assert ".view(" in source and ".view([" not in source.replace(".view([])", "") and ".permute([" not in source

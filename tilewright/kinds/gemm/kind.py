@@ -241,6 +241,8 @@ class GemmKind(ProblemKind):
                         linear = getattr(launch, "linear", None)
                         out = linear(a, b, *epilogue_inputs) if linear is not None \
                             else launch(a, b.t(), *epilogue_inputs)
+                    elif not epilogue_inputs and not scales and hasattr(launch, "direct"):
+                        out = launch.direct(a, b)  # ATen's GEMM itself (a plain product)
                     else:
                         out = run(launch, a, b, *epilogue_inputs, **scales)
                 except Exception as e:  # noqa: BLE001 - costs this kernel (KernelCall.rescue)
