@@ -200,3 +200,25 @@ def test_wrapper_views_take_their_sizes_as_separate_arguments(tmp_path):
         assert o.shape == r.shape and rel_err(o, r) < 1e-6
     source = "\n".join(p.read_text() for p in tmp_path.rglob("wrapper.py"))
     assert ".view(" in source and ".view([" not in source.replace(".view([])", "") and ".permute([" not in source
+
+
+def test_a_compiled_graphs_plain_gemms_call_aten_with_no_invoker_frame():
+    # the wrapper binds torch.matmul / F.linear itself for a static ATen product with nothing
+    # after it (KernelCall.entry); a GEMM with an epilogue keeps its invoker
+    import tilewright
+
+    def f(x, w, v):
+        h = torch.nn.functional.linear(x, w)  # b_t: F.linear
+        return h @ v, torch.relu(x @ v.t() + 1.0)
+
+    gen = torch.Generator().manual_seed(8)
+    x, w, v = (torch.randn(*s, generator=gen) for s in ((6, 5), (7, 5), (7, 5)))
+    torch._dynamo.reset()
+    with tilewright.config.patch(graph_race="off", force_backend="aten"):
+        compiled = torch.compile(f, backend="tilewright")
+        compiled(x, w, v)
+        names, out = _frames(compiled, x, w, v)
+    ref = f(x.double(), w.double(), v.double())
+    assert all(rel_err(o, r) < 1e-6 for o, r in zip(out, ref))
+    # three GEMMs, one invoker: the relu GEMM's (a forced backend keeps its epilogue fused)
+    assert names.count("invoke") == 1

@@ -303,6 +303,13 @@ class KernelCall:
         return launch
 
     # -- running ----------------------------------------------------------------------------------
+    def entry(self) -> Callable[..., Any]:
+        """What the wrapper binds for this kernel once its launcher is bound: the kind's direct
+        entry (:meth:`~tilewright.kinds.ProblemKind.direct_entry`) where it has one, else the
+        invoker."""
+        direct = self._kind.direct_entry(self)
+        return direct if direct is not None else self._invoke
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._invoke(*args, **kwargs)
 

@@ -25,7 +25,7 @@ import sympy
 
 from tilewright.compiler.graph import ExternNode, FusedNode, KernelGraph, KernelNode, produced, to_sympy
 
-RESERVED = {"torch", "aten", "prims", "operator", "math", "kernels", "consts", "args", "call",
+RESERVED = {"torch", "aten", "prims", "operator", "math", "kernels", "consts", "_entry", "args", "call",
             "device", "inf", "nan"}
 _counter = itertools.count()
 
@@ -241,14 +241,21 @@ class WrapperCodegen:
             "prims = torch.ops.prims",
             "",
         ]
-        # a kernel's call is its kind's invoker itself where it has one (KernelCall._invoke):
+        # a kernel's call is its kind's invoker itself, or an ATen op itself (KernelCall.entry):
         # one Python frame less per kernel call
-        header += [f"{k.name} = getattr(kernels[{k.name!r}], '_invoke', kernels[{k.name!r}])"
-                   for k in kg.kernels]
+        header += [f"{k.name} = _entry(kernels[{k.name!r}])" for k in kg.kernels]
         header += [f"{name} = getattr({path}, '_op', {path})" for name, path in sorted(self.entries.items())]
         first = len(header) + 4  # the line number of the body's first line
         self.owners = {first + k: name for k, name in kernel_lines.items()}
         return "\n".join(header + ["", "", "def call(args):"] + ["    " + line for line in body]) + "\n"
+
+
+def kernel_entry(kernel: Any) -> Callable[..., Any]:
+    """What a wrapper calls for one entry of its ``kernels``: a
+    :class:`~tilewright.compiler.dispatch.KernelCall`'s :meth:`entry`, else the invoker an
+    object carries as ``_invoke``, else the object itself (a plain function)."""
+    entry = getattr(kernel, "entry", None)
+    return entry() if entry is not None else getattr(kernel, "_invoke", kernel)
 
 
 def load_wrapper(source: str, kernels: dict[str, Callable], consts: list[Any],
@@ -256,7 +263,8 @@ def load_wrapper(source: str, kernels: dict[str, Callable], consts: list[Any],
     """Execute wrapper source; returns its ``call`` marked as a boxed function for aot_autograd."""
     filename = filename or f"<tilewright-wrapper-{next(_counter)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict[str, Any] = {"kernels": kernels, "consts": consts, "__name__": "tilewright_wrapper"}
+    namespace: dict[str, Any] = {"kernels": kernels, "consts": consts, "_entry": kernel_entry,
+                                 "__name__": "tilewright_wrapper"}
     exec(compile(source, filename, "exec"), namespace)
     call = namespace["call"]
     call._boxed_call = True

@@ -257,6 +257,13 @@ class ProblemKind:
             raise NotImplementedError(f"problem kind {self.name!r} cannot read its dynamic sizes at run time")
         return {}
 
+    def direct_entry(self, call: Any) -> Callable[..., Any] | None:
+        """What the wrapper may call instead of :meth:`invoker` for ``call`` once its launcher is
+        bound: an ATen op itself where the bound kernel is nothing but that op on a static
+        problem (it fails where eager fails, so no rescue is lost); None (the default): the
+        invoker."""
+        return None
+
     def invoker(self, call: Any) -> Callable[..., Any]:
         """The function the wrapper's ``call`` runs for a
         :class:`~tilewright.compiler.dispatch.KernelCall`: by default ``launch(*args)`` of the

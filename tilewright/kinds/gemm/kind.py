@@ -203,10 +203,21 @@ class GemmKind(ProblemKind):
     def call_options(self, node: Any) -> dict[str, Any]:
         # per epilogue input, the shape it broadcasts against: "gemm" or "view"; whether B
         # arrives as w for B = w.t() (kinds/gemm/transposed.py)
-        return {"spaces": tuple(e.space for e in node.epilogue_inputs)} | ({"b_t": True} if node.b_t else {})
+        return ({"spaces": tuple(e.space for e in node.epilogue_inputs)} | ({"b_t": True} if node.b_t else {})
+                | ({"view": True} if node.view is not None else {}) | ({"scales": True} if node.scales else {}))
 
     def dims(self, problem: GemmProblem) -> tuple[str, ...]:
         return GEMM_DIMS
+
+    def direct_entry(self, call: Any) -> Callable[..., Any] | None:
+        # a static product with nothing after it whose kernel is ATen's (the aten.gemm template's
+        # ``direct``): the wrapper calls torch.matmul / F.linear itself, no invoker frame (~45
+        # GEMMs in the demo Llama's training step)
+        launch, o = call._fast, call.options
+        if (launch is None or call.problem.dynamic or call.problem.store_acc or o.get("spaces")
+                or o.get("view") or o.get("scales") or not hasattr(launch, "direct")):
+            return None
+        return launch.linear if o.get("b_t") else launch.direct
 
     def invoker(self, call: Any) -> Callable[..., Any]:
         """``call(a, b, *epilogue_inputs, view=None, **scales) -> Tensor`` (``(out, product)``
