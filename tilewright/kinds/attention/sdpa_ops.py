@@ -108,7 +108,18 @@ def sdpa_mask_grad_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
     dk = per_kv_head(torch.matmul(ds.transpose(-1, -2), q.float()) * scale)
     dv = per_kv_head(torch.matmul(p.transpose(-1, -2), do))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), ds if score_grad else ds.new_empty(0)
+    # laid out as the fake says (empty_like: q's layout, a transposed view's too), which the
+    # traced backward's views of these gradients rely on
+    return _like(dq, q), _like(dk, k), _like(dv, v), ds if score_grad else ds.new_empty(0)
+
+
+def _like(grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``grad`` in ``t``'s dtype and in ``torch.empty_like(t)``'s layout (a copy only where the
+    layout or dtype differs)."""
+    like = torch.empty_like(t)
+    if grad.dtype == t.dtype and grad.stride() == like.stride():
+        return grad
+    return like.copy_(grad)
 
 
 @sdpa_mask_grad_backward.register_fake
