@@ -9,6 +9,15 @@ The entry checks at run time that every tensor it was handed has the traced layo
 size 1 may have any stride) and calls the specialised instance then, the general one otherwise.
 g++ only vectorises a load into one vector load when it knows the stride is 1: with run-time
 strides it assembles each vector from scalar loads (measured: softmax's rows 3x slower).
+
+**The cost of a call.** The demo's kernels run for microseconds, so what a call does besides its
+loops counts. Each part's loops are a function of its units (rows or tasks) ``[first, last)``:
+on one thread the part calls it directly, without entering OpenMP (``GOMP_parallel`` makes a
+team even for one thread); on several, each thread of the parallel region calls it with its
+share. Row buffers live on the stack of the thread that runs the rows where the row is known
+and fits :data:`STACK_ROW_BYTES` (no ``malloc``/``free`` a call). Measured on the demo's Llama
+training step (one thread, one process, main's builds against these): 3.5-3.7 ms a step to
+3.3-3.5 ms, its loop kernels 152 to 117 µs in isolation.
 """
 
 from __future__ import annotations
