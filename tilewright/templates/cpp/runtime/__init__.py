@@ -67,7 +67,9 @@ except ImportError:  # not in this torch: the public call
 def empty_strided(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor of ``size`` and ``stride`` (elements) and ``dtype``: what
     ``torch.empty_strided(size, stride, dtype=dtype)`` makes, through Inductor's faster entry
-    where this torch has it."""
+    where this torch has it. That entry skips the NaN fill of
+    ``torch.utils.deterministic.fill_uninitialized_memory`` under deterministic algorithms (as
+    Inductor's wrappers do): only for outputs a kernel writes in full."""
     return torch.empty_strided(size, stride, dtype=dtype)
 
 
