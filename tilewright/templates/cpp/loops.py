@@ -52,6 +52,7 @@ from tilewright.templates.c_loops import CFamilyBody, loop_support
 from tilewright.templates.cpp.outer import outer_refusal
 from tilewright.templates.cpp.emit import CTYPE, STORAGE, CppExpr, ccode, literal
 from tilewright.templates.cpp.rowops import CppRowOps, scatter_plan
+from tilewright.templates.cpp.segments import fold, split_points
 from tilewright.templates.cpp.source import LANES, source_context
 
 PERSISTENT_MAX_ROW = 1 << 16  # elements of a row a thread may buffer (per buffered value)
@@ -229,14 +230,34 @@ class _Body(CppRowOps, CFamilyBody):
         if len(k.ranges) > 1:
             self.decompose("tw_row", self.xvars[:-1], k.ranges[:-1])
         self.hoist(k.roots(), self._depends(inner))
+        points, cmps = split_points(k.roots(), inner[0], k.ranges[-1]) if inner and not k.scatters() else ([], {})
+        if not points:
+            self._row_loop("tw_lo", "tw_hi", k.stores)
+            return
+        # a cat's or a pad's pieces along the row: a loop per segment, its masks folded (segments.py)
+        for i, lo in enumerate([0] + points):
+            stores = []
+            for s in k.stores:
+                value, *mask = fold([s.value] + ([s.mask] if s.mask is not None else []), cmps, lo)
+                if mask and mask[0].op == "const":
+                    if not mask[0].arg:
+                        continue  # not this store's share of the space
+                    mask = []
+                stores.append(dataclasses.replace(s, value=value, mask=mask[0] if mask else None))
+            self._row_loop("tw_lo" if i == 0 else f"tw_max(tw_lo, {lo}L)",
+                           "tw_hi" if i == len(points) else f"tw_min(tw_hi, {points[i]}L)", stores)
+
+    def _row_loop(self, lo: str, hi: str, stores) -> None:
+        """The vectorised loop over a task's columns ``[lo, hi)`` storing ``stores``."""
+        inner = self.xvars[-1:]
         # not vectorised where a scatter may hit one element twice along the row: in order
         self.open_checked_loop(self.plan.inner_parallel)
-        self.e.line("for (int64_t tw_col = tw_lo; tw_col < tw_hi; ++tw_col) {")
+        self.e.line(f"for (int64_t tw_col = {lo}; tw_col < {hi}; ++tw_col) {{")
         self.e.indent += "  "
         self.e.push()
         if inner:
             self.e.line(f"const int64_t {inner[0].name} = tw_col;")
-        for s in k.stores:
+        for s in stores:
             self.store(s, None)
         self.e.pop()
         self.e.indent = self.e.indent[:-2]
