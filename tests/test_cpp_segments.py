@@ -4,7 +4,8 @@ scalar (a conditional load beside a libmvec call: "control flow in loop"). Check
 results against float64 (ragged pieces, tasks straddling a boundary, a zero-size piece,
 non-contiguous inputs at run time, NaN and infinities, bf16), the traced instance's loops
 vectorised (g++'s ``-fopt-info``), the segment arithmetic itself, and the kernels that must
-keep one loop."""
+keep one loop. Also a reduction's ragged tail: a row shorter than the 16 lanes is vectorised too.
+"""
 
 from __future__ import annotations
 
@@ -78,10 +79,19 @@ def test_cat_and_pad_rows_match_float64(name):
                 assert_matches_reference(problem, got, ref)
 
 
-def _cpp_source(problem) -> str:
-    template = get_template("cpp.pointwise")
-    text = template.render(problem, template.space.complete({}), CPU).source
+def _cpp_source(problem, params: dict | None = None) -> str:
+    template = get_template(f"cpp.{problem.kind}")
+    text = template.render(problem, template.space.complete(params or {}), CPU).source
     return re.search(r"SOURCE = r'''(.*?)'''", text, re.S).group(1)
+
+
+def _vectorised_lines(source: str) -> list[int]:
+    """The lines g++ reports a vectorised loop at (``-fopt-info-vec-optimized``)."""
+    tc = runtime.toolchain()
+    proc = subprocess.run([tc.cxx, *tc.flags, "-fopt-info-vec-optimized", "-x", "c++", "-c", "-o", "/dev/null", "-"],
+                          input=source, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [int(m) for m in re.findall(r"<stdin>:(\d+):\d+: optimized: loop vectorized", proc.stderr)]
 
 
 def _simd_loops(source: str) -> list[tuple[int, int]]:
@@ -99,8 +109,11 @@ def _simd_loops(source: str) -> list[tuple[int, int]]:
     return out
 
 
+needs_gcc = pytest.mark.skipif(MISSING is None and "g++" not in runtime.toolchain().cxx, reason="-fopt-info is g++'s")
+
+
 @needs_cxx
-@pytest.mark.skipif(MISSING is None and "g++" not in runtime.toolchain().cxx, reason="-fopt-info is g++'s")
+@needs_gcc
 def test_a_cat_rows_loops_vectorise():
     # the Qwen3-MoE backward's shape: a bf16 cat of two halves, each with a sigmoid (expf)
     problems = loop_problems(lambda a, b: (F.silu(torch.cat([a, b], 1).float()) * 3).to(BF16),
@@ -111,11 +124,7 @@ def test_a_cat_rows_loops_vectorise():
     assert len(loops) == 2, "a loop per piece"
     body = "\n".join(source.splitlines()[loops[0][0]:loops[-1][1]])
     assert " ? " not in body, "the pieces' masks fold away"
-    tc = runtime.toolchain()
-    proc = subprocess.run([tc.cxx, *tc.flags, "-fopt-info-vec-optimized", "-x", "c++", "-c", "-o", "/dev/null", "-"],
-                          input=source, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    done = [int(m) for m in re.findall(r"<stdin>:(\d+):\d+: optimized: loop vectorized", proc.stderr)]
+    done = _vectorised_lines(source)
     for lo, hi in loops:
         assert any(lo <= ln <= hi for ln in done), f"the simd loop at lines {lo}-{hi} is not vectorised"
 
@@ -147,3 +156,19 @@ def test_kernels_without_row_boundaries_keep_one_loop():
     assert len(_simd_loops(_cpp_source(problem))) == 1
     got, ref = run_cpp(problem, {"BLOCK": 4096})
     assert_matches_reference(problem, got, ref)
+
+
+@needs_cxx
+@needs_gcc
+def test_a_row_shorter_than_the_lanes_vectorises():
+    # a router's softmax over 8 experts: the whole row is the ragged tail of the 16-lane loop
+    x = _special(64, 8, dtype=BF16)
+    x[3] = float("-inf")
+    (problem,) = loop_problems(lambda a: a.float().softmax(-1).to(BF16), x)
+    source = _cpp_source(problem, {"PERSISTENT": True})
+    done = _vectorised_lines(source)
+    tails = [i + 1 for i, line in enumerate(source.splitlines()) if "tw_l < rnumel - tw_rbase" in line]
+    assert tails and all(any(t <= ln <= t + 12 for ln in done) for t in tails), "a tail loop stays scalar"
+    for params in ({"PERSISTENT": True}, {"PERSISTENT": False}):
+        got, ref = run_cpp(problem, params, LoopInputs([x], []))
+        assert_matches_reference(problem, got, ref)
