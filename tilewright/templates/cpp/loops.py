@@ -4,7 +4,7 @@ rows, built and cached by :mod:`tilewright.templates.cpp.runtime`.
 
 Pointwise (``cpp.pointwise``): the iteration space as rows (every dim but the last) times the
 last dim, cut into tasks of ``BLOCK`` elements of one row; threads take tasks, each task one
-vectorised loop along the last dim. Values that do not vary along it are computed once per task.
+vectorised loop along the last dim (one per piece of a cat or a pad along it: :mod:`.segments`). Values that do not vary along it are computed once per task.
 
 Reduction (``cpp.reduction``): threads take rows (output points). Each level of dependent
 reductions (softmax's max, then the sum of ``exp(x - max)``) is one pass over the row, each
@@ -225,7 +225,8 @@ class _Body(CppRowOps, CFamilyBody):
 
     def pointwise(self) -> None:
         """Inside a task: the row's variables, its invariant values, then the vectorised loop
-        along the last dim over ``[tw_lo, tw_hi)``."""
+        along the last dim over ``[tw_lo, tw_hi)``; one loop per segment where a cat's or a
+        pad's pieces meet at static points along it, each with its masks folded (:mod:`.segments`)."""
         k = self.k
         inner = self.xvars[-1:]
         if len(k.ranges) > 1:
