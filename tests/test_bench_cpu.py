@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tilewright.cli.main import main
 from tilewright.perf.compare import compare, load_results
@@ -54,3 +55,39 @@ def test_cpu_baselines_are_model_suite_results():
         for r in doc["results"]:
             assert r["race_off_paired_vs_aten"]["ratio"] > 0 and r["impls"]["tilewright_race_off"]["ms"] > 0
             assert isinstance(r["load"]["busy"], bool), (suite, r["id"])
+
+
+class _RMSNorm(torch.nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(hidden, generator=torch.Generator().manual_seed(hidden)))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+
+def _rms_case(hidden: int):
+    from tilewright.perf.cpu_cases import Case, Setup
+
+    x = torch.randn(8, hidden, generator=torch.Generator().manual_seed(1))
+    model = _RMSNorm(hidden)
+    return Case(f"rms{hidden}", "", lambda: Setup(make=lambda: model, step=lambda m: m(x)))
+
+
+def test_each_case_compiles_as_a_fresh_process_would(tmp_path):
+    # an earlier case's compiled models of the same model class stay in Dynamo's cache for its
+    # code objects unless the suite resets Dynamo between cases, and slow the later row's calls
+    # (the Llama training step after the Llama bf16 row: 1.26-1.30x Inductor's time, where it
+    # takes 1.09x alone or after a reset: measured)
+    import tilewright
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from tilewright.perf.cpu_suite import bench_case
+
+    code = _RMSNorm.forward.__code__
+    counts = []
+    with tilewright.config.patch(bench_rep=5, bench_min_rep=5, bench_budget_ms=1.0):
+        for hidden in (16, 24):
+            bench_case(_rms_case(hidden), False, 1, tmp_path)
+            counts.append(len(_debug_get_cache_entry_list(code)))
+    assert counts[0] > 0 and counts[1] == counts[0], counts  # the second case's own entries only
