@@ -75,10 +75,10 @@ def _rms_case(hidden: int):
 
 
 def test_each_case_compiles_as_a_fresh_process_would(tmp_path):
-    # an earlier case's compiled models of the same model class stay in Dynamo's cache for its
-    # code objects unless the suite resets Dynamo between cases, and slow the later row's calls
-    # (the Llama training step after the Llama bf16 row: 1.26-1.30x Inductor's time, where it
-    # takes 1.09x alone or after a reset: measured)
+    # without Dynamo's reset between cases, a case whose model classes an earlier case compiled
+    # at another config recompiles with an int made dynamic (automatic dynamic shapes) and its
+    # row measures dynamic graphs (the Llama training step after the Llama bf16 row: 1.24-1.30x
+    # Inductor's time where its static graphs take 1.08-1.09x: measured)
     import tilewright
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 

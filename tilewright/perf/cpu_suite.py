@@ -155,10 +155,11 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path, *,
 
     row: dict[str, Any] = {"id": case.name, "describe": case.describe, "impls": {}}
     folder = tune_dir / case.name
-    # each row compiles as a process running only its model would: an earlier row's compiled
-    # models of the same model classes stay in Dynamo's cache for their code objects otherwise
-    # and slow this row's calls (the Llama training step after the Llama bf16 row measured
-    # 1.26-1.30x Inductor's time, 1.09x alone or after this reset)
+    # each row compiles as a process running only its model would: after an earlier row compiled
+    # the same model classes at another config, Dynamo's automatic dynamic shapes recompiles this
+    # row's code with an int made a SymInt input (the Llama training step after the Llama bf16
+    # row: its graphs then take 1.35x their static time, 1.24-1.30x Inductor's where the static
+    # ones take 1.08-1.09x; measured). Dynamic graphs are a suite of their own (``decode``)
     torch._dynamo.reset()
     fresh = (_fresh_first_calls(suite, case, ("tilewright", "inductor") if inductor else ("tilewright",),
                                 cpu_threads, folder) if suite is not None else {})
