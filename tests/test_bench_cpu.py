@@ -31,7 +31,10 @@ def test_cpu_ci_suite_runs_and_passes_the_gate_on_ratios(tmp_path):
         assert tw["rel_err"] < 1e-4 and off["rel_err"] < 1e-4, r["id"]  # the compiled result is eager's
         assert tw["ms"] > 0 and eager["ms"] > 0 and r["paired_vs_aten"]["pairs"] >= 20
         assert off["ms"] > 0 and r["race_off_paired_vs_aten"]["pairs"] >= 20
-        assert tw["dispatches"] > 0 and off["dispatches"] > 0 and tw["first_call_s"] > 0
+        # ATen calls a call makes: a graph of one C++ kernel makes none (its outputs come from
+        # the allocator entry Inductor's wrappers use, not a dispatched op); never more than eager
+        assert 0 <= off["dispatches"] <= eager["dispatches"] and 0 <= tw["dispatches"] <= eager["dispatches"]
+        assert tw["first_call_s"] > 0
         assert 0 < r["load"]["running_share"] <= 1 and isinstance(r["load"]["busy"], bool)
     # the gate: ratios only (tilewright over eager, each run's own pairs); a shared 2-core CI
     # host gets a wider floor than a quiet machine would need
