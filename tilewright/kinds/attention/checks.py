@@ -103,6 +103,16 @@ def make_inputs(problem: AttentionProblem, device: torch.device | str, seed: int
     return AttentionInputs(tensors, names)
 
 
+def order_strides(shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:
+    """The strides (elements) of a dense tensor of ``shape`` laid out in ``order`` (dims from
+    outermost to innermost): what :func:`empty_output` allocates."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
+
+
 def empty_output(problem: AttentionProblem, name: str, dtype: torch.dtype, device) -> torch.Tensor:
     """An uninitialised output laid out as the problem records (``orders``)."""
     shape = problem.shape(name)
