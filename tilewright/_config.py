@@ -213,11 +213,19 @@ class Config:
         "times as many in a close race; the compiled graph wins when the median of its calls' "
         "ratios to the ATen calls beside them is below 0.97, else ATen (ties included); 0 runs "
         "no race, as graph_race 'off' does.")
+    unroll_reductions: int = _setting(
+        8, "TILEWRIGHT_UNROLL_REDUCTIONS",
+        "Reductions over at most this many elements (static) are lowered as pointwise "
+        "expressions (x[..., 0] + x[..., 1]), which fuse into their consumers where a row op "
+        "could not (a MoE router's top-k weights renormalised, a softmax over 8 experts); "
+        "Inductor's unroll_reductions_threshold is 8 too. 0 keeps every reduction a row op.")
     index_checks: bool = _setting(
         True, "TILEWRIGHT_INDEX_CHECKS",
         "Bounds-check every gathered or scattered index a generated kernel reads through "
-        "(embedding, gather, index_select, x[i], scatter_add, index_put, ...) unless it is "
-        "proven in range (an iota, a clamp, a modulo, a mask): out of range the kernel raises "
+        "(embedding, gather, index_select, x[i], scatter_add, index_put, the one-hot scatter, a "
+        "flex score_mod's gather, ...) against the dim the user indexed (a view's, not the "
+        "buffer's behind it) unless it is proven in range (an iota, a clamp, a modulo, a mask): "
+        "out of range the kernel raises "
         "eager's error on the CPU and stops with a device assert on a GPU. Off: no checks (an index "
         "out of range may read or write outside its buffer); bench/index_checks.py measures "
         "their cost. Integer division by zero is checked on the CPU either way.")
@@ -379,7 +387,7 @@ _MINIMUM = {"max_candidates": 1, "bench_rep": 1, "bench_min_rep": 1, "bench_warm
             "bench_input_sets": 1, "bench_budget_ms": 0.0, "bench_stable_pct": 0.0,
             "bench_abort_ratio": 1.0, "bench_tie_pct": 0.0, "compile_timeout_s": 0.001,
             "compile_timeout_factor": 1.0, "bench_timeout_s": 0.001, "bucket_max": 1,
-            "graph_race_rounds": 0}
+            "graph_race_rounds": 0, "unroll_reductions": 0}
 
 
 def _normalise(f: dataclasses.Field, value: Any) -> Any:

@@ -30,6 +30,7 @@ from tilewright.compiler.graph import LoopNode, TensorMeta, to_sympy
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.index import variables
+from tilewright.kinds.loop.lower.unroll import unrolled_reduction
 
 aten = torch.ops.aten
 Index = tuple[sympy.Expr, ...]
@@ -253,8 +254,13 @@ class LoopLowering:
         dtype = dtypes.name_of(meta.dtype)
         body = E.cast(body_fn(tuple(src_index)), dtype)
         name = name or node.name
-        self.nodes.append(LoopNode(name, [node], ranges=meta.shape, body=body, dtype=dtype, meta=meta,
-                                   reduction_ranges=tuple(src_shape[d] for d in dims)))
+        ranges = tuple(src_shape[d] for d in dims)
+        flat = unrolled_reduction(body, red_vars, ranges)
+        if flat is not None:  # a short row: a pointwise node, which fuses where a row op cannot
+            self.nodes.append(LoopNode(name, [node], ranges=meta.shape, body=flat, dtype=dtype, meta=meta))
+        else:
+            self.nodes.append(LoopNode(name, [node], ranges=meta.shape, body=body, dtype=dtype, meta=meta,
+                                       reduction_ranges=ranges))
         return Buffer(name, meta.shape, dtype)
 
     def scan(self, node: fx.Node, src_shape: Sequence[sympy.Expr], dim: int,
