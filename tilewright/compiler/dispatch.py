@@ -71,8 +71,13 @@ class KernelCall:
         self._eager_check: Any = None  # the last resort, built to tell the input's errors apart
         self._lock = threading.Lock()
         self._fast: Launcher | None = None
+        # a dynamic call's last (run-time sizes, launcher): the next call at the same sizes (a
+        # static graph's grouped GEMM, whose ragged dim is bucketed, every call) skips the
+        # bucket lookup; cleared whenever a launcher changes
+        self._recent: tuple[tuple, Launcher] | None = None
         self._kind = kind_of(problem)
         self.dims = self._kind.dims(problem)
+        self._static = self._kind.sizes(problem)  # the trace-time sizes (the problem is immutable)
         self._invoke = self._kind.invoker(self)
 
     def _sizes_of(self, problem: Any) -> dict[str, int]:
@@ -125,6 +130,7 @@ class KernelCall:
             self.selections.clear()
             self._launchers.clear()
             self._fast = None
+            self._recent = None
         return self.choose()
 
     def prepare(self, sizes: dict[str, int] | None = None) -> Selection:
@@ -146,6 +152,7 @@ class KernelCall:
         launch = self.factory.build(problem, selection.winner, self.target)
         with self._lock:
             self._launchers[key] = launch
+            self._recent = None
         return selection
 
     def bind(self, problem: Any, launch: Launcher) -> None:
@@ -154,18 +161,23 @@ class KernelCall:
         key = tuple(self._sizes_of(problem)[d] for d in self.dims)
         with self._lock:
             self._launchers[key] = launch
+            self._recent = None
             if self._bound_key is None:
                 self._bound_key = key
         if not self.problem.dynamic and len(self._launchers) == 1:
             self._fast = launch
 
     def _key(self, sizes: dict[str, int] | None) -> tuple[int, ...]:
-        static = self._sizes_of(self.problem)
+        static = self._static
         if sizes is None:
             return tuple(static[d] for d in self.dims)
         return tuple(bucket(sizes[d]) if d in self.problem.dynamic else static[d] for d in self.dims)
 
     def _launcher(self, sizes: dict[str, int]) -> Launcher:
+        raw = tuple(sizes.items())
+        recent = self._recent
+        if recent is not None and recent[0] == raw:
+            return recent[1]
         key = self._key(sizes)
         launch = self._launchers.get(key)
         if launch is None:
@@ -174,6 +186,9 @@ class KernelCall:
             except Exception as e:  # noqa: BLE001 - a new bucket's tuning or build failed
                         return self.rescue(sizes, e, stage="run", what="tuning a new size bucket")
             launch = self._launchers[key]
+        with self._lock:
+            if self._launchers.get(key) is launch:  # not replaced meanwhile (a rescue)
+                self._recent = (raw, launch)
         return launch
 
     def rescue(self, sizes: dict[str, int] | None, error: BaseException, *, inplace: bool = False,
@@ -213,6 +228,7 @@ class KernelCall:
         with self._lock:
             self.selections[key] = selection
             self._launchers[key] = launch
+            self._recent = None
             self._aten_keys.add(key)
             if self._fast is not None:
                 self._fast = launch
@@ -295,6 +311,7 @@ class KernelCall:
                 bucket=bucket_sizes or None, runs="its ATen ops as the graph had them")
         with self._lock:
             self._launchers[key] = launch
+            self._recent = None
             self._last_keys.add(key)
             if self._fast is not None:
                 self._fast = launch
