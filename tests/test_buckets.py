@@ -3,6 +3,8 @@ trace-time size, and run-time dispatch to the bucket of the actual size."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from fakes import Behaviour, FakeFactory, FakePolicy
 
@@ -52,3 +54,25 @@ def test_runtime_sizes_dispatch_to_their_bucket(monkeypatch, fresh_cache):
         out = call(torch.randn(M, 16), torch.randn(16, 8))
         assert out.shape == (M, 8)
     assert sorted(k[0] for k in call.selections) == [4, 16, 64]
+
+
+def test_the_last_sizes_launcher_is_reused_until_a_launcher_changes(monkeypatch, fresh_cache):
+    call, _ = _call(monkeypatch)
+    call.prepare()
+    a, b = torch.randn(9, 16), torch.randn(16, 8)
+    call(a, b)
+    (sizes, launch), = [call._recent]
+    assert dict(sizes)["M"] == 9 and launch is call._launchers[call._key(dict(sizes))]
+    call(torch.randn(40, 16), b)  # another bucket: the memo follows the last call
+    assert dict(call._recent[0])["M"] == 40
+    # a rescue (the bucket now on ATen) drops the memo: the next call finds the new launcher
+    ref = a @ b
+    call(a, b)
+    sizes = dict(call._recent[0])
+    with tilewright.config.patch(strict=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning: what it says is tested elsewhere
+        replaced = call.rescue(sizes, RuntimeError("injected"), stage="run")
+    assert call._recent is None
+    out = call(a, b)
+    assert call._recent[1] is replaced is call._launchers[call._key(sizes)]
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
