@@ -56,23 +56,32 @@ def test_runtime_sizes_dispatch_to_their_bucket(monkeypatch, fresh_cache):
     assert sorted(k[0] for k in call.selections) == [4, 16, 64]
 
 
-def test_the_last_sizes_launcher_is_reused_until_a_launcher_changes(monkeypatch, fresh_cache):
+def test_the_last_buckets_launcher_is_reused_until_a_launcher_changes(monkeypatch, fresh_cache):
     call, _ = _call(monkeypatch)
     call.prepare()
-    a, b = torch.randn(9, 16), torch.randn(16, 8)
-    call(a, b)
-    (sizes, launch), = [call._recent]
-    assert dict(sizes)["M"] == 9 and launch is call._launchers[call._key(dict(sizes))]
-    call(torch.randn(40, 16), b)  # another bucket: the memo follows the last call
-    assert dict(call._recent[0])["M"] == 40
+    b = torch.randn(16, 8)
+    lookups = []
+    real_key = KernelCall._key
+    monkeypatch.setattr(KernelCall, "_key", lambda self, sizes: lookups.append(sizes["M"]) or real_key(self, sizes))
+    for M in (9, 12, 16, 16, 17, 40, 33, 64, 65, 3):  # a decode loop's sizes, a few bucket edges
+        out = call(torch.randn(M, 16), b)
+        assert out.shape == (M, 8)
+    # a lookup only where the bucket changed: 9 (first), 17 (-> 32), 40 (-> 64), 65 (-> 128), 3 (-> 4)
+    assert lookups == [9, 17, 40, 65, 3]
+    (_, ranges, launch) = call._recent
+    assert ranges == (("M", 2, 4),) and launch is call._launchers[call._key({"M": 3})]
     # a rescue (the bucket now on ATen) drops the memo: the next call finds the new launcher
-    ref = a @ b
-    call(a, b)
-    sizes = dict(call._recent[0])
+    a = torch.randn(3, 16)
     with tilewright.config.patch(strict=False), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback's warning: what it says is tested elsewhere
-        replaced = call.rescue(sizes, RuntimeError("injected"), stage="run")
+        replaced = call.rescue({"M": 3}, RuntimeError("injected"), stage="run")
     assert call._recent is None
     out = call(a, b)
-    assert call._recent[1] is replaced is call._launchers[call._key(sizes)]
-    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert call._recent[2] is replaced is call._launchers[call._key({"M": 3})]
+    assert torch.allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    # a size past the cap shares the cap's bucket, unbounded above
+    with tilewright.config.patch(bucket_max=64):
+        call(torch.randn(100, 16), b)
+        assert call._recent[1] == (("M", 32, float("inf")),)
+        call(torch.randn(700, 16), b)
+    assert lookups[-2:] == [3, 100]  # 700: no lookup (the cap's bucket); 100: bucket_max changed

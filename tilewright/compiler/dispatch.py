@@ -15,6 +15,7 @@ row): a static kernel binds its launcher once and every call goes straight to it
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Mapping
 
@@ -71,10 +72,11 @@ class KernelCall:
         self._eager_check: Any = None  # the last resort, built to tell the input's errors apart
         self._lock = threading.Lock()
         self._fast: Launcher | None = None
-        # a dynamic call's last (run-time sizes, launcher): the next call at the same sizes (a
-        # static graph's grouped GEMM, whose ragged dim is bucketed, every call) skips the
-        # bucket lookup; cleared whenever a launcher changes
-        self._recent: tuple[tuple, Launcher] | None = None
+        # a dynamic call's last bucket as (bucket_max, ((dim, low, high), ...), launcher): a call
+        # whose dynamic sizes are all in low < size <= high (a decode loop's growing KV length
+        # between two powers of two, a static graph's grouped GEMM every call) skips the bucket
+        # lookup (~100 Python opcodes a call); cleared whenever a launcher changes
+        self._recent: tuple[int, tuple[tuple[str, int, float], ...], Launcher] | None = None
         self._kind = kind_of(problem)
         self.dims = self._kind.dims(problem)
         self._static = self._kind.sizes(problem)  # the trace-time sizes (the problem is immutable)
@@ -174,10 +176,13 @@ class KernelCall:
         return tuple(bucket(sizes[d]) if d in self.problem.dynamic else static[d] for d in self.dims)
 
     def _launcher(self, sizes: dict[str, int]) -> Launcher:
-        raw = tuple(sizes.items())
         recent = self._recent
-        if recent is not None and recent[0] == raw:
-            return recent[1]
+        if recent is not None and recent[0] == config.bucket_max:
+            for d, low, high in recent[1]:
+                if not low < sizes[d] <= high:
+                    break
+            else:
+                return recent[2]
         key = self._key(sizes)
         launch = self._launchers.get(key)
         if launch is None:
@@ -188,8 +193,18 @@ class KernelCall:
             launch = self._launchers[key]
         with self._lock:
             if self._launchers.get(key) is launch:  # not replaced meanwhile (a rescue)
-                self._recent = (raw, launch)
+                self._recent = (config.bucket_max, self._bucket_ranges(key), launch)
         return launch
+
+    def _bucket_ranges(self, key: tuple[int, ...]) -> tuple[tuple[str, int, float], ...]:
+        """Per dynamic dim of bucket key ``key``, the sizes (low, high] that :func:`bucket` maps to
+        that bucket: (b/2, b], the cap's bucket unbounded above, 0 and 1 themselves."""
+        top = bucket(1 << 62)  # the cap's bucket under the current bucket_max
+        out = []
+        for d, b in zip(self.dims, key):
+            if d in self.problem.dynamic:
+                out.append((d, b // 2 if b >= 2 else b - 1, math.inf if b >= top else b))
+        return tuple(out)
 
     def rescue(self, sizes: dict[str, int] | None, error: BaseException, *, inplace: bool = False,
                stage: str | None = None, what: str = "running the kernel") -> Launcher:
