@@ -35,7 +35,7 @@ CASES = {
     "ragged_2d": (lambda a: a.sum(0), lambda: [randn(37, 301)]),
     "ragged_keepdim_bias": (lambda a, b: (a + b).sum(0, keepdim=True) * 0.5, lambda: [randn(19, 77), randn(77, seed=1)]),
     "middle_dim_3d": (lambda a: a.sum(1), lambda: [randn(3, 45, 29)]),
-    "prod_max_min": (lambda a: (a.prod(0), a.amax(0), a.amin(0)), lambda: [randn(7, 53) * 0.5 + 1.0]),
+    "prod_max_min": (lambda a: (a.prod(0), a.amax(0), a.amin(0)), lambda: [randn(11, 53) * 0.5 + 1.0]),
     "bf16_in_out": (lambda g, n: (g * n).sum(dim=(0, 1)).to(BF16), lambda: [randn(3, 17, 70).to(BF16), randn(3, 17, 70, seed=2).to(BF16)]),
     "mean_over_rows": (lambda a: a.mean(0), lambda: [randn(50, 130)]),
 }
