@@ -35,6 +35,43 @@ def test_a_decode_step_computes_the_same_step_every_call():
         assert not torch.equal(unwound(), first)
 
 
+def test_a_generation_loop_grows_its_cache_and_repeats_the_same_work_every_call():
+    """The generate case decodes GENERATE tokens on a DynamicCache; each call starts again from
+    the prompt (the cache cropped back), so every call computes the same logits."""
+    from tilewright.perf import decode_cases as dc
+
+    case = dc.find_case("decode.llama.generate")
+    cpu = torch.device("cpu")
+    model = dc.build_model("llama", torch.float32, cpu)
+    x = dc.inputs(case, cpu)
+    assert x.ids.shape == (1, dc.GENERATE) and x.positions[0] == dc.PROMPT
+    step = dc.side_step(case, model, dc.forward_fn(model), x, torch.float32, cpu)
+    first, second = step().clone(), step().clone()
+    assert torch.equal(first, second) and first.shape == (1, 1, dc.VOCAB)
+    # the same as decoding the tokens after a fresh prefill, eagerly
+    from transformers import DynamicCache
+
+    cache, fwd = DynamicCache(), dc.forward_fn(model)
+    with torch.no_grad():
+        fwd(x.prompt, torch.arange(dc.PROMPT), cache)
+        for i in range(dc.GENERATE):
+            ref = fwd(x.ids[:, i:i + 1], x.positions[i:i + 1], cache)
+    assert torch.allclose(first, ref, rtol=1e-5, atol=1e-5)
+    assert cache.get_seq_length() == dc.PROMPT + dc.GENERATE
+
+
+@pytest.mark.slow
+def test_the_generation_loop_compiles_dynamic_and_matches_eager(tmp_path):
+    from tilewright.perf.decode_suite import run_decode_suite
+
+    with config.patch(bench_rep=3, bench_min_rep=3, bench_budget_ms=5.0, cache_dir=str(tmp_path / "tw")):
+        doc = run_decode_suite(device="cpu", inductor=False, cases=("decode.llama.generate",))
+    (row,) = doc["results"]
+    for side in ("tilewright", "tilewright-race-off"):
+        assert row["impls"][side]["rel_err"] < 1e-5 and row["impls"][side]["ms"] > 0, row["impls"][side]
+    assert not row["fallbacks"]
+
+
 def test_bench_show_prints_a_decode_document(tmp_path, capsys):
     from tilewright.cli.main import main
 

@@ -8,6 +8,13 @@ The step writes its token's keys and values into the cache; transformers >= 5 ap
 cache's own length counter, so each timed call first sets that counter back to ``PROMPT``
 (outside the compiled code, the same for every side), and every call computes the same step.
 A prefill is ``PROMPT_PREFILL`` tokens through the model without a cache.
+
+A generation loop (``generate``) is what ``model.generate()`` runs by default: ``GENERATE``
+tokens one at a time on a ``DynamicCache`` (prefilled once with the prompt, eagerly, and cropped
+back to it before each timed call), so the KV length grows every step and Dynamo compiles the
+step with dynamic shapes after the first size change: the graphs' loop kernels and attention
+dispatch on the run-time length (size buckets). The tokens are given (random, teacher-forced),
+so every side and every call does the same work.
 """
 
 from __future__ import annotations
@@ -23,13 +30,16 @@ PROMPT = 256
 MAX_CACHE = 320
 """The static cache's length (positions past the step's are masked)."""
 PROMPT_PREFILL = 128
+GENERATE = 8
+"""Tokens one ``generate`` call decodes, one at a time."""
 VOCAB = 1024
 
 
 @dataclass(frozen=True)
 class DecodeCase:
     """``model``: "llama" or "qwen3"; ``phase``: "decode" (one token, KV cache of PROMPT
-    positions) or "prefill" (PROMPT_PREFILL tokens, no cache)."""
+    positions), "prefill" (PROMPT_PREFILL tokens, no cache) or "generate" (GENERATE tokens one
+    at a time on a DynamicCache growing from PROMPT positions)."""
 
     name: str
     describe: str
@@ -46,6 +56,8 @@ CASES = (
                f"static KV cache of {PROMPT} positions", "qwen3", "decode"),
     DecodeCase("decode.qwen3.prefill", f"tiny Qwen3: prefill of {PROMPT_PREFILL} tokens, no cache",
                "qwen3", "prefill"),
+    DecodeCase("decode.llama.generate", f"tiny Llama: {GENERATE} tokens one at a time on a DynamicCache "
+               f"from {PROMPT} positions (the KV length grows: dynamic shapes)", "llama", "generate"),
 )
 
 
@@ -134,6 +146,10 @@ class Inputs:
 
 def inputs(case: DecodeCase, device: torch.device) -> Inputs:
     g = torch.Generator().manual_seed(1)
+    if case.phase == "generate":  # GENERATE tokens after the prompt, given (teacher-forced)
+        prompt = torch.randint(0, VOCAB, (1, PROMPT), generator=g).to(device)
+        ids = torch.randint(0, VOCAB, (1, GENERATE), generator=g).to(device)
+        return Inputs(ids, torch.arange(PROMPT, PROMPT + GENERATE, device=device), prompt)
     if case.phase == "decode":
         prompt = torch.randint(0, VOCAB, (1, PROMPT), generator=g).to(device)
         ids = torch.randint(0, VOCAB, (1, 1), generator=g).to(device)
@@ -146,7 +162,11 @@ def side_step(case: DecodeCase, model: torch.nn.Module, fn: Callable, x: Inputs,
               device: torch.device) -> Callable[[], torch.Tensor]:
     """One side's call: ``fn`` (the model's forward, compiled or not) on the case's inputs. A
     decode step gets a cache of its own, filled with the prompt by the eager model, rewound to
-    the prompt's length before each call."""
+    the prompt's length before each call; a generation loop a ``DynamicCache`` of its own, filled
+    alike and cropped back to the prompt before each call, which then decodes its tokens one by
+    one (the last step's logits are the call's result)."""
+    if case.phase == "generate":
+        return _generate_step(model, fn, x, device)
     if case.phase == "prefill":
         def prefill() -> torch.Tensor:
             with torch.no_grad():
@@ -162,3 +182,22 @@ def side_step(case: DecodeCase, model: torch.nn.Module, fn: Callable, x: Inputs,
         with torch.no_grad():
             return fn(x.ids, x.positions, cache)
     return decode
+
+
+def _generate_step(model: torch.nn.Module, fn: Callable, x: Inputs, device: torch.device
+                   ) -> Callable[[], torch.Tensor]:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        forward_fn(model)(x.prompt, torch.arange(PROMPT, device=device), cache)
+
+    def generate() -> torch.Tensor:
+        extra = cache.get_seq_length() - PROMPT
+        if extra > 0:  # a negative count removes that many positions in transformers 4 and 5 alike
+            cache.crop(-extra)
+        with torch.no_grad():
+            for i in range(x.ids.shape[1]):
+                logits = fn(x.ids[:, i:i + 1], x.positions[i:i + 1], cache)
+        return logits
+    return generate
