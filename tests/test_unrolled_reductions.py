@@ -99,3 +99,19 @@ def test_integers_and_bools_exact():
     i = torch.randint(-50, 50, (10, 3), generator=g)
     b = torch.rand(10, 5, generator=g) > 0.5
     _check(lambda t, m: (t.sum(-1), t.prod(-1), t.amax(-1), m.any(-1), m.all(-1)), i, b)
+
+
+def test_chained_short_reductions_are_not_inlined_into_one_huge_kernel():
+    # each unrolled sum inlined into the next made one expression of 8**3 loads (12 s of compile;
+    # four chained, 8**4 and 45 s): the scheduler refuses merges past MAX_LOADS distinct loads
+    from tilewright.compiler.report import collect_reports
+    from tilewright.kinds.loop.fusion.schedule import MAX_LOADS
+
+    x = torch.randn(3, 8, 8, 8, 8)
+    torch._dynamo.reset()
+    with tilewright.config.patch(**GENERATED), collect_reports() as reports:
+        out = torch.compile(lambda t: t.sum(-1).sum(-1).sum(-1).sum(-1), backend="tilewright")(x)
+    kernels = [k for r in reports for k in r.kernels]
+    assert len(kernels) >= 2 and 8 ** 4 > MAX_LOADS
+    ref = x.double().sum((-1, -2, -3, -4))
+    assert _rel(out, ref) <= 1e-6

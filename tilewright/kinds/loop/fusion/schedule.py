@@ -10,7 +10,13 @@ is left (Inductor's greedy scheme). A merge is legal when
 
 * it creates no cycle (no path from one group to the other through a third node, checked on a
   networkx graph of groups, GEMMs and ATen calls),
-* the result stays within :data:`MAX_MEMBERS` ops and :data:`MAX_BUFFERS` buffers, and
+* the result stays within :data:`MAX_MEMBERS` ops and :data:`MAX_BUFFERS` buffers,
+* inlining does not multiply the loads: a kernel reading more than :data:`MAX_LOADS` distinct
+  elements per program, and more than its members read apart, is refused (short reductions are
+  unrolled into pointwise sums, kinds/loop/lower/unroll.py; chained, each inlined into the next,
+  ``x.sum(-1).sum(-1).sum(-1)`` over 8s became one expression of 512 loads that took 12 s to
+  compile, four of them 4,096 loads and 45 s; a fused MX quantisation's block of 32, which
+  recomputes its norm per lane, reads up to ~128), and
 * :func:`~tilewright.kinds.loop.fusion.build.build_kernel` can build it (one iteration space, reductions
   read only at their own row).
 
@@ -50,6 +56,7 @@ log = logging.getLogger("tilewright.compiler")
 
 MAX_MEMBERS = 64
 MAX_BUFFERS = 24
+MAX_LOADS = 256  # an MX block of 32 recomputes a fused norm's x and weight per lane: 64-128
 MAX_COMBO = 4
 COMBO_WINDOW = 16
 
@@ -236,6 +243,11 @@ class Scheduler:
         if len(built.args) + len(built.outputs) > MAX_BUFFERS:
             self.failed.add(frozenset((a.gid, b.gid)))
             return None
+        loads = _distinct_loads(built)
+        if loads > MAX_LOADS and loads > sum(_own_loads(m) for m in members):
+            log.debug("not fusing %s and %s: %d loads inlined", a.key, b.key, loads)
+            self.failed.add(frozenset((a.gid, b.gid)))
+            return None
         return built
 
     def _stored_after_merge(self, a: _Group, b: _Group, members: list[LoopNode]) -> set[str]:
@@ -369,6 +381,18 @@ class Scheduler:
             new.append(g.gid)
         self._index_users()
         return new
+
+
+def _distinct_loads(built: BuiltKernel) -> int:
+    """The distinct loads (element reads: a buffer at an index) of a built kernel's values."""
+    stores = built.kernel.stores
+    roots = [st.value for st in stores] + [v for st in stores for v in st.indirect]
+    return sum(1 for _ in E.loads(roots))
+
+
+def _own_loads(m: LoopNode) -> int:
+    """The distinct loads of one loop node's own body (other members' values read as loads)."""
+    return sum(1 for _ in E.loads([m.body]))
 
 
 def _fused(grp: _Group, built: BuiltKernel, metas: dict[str, TensorMeta]) -> FusedNode:
