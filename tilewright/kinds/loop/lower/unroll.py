@@ -16,6 +16,7 @@ dims), in the reduction's accumulation dtype, with the pointwise op of the same 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence
 
 import sympy
@@ -38,10 +39,7 @@ def unrolled_reduction(body: E.Node, red_vars: Sequence[sympy.Symbol],
     if not all(isinstance(r, (int, sympy.Integer)) for r in ranges):
         return None
     extents = [int(r) for r in ranges]
-    count = 1
-    for e in extents:
-        count *= e
-    if not 1 <= count <= config.unroll_reductions:
+    if not 1 <= math.prod(extents) <= config.unroll_reductions:
         return None
     reduces = [n for n in E.toposort([body]) if n.op == "reduce"]
     if len(reduces) != 1 or reduces[0].arg not in COMBINE:
