@@ -31,6 +31,9 @@ def test_cpu_ci_suite_runs_and_passes_the_gate_on_ratios(tmp_path):
         assert tw["rel_err"] < 1e-4 and off["rel_err"] < 1e-4, r["id"]  # the compiled result is eager's
         assert tw["ms"] > 0 and eager["ms"] > 0 and r["paired_vs_aten"]["pairs"] >= 20
         assert off["ms"] > 0 and r["race_off_paired_vs_aten"]["pairs"] >= 20
+        # Dynamo's floor (backend="eager") timed beside: the same answer, and the default side over it
+        assert r["impls"]["dynamo"]["rel_err"] < 1e-6 and r["impls"]["dynamo"]["ms"] > 0
+        assert r["paired_vs_dynamo"]["pairs"] == r["dynamo_paired_vs_aten"]["pairs"] >= 20
         # ATen calls a call makes: a graph of one C++ kernel makes none (its outputs come from
         # the allocator entry Inductor's wrappers use, not a dispatched op); never more than eager
         assert 0 <= off["dispatches"] <= eager["dispatches"] and 0 <= tw["dispatches"] <= eager["dispatches"]

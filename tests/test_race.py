@@ -321,3 +321,31 @@ def test_a_graph_whose_own_ops_cannot_run_here_leaves_the_compiled_graph():
             fn([torch.ones(2)])
     with pytest.raises(ValueError, match="swizzle"):  # the ATen side's call: both refuse, eager's error
         fn([torch.ones(2)])
+
+
+def test_the_eager_side_is_the_graphs_own_forward_with_no_module_call_between():
+    """Dynamo's graph modules recompile lazily: until then ``gm.forward`` is a stub that goes
+    through ``nn.Module.__call__`` every call. The ATen side (and a graph the race gave to ATen)
+    calls the generated forward itself, as Dynamo's ``eager`` backend does."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
+
+    with _use_lazy_graph_module(True):
+        traced = torch.fx.symbolic_trace(lambda x: torch.softmax(x * 2, -1))
+        gm = _LazyGraphModule(traced, traced.graph)
+    assert gm._needs_recompile()
+    fwd = race.eager_forward(gm)
+    assert not gm._needs_recompile()
+    calls: list[str] = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    import sys
+    sys.setprofile(prof)
+    try:
+        out = fwd(x)
+    finally:
+        sys.setprofile(None)
+    assert calls == ["forward"], calls  # the generated code only: no _lazy_forward, no _call_impl
+    torch.testing.assert_close(out, torch.softmax(x * 2, -1))

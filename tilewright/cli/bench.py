@@ -41,13 +41,15 @@ def model_results_table(doc: dict) -> Table:
     """One row per case of a model suite (``cpu``): steady state and first call of each. Two
     tilewright sides: ``race off`` is the generated graph itself on every call (what the gate
     judges), ``default`` is what a user gets, the graph race on (the race may keep eager's ops
-    for a graph: ``race`` says which side won each graph)."""
+    for a graph: ``race`` says which side won each graph). ``Dynamo`` is Dynamo's floor
+    (``backend="eager"``: Dynamo's graph op by op, what any ``torch.compile`` call costs at least)
+    over eager, and ``vs Dynamo`` the default side over that floor."""
     env = doc["env"]
     table = Table(title=f"suite {doc['suite']} on {env['device']} ({env['target']}), torch "
                         f"{env['versions']['torch']}; eager = PyTorch op by op, "
                         f"{doc['settings'].get('cpu_threads')} thread(s); {_load_text(doc)}")
     for col in ("case", "eager ms", "race off ms", "vs eager", "vs Inductor", "default ms",
-                "vs eager", "race", "Inductor ms", "ATen calls off/default (eager)", "1st call s",
+                "vs eager", "race", "Dynamo vs eager", "vs Dynamo", "Inductor ms", "ATen calls off/default (eager)", "1st call s",
                 "Inductor 1st s", "load", "choice"):
         table.add_column(col, overflow="fold")
     for r in doc["results"]:
@@ -61,7 +63,7 @@ def model_results_table(doc: dict) -> Table:
         load = r.get("load") or {}
         table.add_row(r["id"], _f(at.get("ms")), _f(off.get("ms")), ratio("race_off_paired_vs_aten"),
                       ratio("race_off_paired_vs_inductor"), _f(tw.get("ms")), ratio("paired_vs_aten"),
-                      won, _f(ind.get("ms")), calls, _f(tw.get("first_call_s"), ".1f"),
+                      won, ratio("dynamo_paired_vs_aten"), ratio("paired_vs_dynamo"), _f(ind.get("ms")), calls, _f(tw.get("first_call_s"), ".1f"),
                       _f(ind.get("first_call_s"), ".1f"),
                       ("busy " if load.get("busy") else "") + _f(load.get("running_share"), ".2f"),
                       r.get("choice", r.get("error", "-"))[:60])

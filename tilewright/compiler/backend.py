@@ -33,7 +33,7 @@ from tilewright.compiler import cudagraphs
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.fallbacks import RerunGraph
 from tilewright.compiler.pipeline import compile_graph
-from tilewright.compiler.race import race_rounds, raced_with_eager
+from tilewright.compiler.race import eager_forward, race_rounds, raced_with_eager
 from tilewright.compiler.report import GraphReport, collect_reports, publish
 from tilewright.errors import ConfigError, InvalidInputError
 
@@ -128,7 +128,7 @@ def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Call
                 break
         else:
             error = RuntimeError(f"the compiled {kind} graph kept asking for a rerun")
-        fallback = make_boxed_func(gm.forward)
+        fallback = make_boxed_func(eager_forward(gm))
         try:
             out = fallback(list(saved))
         except Exception as again:
@@ -181,7 +181,7 @@ def _compile_under_settings(gm: fx.GraphModule, example_inputs: list[Any], kind:
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.info("the %s graph's compile error", kind, exc_info=True)
         publish(GraphReport(-1, kind, fallback=f"{type(e).__name__}: {e}"))
-        return make_boxed_func(gm.forward)
+        return make_boxed_func(eager_forward(gm))
 
 
 def partition_options() -> dict[str, Any]:

@@ -73,6 +73,20 @@ def decide(compiled_ms: list[float], aten_ms: list[float], final: bool) -> tuple
     return ("compiled" if ratio < 1 - _MARGIN else "aten"), ratio
 
 
+def eager_forward(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """``gm``'s generated ``forward``, the graph's ops called one by one, with no layer between.
+
+    Dynamo hands over a lazily recompiled graph module (``_LazyGraphModule``): until its code is
+    generated, ``gm.forward`` is a stub that checks for a pending recompile and then calls the
+    module through ``nn.Module.__call__`` (hooks, tracing-state checks): ~10 Python calls more a
+    call, 2-5% of a 0.1 ms graph (measured, a 256x512 softmax). Generating the code first makes
+    ``gm.forward`` the graph's own function, as Dynamo's ``eager`` backend calls it."""
+    recompile = getattr(gm, "real_recompile", None)
+    if recompile is not None:
+        recompile()
+    return gm.forward
+
+
 def _all_on_cpu(example_inputs: list[Any]) -> bool:
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     return all(t.device.type == "cpu" for t in tensors)
@@ -227,7 +241,7 @@ def raced(compiled: Callable[[list], Any], gm: torch.fx.GraphModule, example_inp
     rounds = race_rounds(example_inputs)
     if rounds < 1:
         return compiled
-    race = _Race(compiled, make_boxed_func(gm.forward), [report], rounds, eager=False)
+    race = _Race(compiled, make_boxed_func(eager_forward(gm)), [report], rounds, eager=False)
 
     def call(args: list) -> Any:
         fast = race.fast  # decided: the winner with no layer between (a try costs nothing)
@@ -252,7 +266,7 @@ def raced_with_eager(compiled: Callable[..., Any], gm: torch.fx.GraphModule, exa
     rounds = race_rounds(example_inputs)
     if rounds < 1:
         return compiled
-    race = _Race(compiled, gm.forward, reports, rounds, eager=True)
+    race = _Race(compiled, eager_forward(gm), reports, rounds, eager=True)
 
     def call(*args: Any) -> Any:
         fast = race.fast

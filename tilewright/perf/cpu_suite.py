@@ -24,6 +24,13 @@ Per case:
   default, as the GEMM suites: a thread pool on a busy host times the scheduler), by the CPU
   time of the thread with one thread (:func:`thread_ms`), else wall time. Whatever kernel
   the tuner picked is what runs: new CPU templates show up here with no change to the suite.
+* **Dynamo's floor** (``dynamo``): the case compiled with ``backend="eager"`` (Dynamo's graph
+  run op by op) is timed in the same rounds. Dynamo's frame costs a call its guards and the
+  wrappers around the compiled function whatever the backend returns (measured on this
+  project's 2-core machine: ~25 us a call with warm caches, 50-130 us after a kernel that
+  streamed megabytes through them), so a graph whose race kept eager's ops runs at this floor,
+  not at eager's time: ``dynamo_paired_vs_aten`` is the floor over eager and
+  ``paired_vs_dynamo`` the default side over the floor (what the backend adds beyond Dynamo).
 * **the graph race** (:mod:`tilewright.compiler.race`): tilewright's model is called until each
   graph's race is decided before timing, and the row lists each graph's outcome (``race``).
 * **ATen calls per call**, eager's and tilewright's, profiler-counted
@@ -128,6 +135,11 @@ def _choices(reports: list) -> str:
 
 RACE_OFF = "tilewright_race_off"
 """The implementation name of the race-off side: the generated graph itself, every call."""
+DYNAMO = "dynamo"
+"""The implementation name of Dynamo's floor: ``torch.compile(backend="eager")``, Dynamo's graph
+run op by op through Dynamo's frame (its guards, its wrappers around the compiled function), the
+least any ``torch.compile`` backend costs a call, and what a tilewright graph whose race kept
+eager's ops runs."""
 
 
 def _race_off_backend() -> Callable:
@@ -176,11 +188,14 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path, *,
             # the same graphs with the race off (the tuning records are the default model's)
             with collect_reports() as off_reports:
                 _, off_step, _ = _first_call(setup, _race_off_backend(), contextlib.nullcontext)
-        runs = {"aten": [lambda: setup.step(eager_model)], "tilewright": [tw_step], RACE_OFF: [off_step]}
+        _, floor_step, _ = _first_call(setup, "eager", contextlib.nullcontext)
+        runs = {"aten": [lambda: setup.step(eager_model)], "tilewright": [tw_step], RACE_OFF: [off_step],
+                DYNAMO: [floor_step]}
         row["impls"]["tilewright"] = fresh.get("tilewright", {"first_call_s": tw_first}) \
             | {"rel_err": _rel_err(tw_step(), ref)}
         row["impls"][RACE_OFF] = {"rel_err": _rel_err(off_step(), ref)}
         row["impls"]["aten"] = {"rel_err": 0.0}
+        row["impls"][DYNAMO] = {"rel_err": _rel_err(floor_step(), ref)}
         if inductor:
             cold = (lambda: _inductor_cold(folder / "inductor")) if suite is not None else _inductor_cold
             _, ind_step, ind_first = _first_call(setup, "inductor", cold)
@@ -212,6 +227,12 @@ def bench_case(case: Case, inductor: bool, cpu_threads: int, tune_dir: Path, *,
     row["graphs"] = len(reports)
     _pair(row, times, "tilewright", "")
     _pair(row, times, RACE_OFF, "race_off_")
+    if DYNAMO in times and "aten" in times:
+        # Dynamo's floor over eager, and the default side over that floor: what the backend adds
+        # to a call beyond Dynamo's own cost (at most 1 where the race kept eager's ops)
+        row["dynamo_paired_vs_aten"] = paired_ratio(times[DYNAMO], times["aten"])
+        if "tilewright" in times:
+            row["paired_vs_dynamo"] = paired_ratio(times["tilewright"], times[DYNAMO])
     tw_s, ind_s = (row["impls"].get(k, {}).get("first_call_s") for k in ("tilewright", "inductor"))
     if tw_s and ind_s:
         row["first_call_vs_inductor"] = tw_s / ind_s
