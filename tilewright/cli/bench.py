@@ -49,8 +49,8 @@ def model_results_table(doc: dict) -> Table:
                         f"{env['versions']['torch']}; eager = PyTorch op by op, "
                         f"{doc['settings'].get('cpu_threads')} thread(s); {_load_text(doc)}")
     for col in ("case", "eager ms", "race off ms", "vs eager", "vs Inductor", "default ms",
-                "vs eager", "race", "Dynamo vs eager", "vs Dynamo", "Inductor ms", "ATen calls off/default (eager)", "1st call s",
-                "Inductor 1st s", "load", "choice"):
+                "vs eager", "race", "Dynamo vs eager", "vs Dynamo", "Inductor ms",
+                "ATen calls off/default (eager)", "1st call s", "Inductor 1st s", "load", "choice"):
         table.add_column(col, overflow="fold")
     for r in doc["results"]:
         tw, off, at, ind = (r.get("impls", {}).get(k, {})
@@ -63,8 +63,8 @@ def model_results_table(doc: dict) -> Table:
         load = r.get("load") or {}
         table.add_row(r["id"], _f(at.get("ms")), _f(off.get("ms")), ratio("race_off_paired_vs_aten"),
                       ratio("race_off_paired_vs_inductor"), _f(tw.get("ms")), ratio("paired_vs_aten"),
-                      won, ratio("dynamo_paired_vs_aten"), ratio("paired_vs_dynamo"), _f(ind.get("ms")), calls, _f(tw.get("first_call_s"), ".1f"),
-                      _f(ind.get("first_call_s"), ".1f"),
+                      won, ratio("dynamo_paired_vs_aten"), ratio("paired_vs_dynamo"), _f(ind.get("ms")),
+                      calls, _f(tw.get("first_call_s"), ".1f"), _f(ind.get("first_call_s"), ".1f"),
                       ("busy " if load.get("busy") else "") + _f(load.get("running_share"), ".2f"),
                       r.get("choice", r.get("error", "-"))[:60])
     return table
