@@ -79,6 +79,11 @@ KERNELS = {
     "sum_transposed": (lambda a: a.t().sum(1), lambda: [randn(ROW, 5)]),
     "sum_everything": (lambda a: a.sum(), lambda: [randn(5, ROW)]),
     "integer_max_and_sum": (lambda a: (a.amax(1), a.sum(1), a.argmax(1)), lambda: [ints(5, ROW)]),
+    # a max/min's identity in the type's own range: uint8's 0/255, int16's (2**31 - 1 does not fit)
+    "uint8_max_min_arg": (lambda a: (a.amax(1), a.amin(1), a.argmax(1), a.argmin(1)),
+                          lambda: [ints(5, ROW, lo=0, hi=256, dtype=torch.uint8)]),
+    "int16_max_min_arg": (lambda a: (a.amax(1), a.amin(1), a.argmax(1), a.argmin(1)),
+                          lambda: [ints(5, ROW, lo=-300, hi=300, dtype=torch.int16)]),
     "mean_of_two_dims": (lambda a: a.mean((0, 2), keepdim=True), lambda: [randn(3, 5, 6)]),
     "centre_rows": (lambda a: a - a.mean(1, keepdim=True), lambda: [randn(5, ROW)]),
     "norm2_fp16": (lambda a: torch.linalg.vector_norm(a, dim=1), lambda: [randn(5, ROW, dtype=FP16)]),

@@ -28,6 +28,9 @@ SCANS = {
     "cummin_values_only": (lambda a: torch.cummin(a, 1).values * 2, lambda: [randn(5, ROW)]),
     "cummax_ties": (lambda a: torch.cummax(a.round(), 1), lambda: [randn(5, ROW)]),
     "cummin_int": (lambda a: torch.cummin(a, 1), lambda: [ints(5, ROW, lo=-3, hi=3)]),
+    # the carry starts at the type's own extreme (uint8: 0 / 255; int8: -128 / 127)
+    "cummax_uint8": (lambda a: torch.cummax(a, 1), lambda: [ints(5, ROW, lo=0, hi=256, dtype=torch.uint8)]),
+    "cummin_int8": (lambda a: torch.cummin(a, 1), lambda: [ints(5, ROW, lo=-128, hi=128, dtype=torch.int8)]),
     "cumsum_dim0": (lambda a: (a.sin() * 2).cumsum(0) + 1, lambda: [randn(ROW, 5)]),
     "cummax_middle_dim": (lambda a: torch.cummax(a, 1).indices, lambda: [randn(3, ROW, 4)]),
     "cumsum_transposed_input": (lambda a: a.t().cumsum(1), lambda: [randn(ROW, 5)]),

@@ -40,6 +40,18 @@ def is_int(dtype: str) -> bool:
     return dtype in INTS
 
 
+def extreme(dtype: str, lowest: bool) -> float | int | bool:
+    """The lowest (``lowest``) or highest value of ``dtype``: -inf/inf for floats, False/True
+    for bool, the integer type's own range otherwise (uint8: 0/255, int8: -128/127): the
+    identity of a max (lowest) or min (highest) reduction held in that type."""
+    if is_float(dtype):
+        return float("-inf") if lowest else float("inf")
+    if dtype == "bool":
+        return not lowest
+    info = torch.iinfo(TORCH[dtype])
+    return info.min if lowest else info.max
+
+
 def compute_type(dtype: str) -> str:
     """The type a value of ``dtype`` is held in while a kernel computes: fp32 for narrower
     floats, itself otherwise."""

@@ -39,10 +39,16 @@ INT32_MAX = 2**31 - 1
 ASSERT_OPTIONS = {"debug": True, "sanitize_overflow": False}
 
 # reduction kind -> (identity as a function of the compute dtype, combine of two partials)
+def _bound(dt: str, lowest: bool) -> str:
+    """A max (lowest) or min reduction's identity in ``dt``: the type's own range, so a uint8 or
+    int16 fill fits its type (2**31 - 1 does not: Triton refuses the kernel)."""
+    v = dtypes.extreme(dt, lowest)
+    return f"float('{v}')" if isinstance(v, float) else str(int(v))
+
+
 _IDENTITY = {
     "sum": lambda dt: "0", "prod": lambda dt: "1",
-    "max": lambda dt: "float('-inf')" if dtypes.is_float(dt) else str(-2**63 if dt == "i64" else -2**31),
-    "min": lambda dt: "float('inf')" if dtypes.is_float(dt) else str(2**63 - 1 if dt == "i64" else 2**31 - 1),
+    "max": lambda dt: _bound(dt, True), "min": lambda dt: _bound(dt, False),
     "any": lambda dt: "0", "all": lambda dt: "1",
 }
 _COMBINE_HELPERS = '''

@@ -17,13 +17,8 @@ from tilewright.templates.triton.emit import TL_DTYPE
 def _extreme_of(kind: str, cdt: str) -> str:
     """The identity of cummax (cummin): the type's lowest (highest) value; False (True) for
     booleans."""
-    low = kind in ("max", "argmax")
-    if cdt == "bool":
-        return "0" if low else "1"
-    if dtypes.is_float(cdt):
-        return "float('-inf')" if low else "float('inf')"
-    bits = 63 if cdt == "i64" else 31
-    return str(-2**bits) if low else str(2**bits - 1)
+    v = dtypes.extreme(cdt, lowest=kind in ("max", "argmax"))  # uint8's 0/255, int8's -128/127 ...
+    return f"float('{v}')" if isinstance(v, float) else str(int(v))
 
 
 # scans: each combine is commutative as well as associative (a row's prefix is a scan, the

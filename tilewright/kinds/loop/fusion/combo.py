@@ -30,13 +30,8 @@ def _identity_outside(v: E.Node, mask: E.Node) -> E.Node:
         kind = n.arg
         if kind in _REDUCE_IDENTITY:
             ident = _REDUCE_IDENTITY[kind]
-        elif dtypes.is_float(x.dtype):
-            ident = float("-inf") if kind in ("max", "argmax") else float("inf")
-        elif x.dtype == "bool":
-            ident = kind in ("min", "argmin")
         else:
-            info = __import__("torch").iinfo(dtypes.TORCH[x.dtype])
-            ident = info.min if kind in ("max", "argmax") else info.max
+            ident = dtypes.extreme(x.dtype, lowest=kind in ("max", "argmax"))
         return E.Node("reduce", n.dtype, (E.where(mask, x, E.const(ident, x.dtype)),), kind)
     return E.rewrite([v], fn)[0]
 

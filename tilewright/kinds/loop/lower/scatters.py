@@ -38,7 +38,6 @@ aten = torch.ops.aten
 # copying garbage (index_put(empty_like(x), ...), the inverse permutation of an MoE sort)
 _FRESH = {aten.empty_like.default, aten.empty.memory_format, aten.new_empty.default,
           aten.empty_strided.default, aten.new_empty_strided.default}
-_IDENTITY = {"add": 0.0, "max": float("-inf"), "min": float("inf")}
 
 
 def _tensor(ctx, x):
@@ -54,12 +53,9 @@ def _check_deterministic(dtype: str, accumulate: str | None) -> None:
 
 
 def _identity(kind: str, dtype: str) -> float | int | bool:
-    if dtypes.is_float(dtype) or kind == "add":
-        return _IDENTITY[kind]
-    if dtype == "bool":
-        return kind == "min"
-    info = torch.iinfo(dtypes.TORCH[dtype])
-    return info.min if kind == "max" else info.max
+    if kind == "add":
+        return 0.0
+    return dtypes.extreme(dtype, lowest=kind == "max")
 
 
 def target(ctx, node: fx.Node, self_arg, name: str, fill=None) -> str:
