@@ -199,6 +199,45 @@ def test_hand_written_attention_in_a_compiled_model_runs_a_generated_kernel():
 
 
 @pytest.mark.slow
+def test_hand_written_attention_keeps_eagers_nan_for_a_row_masked_throughout():
+    """SDPA gives 0 where a row's mask is -inf everywhere; eager's softmax gives NaN. A rewritten
+    hand-written attention answers as eager (a new-user trial found the 0); a mask filled with a
+    finite value (transformers' ``finfo.min``) cannot empty a row and pays for no check."""
+    def f(q, k, v, mask):
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8) + mask, -1) @ v
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=gen) for _ in range(3))
+    mask = torch.randn(2, 1, 5, 5, generator=gen)
+    mask[0, 0, 1, :] = -math.inf  # query row 1 of batch 0 sees nothing
+    mask[1, 0, 3, 2:] = -math.inf  # a partly masked row: finite
+    want = f(q.double(), k.double(), v.double(), mask.double())
+    for race in ("auto", "off"):
+        torch._dynamo.reset()
+        with tilewright.config.patch(graph_race=race), collect_reports() as reports:
+            compiled = torch.compile(f, backend="tilewright")
+            outs = [compiled(q, k, v, mask) for _ in range(4)]  # the race's both sides
+        assert attention_reports(reports), "the hand-written attention was not recognised"
+        assert race == "auto" or any("all" in k.op.split("+") for r in reports for k in r.kernels)
+        for out in outs:
+            assert torch.equal(out.isnan(), want.isnan()) and out[0, 0, 1].isnan().all()
+            ok = ~want.isnan()
+            assert (out[ok].double() - want[ok]).norm() / want[ok].norm() < 1e-5
+
+    def g(q, k, v, keep):
+        mask = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
+        return f(q, k, v, mask)
+
+    keep = torch.rand(2, 1, 5, 5, generator=gen) > 0.3
+    torch._dynamo.reset()
+    with tilewright.config.patch(graph_race="off"), collect_reports() as reports:
+        out = torch.compile(g, backend="tilewright")(q, k, v, keep)
+    ops = [k.op.split("+") for r in reports for k in r.kernels]
+    assert attention_reports(reports) and not [op for op in ops if "all" in op], ops  # no empty-row check
+    want = g(q.double(), k.double(), v.double(), keep)
+    assert (out.double() - want).norm() / want.norm() < 1e-5
+
+
 def test_demo_llama_training_step_runs_attention_through_generated_kernels(tmp_path):
     """The demo's Llama (fp32, GQA, causal SDPA) forward and backward with generated kernels
     forced: attention runs as Triton kernels (no SDPA ATen call left) and loss and gradients

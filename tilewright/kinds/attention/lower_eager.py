@@ -19,6 +19,7 @@ reshape): the rewrite reads the KV heads themselves (``enable_gqa``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -222,6 +223,56 @@ def match(out_view: fx.Node) -> dict | None:
     return dict(q=q4, k=k4, v=v4, mask=mask, scale=scale, group=gk, nodes=inner, sizes=sizes)
 
 
+# ops whose result is finite wherever their tensor operands are and their scalars are finite
+_FINITE_KEEPING = _VIEWS | _CASTS | {aten.slice.Tensor, aten.unsqueeze.default, aten.squeeze.dim,
+                                     aten.permute.default, aten.select.int}
+
+
+def _finite(n: Any, depth: int = 0) -> bool:
+    """Whether ``n`` (a mask node, a scalar) holds no -inf for certain, from how it is made:
+    constants, ``where``/``masked_fill`` of finite values (transformers' masks fill with
+    ``finfo.min``), and views and casts of those. False when unsure (a graph input, an ``add``
+    of two masks, which can overflow to -inf)."""
+    if isinstance(n, (int, float, bool)):
+        return math.isfinite(n)
+    if not isinstance(n, fx.Node) or n.op != "call_function" or depth > 16:
+        return False
+    v = _val(n)
+    if v is not None and not v.is_floating_point():
+        return True
+    t = n.target
+    if t in _FINITE_KEEPING:
+        return _finite(n.args[0], depth + 1)
+    if t in (aten.full.default, aten.scalar_tensor.default):
+        return _finite(n.args[1] if t is aten.full.default else n.args[0], depth + 1)
+    if t in (aten.zeros.default, aten.ones.default, aten.zeros_like.default, aten.ones_like.default):
+        return True
+    if t in (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar):
+        return all(_finite(a, depth + 1) for a in n.args[1:3])
+    if t in (aten.masked_fill.Scalar, aten.masked_fill.Tensor):
+        return _finite(n.args[0], depth + 1) and _finite(n.args[2], depth + 1)
+    return False
+
+
+def _empty_rows_nan(gm: fx.GraphModule, out: fx.Node, mask: fx.Node) -> fx.Node:
+    """``out`` (SDPA's result) with NaN in the rows whose additive ``mask`` is -inf throughout,
+    as eager's ``softmax`` gives them (exp(-inf - -inf)); SDPA, and so the attention kernels,
+    give 0 there. Inserted after ``out``; returns the node to use in its place."""
+    fake_mask, fake_out = _val(mask), _val(out)
+    with gm.graph.inserting_after(out):
+        neg = gm.graph.call_function(aten.eq.Scalar, (mask, float("-inf")))
+        with gm.graph.inserting_after(neg):
+            empty = gm.graph.call_function(aten.all.dim, (neg, -1, True))
+            with gm.graph.inserting_after(empty):
+                guarded = gm.graph.call_function(aten.where.ScalarSelf, (empty, float("nan"), out))
+    mode = getattr(fake_out, "fake_mode", None)
+    with mode if mode is not None else contextlib.nullcontext():
+        neg.meta["val"] = aten.eq.Scalar(fake_mask, float("-inf"))
+        empty.meta["val"] = aten.all.dim(neg.meta["val"], -1, True)
+        guarded.meta["val"] = aten.where.ScalarSelf(empty.meta["val"], float("nan"), fake_out)
+    return guarded
+
+
 def rewrite_eager_attention(gm: fx.GraphModule) -> int:
     """Replace every hand-written attention of ``gm`` (see the module docstring) by one
     ``aten.scaled_dot_product_attention`` node, in place; returns how many."""
@@ -243,7 +294,11 @@ def rewrite_eager_attention(gm: fx.GraphModule) -> int:
         new.meta.update(node.meta)
         for size_node, (src, dim) in found["sizes"].items():
             size_node.args = (src, dim)
-        node.replace_all_uses_with(new)
+        # a mask that may hold a row of -inf (a graph input, say): eager's softmax makes that row
+        # NaN where SDPA makes it 0, so the rewrite puts eager's NaN back (a mask filled with a
+        # finite value, as transformers' are, needs nothing)
+        result = new if mask is None or _finite(mask) else _empty_rows_nan(gm, new, mask)
+        node.replace_all_uses_with(result)
         gm.graph.erase_node(node)
         for dead in sorted(found["nodes"], key=lambda n: -position.get(n, -1)):
             if not dead.users and dead.graph is not None:
