@@ -420,3 +420,13 @@ def test_model_suites_run_their_cases_with_budget_errors_and_selection():
     doc = {"results": [], "skipped": []}
     run_model_cases(doc, cases, None, 0.0, one, None, None, time.monotonic() - 1.0)
     assert doc == {"results": [], "skipped": ["a", "b", "c"]}
+
+
+def test_the_cli_says_its_version_and_the_torch_it_runs_with(capsys):
+    import tilewright
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"tilewright {tilewright.__version__} (torch {torch.__version__}, triton ")

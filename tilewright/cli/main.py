@@ -14,9 +14,29 @@ from tilewright.cli import aot, bench, cache, common, demo, explain, info, warm
 COMMANDS = [demo, aot, warm, bench, cache, info, explain]
 
 
+def _version() -> str:
+    """tilewright's version and the torch and Triton it runs with (what a bug report needs)."""
+    import importlib.util
+
+    import torch
+
+    from tilewright import __version__
+
+    triton = "not installed"
+    if importlib.util.find_spec("triton") is not None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            triton = version("triton")
+        except PackageNotFoundError:
+            triton = "unknown"
+    return f"tilewright {__version__} (torch {torch.__version__}, triton {triton})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tilewright", description="tilewright: kernel generation for PyTorch")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the tuner decides")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
