@@ -61,6 +61,7 @@ from tilewright.perf.cpu_cases import (  # noqa: F401 - the cases' names, re-exp
     CI_CASES, DEMO_CASES, KERNEL_CASES, MODEL_CASES, MODEL_SUITES, Case, LlamaBlock, Setup, find_case,
 )
 from tilewright.perf.first_call import FirstCallError, compile_bytecode, first_call_s
+from tilewright.perf.frames import own_frames
 from tilewright.perf.load import LoadProbe, load_per_cpu
 from tilewright.perf.run import (
     FORMAT, _torch_threads, _write, check_slowdown, environment, paired_ratio, run_model_cases, slowed,
@@ -93,7 +94,8 @@ def _first_call(setup: Setup, backend: str, cold: Callable[[], Any]) -> tuple[An
     import torch._dynamo
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
-    model = torch.compile(setup.make(), backend=backend, fullgraph=setup.fullgraph)
+    # frames of its own: the other compiled copies' cache entries would be checked first (frames.py)
+    model = torch.compile(own_frames(setup.make()), backend=backend, fullgraph=setup.fullgraph)
     with cold():
         t0 = time.perf_counter()
         setup.step(model)

@@ -34,6 +34,7 @@ import torch
 
 from tilewright._config import config
 from tilewright.perf.decode_cases import CASES, DecodeCase, build_model, forward_fn, inputs, side_step
+from tilewright.perf.frames import fresh_code
 from tilewright.perf.run import (FORMAT, _torch_threads, _write, environment, paired_ratio, run_model_cases,
                                  time_side_by_side)
 
@@ -97,7 +98,9 @@ def bench_decode_case(case: DecodeCase, device: torch.device, dtype: torch.dtype
             try:
                 fn = forward_fn(model)
                 if backend is not None:
-                    fn = torch.compile(fn, backend=_backend(backend, settings), **kwargs)
+                    # a frame of its own: every side compiles this function, and Dynamo would
+                    # check the other sides' cache entries first (frames.py)
+                    fn = torch.compile(fresh_code(fn), backend=_backend(backend, settings), **kwargs)
                 with collect_reports() as reps:
                     step = side_step(case, model, fn, x, dtype, device)
                     t0 = time.perf_counter()
