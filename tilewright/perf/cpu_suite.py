@@ -24,6 +24,8 @@ Per case:
   default, as the GEMM suites: a thread pool on a busy host times the scheduler), by the CPU
   time of the thread with one thread (:func:`thread_ms`), else wall time. Whatever kernel
   the tuner picked is what runs: new CPU templates show up here with no change to the suite.
+  Each compiled side is a copy of the model with Dynamo frames of its own
+  (:func:`tilewright.perf.frames.own_frames`), as a process compiling its model once has.
 * **Dynamo's floor** (``dynamo``): the case compiled with ``backend="eager"`` (Dynamo's graph
   run op by op) is timed in the same rounds. Dynamo's frame costs a call its guards and the
   wrappers around the compiled function whatever the backend returns (measured on this
