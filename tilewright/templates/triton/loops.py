@@ -38,7 +38,6 @@ INT32_MAX = 2**31 - 1
 # debug on, and debug alone would also add its int32 overflow asserts (torch's integers wrap)
 ASSERT_OPTIONS = {"debug": True, "sanitize_overflow": False}
 
-# reduction kind -> (identity as a function of the compute dtype, combine of two partials)
 def _bound(dt: str, lowest: bool) -> str:
     """A max (lowest) or min reduction's identity in ``dt``: the type's own range, so a uint8 or
     int16 fill fits its type (2**31 - 1 does not: Triton refuses the kernel)."""
@@ -46,6 +45,7 @@ def _bound(dt: str, lowest: bool) -> str:
     return f"float('{v}')" if isinstance(v, float) else str(int(v))
 
 
+# reduction kind -> its identity as a function of the compute dtype
 _IDENTITY = {
     "sum": lambda dt: "0", "prod": lambda dt: "1",
     "max": lambda dt: _bound(dt, True), "min": lambda dt: _bound(dt, False),
