@@ -113,11 +113,19 @@ def test_two_threads_do_share_a_large_kernels_work():
     launch = FACTORY.compile(template.render(problem, template.space.complete({"BLOCK": 4096}), CPU))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    # with the one-thread branch taken, other threads spend ~0 on it; with two they share the
+    # work, but on a busy 2-core host (the suite's other worker) the second thread may hardly be
+    # scheduled: 19% of the caller's time measured once under load, so a lower bar, three tries
+    shares = []
     try:
-        p0, t0 = time.process_time(), time.thread_time()
-        for _ in range(5):
-            launch(*x.tensors)
-        other, own = time.process_time() - p0 - (time.thread_time() - t0), time.thread_time() - t0
+        for _ in range(3):
+            p0, t0 = time.process_time(), time.thread_time()
+            for _ in range(5):
+                launch(*x.tensors)
+            own = time.thread_time() - t0
+            shares.append((time.process_time() - p0 - own) / own)
+            if shares[-1] > 0.1:
+                break
     finally:
         torch.set_num_threads(before)
-    assert other > 0.3 * own, f"other threads {other * 1e3:.1f} ms against the caller's {own * 1e3:.1f} ms"
+    assert max(shares) > 0.1, f"other threads' CPU time over the caller's: {shares}"
