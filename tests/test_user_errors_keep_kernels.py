@@ -1,5 +1,6 @@
 """A user's bad input fails as eager's, once, and costs no kernel: an index out of range or an
-integer division by zero raises eager's error with no warning, no kernel or bucket moves to
+integer division by zero raises eager's error (its type and words, also where eager's op was
+decomposed) with no warning, no kernel or bucket moves to
 ATen, and the next valid call runs the same generated kernel (new-user trial: one bad
 embedding index used to move the kernel to ATen for good, with two warnings blaming it)."""
 
@@ -31,12 +32,20 @@ def _scatter_add(x, i, s):
     return torch.zeros(4, 3).scatter_add(0, i, s) * 2 + x.sum()
 
 
+def _cross_entropy(a, t):
+    # eager raises nll_loss's own IndexError ("Target 10 is out of bounds."); the decomposed
+    # graph's gather a RuntimeError in other words (new-user trial)
+    return torch.nn.functional.cross_entropy(a, t) * 2
+
+
 def _int(*v):
     return torch.tensor(v)
 
 
 # fn, valid arguments, bad arguments, eager's exception
 CASES = {
+    "cross_entropy": (_cross_entropy, (torch.randn(3, 10), _int(1, 9, 3)), (torch.randn(3, 10), _int(1, 10, 3)),
+                      IndexError),
     "embedding": (_embedding, (_int(1, 3, 9, 0), W), (_int(1, 3, 10, 0), W), IndexError),
     "floor_divide": (_floor_divide, (_int(7, -7, 3, 5, -9), _int(2, 3, 1, -3, 4)),
                      (_int(7, -7, 3, 5, -9), _int(2, 0, 1, -3, 4)), RuntimeError),

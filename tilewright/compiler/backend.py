@@ -133,7 +133,10 @@ def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Call
             out = fallback(list(saved))
         except Exception as again:
             del error
-            raise again.with_traceback(None) from None  # the user's error, as eager has it
+            # the user's error, in the words of aot_autograd's decomposed ops: with_eager_errors
+            # asks the model's own ops for eager's
+            again.tilewright_refused_input = True  # type: ignore[attr-defined]
+            raise again.with_traceback(None) from None
         if config.strict:
             raise error
         msg = (f"a tilewright-compiled {kind} graph failed at run time ({type(error).__name__}: "
@@ -146,6 +149,37 @@ def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Call
         return out
 
     call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+def with_eager_errors(compiled: Callable[..., Any], gm: fx.GraphModule) -> Callable[..., Any]:
+    """``compiled`` (the backend's result for Dynamo's graph ``gm``, called as Dynamo calls it:
+    ``*args``), raising eager's own error for an input eager refuses.
+
+    A call the graph's inputs make fail (an index out of range, an integer division by zero) is
+    rerun on aot_autograd's graph by :func:`_run_or_fall_back`, whose decomposed ops word the
+    error, and may type it, otherwise than eager: ``F.cross_entropy`` with a target of 10 over 10
+    classes raises eager's ``IndexError: Target 10 is out of bounds.`` but a decomposed gather's
+    ``RuntimeError: index 10 is out of bounds for dimension 1 with size 10``, which an
+    ``except IndexError`` misses. Such an error makes this run ``gm``, the model's own ops, on the
+    same arguments, under the caller's grad mode, as eager would, and raise what they raise (once,
+    without the compiled graph's frames); should they run, the first error stands. Other errors
+    pass through untouched, and a call that raises nothing costs one Python frame."""
+    forward = eager_forward(gm)
+
+    def call(*args: Any) -> Any:
+        try:
+            return compiled(*args)
+        except Exception as e:
+            if not getattr(e, "tilewright_refused_input", False):
+                raise
+            try:
+                forward(*args)
+            except Exception as eager:
+                del e
+                raise eager.with_traceback(None) from None
+            raise
+
     return call
 
 
@@ -259,10 +293,10 @@ def tilewright_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw
         )
         rewrite_dynamo_graph(gm)
         if not eager_race:
-            return backend(gm, example_inputs, **kwargs)
+            return with_eager_errors(backend(gm, example_inputs, **kwargs), gm)
         with collect_reports() as reports:
             compiled = backend(gm, example_inputs, **kwargs)
-        return raced_with_eager(compiled, gm, example_inputs, reports)
+        return with_eager_errors(raced_with_eager(compiled, gm, example_inputs, reports), gm)
     except USER_ERRORS as e:
         raise shorten(e) from None
 
