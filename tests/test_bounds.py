@@ -17,6 +17,8 @@ there), C++, SYCL (the OpenCL CPU device), Metal (run on the host), and the torc
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,7 @@ from test_loop_kernels import loop_problems
 import tilewright
 from tilewright.autotune.kinds import make_loop_inputs, poisoned_loop_outputs
 from tilewright.compiler.kernel_factory import TemplateKernelFactory
+from tilewright.compiler.report import collect_reports
 from tilewright.runtime import cpp as cpp_runtime
 from tilewright.runtime import sycl as sycl_runtime
 from tilewright.runtime.metal_check import check_shader
@@ -295,3 +298,39 @@ def test_the_gpu_build_keeps_the_assert_and_drops_it_with_checks_off(tmp_path):
         ptx[name] = (tmp_path / r.artifacts["ptx"]).read_text()
     assert "__assertfail" in ptx["checks_True"]
     assert "__assertfail" not in ptx["checks_False"]
+
+
+# an index made of an integer input: the tuner's random values for the input must keep the
+# index in range, or every candidate fails on them and a valid model's kernel moves to ATen with
+# a warning (nll_loss(x, -t), a new-user trial: "Target -4 is out of bounds" for targets in
+# (-10, 0])
+MADE_INDICES = {
+    "negated, nll_loss's ignore_index": (lambda a, t: F.nll_loss(a, -t), [-1, -9, 0]),
+    "shifted down": (lambda a, t: a.gather(1, (t - 1).unsqueeze(1)).sum(), [1, 10, 5]),
+    "two minus": (lambda a, t: a.gather(1, (2 - t).unsqueeze(1)).sum(), [2, -7, 0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MADE_INDICES))
+def test_tuning_draws_an_input_whose_index_stays_in_range(case):
+    fn, t = MADE_INDICES[case]
+    a, t = torch.randn(3, 10).log_softmax(-1), torch.tensor(t)
+    (problem,) = loop_problems(fn, a, t)
+    for seed in range(4):
+        x = make_loop_inputs(problem, "cpu", seed)
+        (ints,) = [v for v in x.tensors if not v.is_floating_point()]
+        (floats,) = [v for v in x.tensors if v.is_floating_point()]
+        fn(floats, ints)  # eager raises IndexError/RuntimeError on an index out of range
+
+
+@pytest.mark.skipif(NO_CXX is not None, reason=str(NO_CXX))
+def test_a_model_indexing_with_a_negated_target_compiles_with_no_warning():
+    fn, t = MADE_INDICES["negated, nll_loss's ignore_index"]
+    a, t = torch.randn(3, 10).log_softmax(-1), torch.tensor(t)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught, collect_reports() as reports:
+        warnings.simplefilter("always")
+        out = torch.compile(fn, backend="tilewright")(a, t)
+    torch.testing.assert_close(out, fn(a, t))
+    assert not [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
+    assert not [k.winner for r in reports for k in r.kernels if k.winner.startswith("aten.")]

@@ -1,7 +1,8 @@
-"""What a loop kernel's integer inputs may hold: the bound below which tuning draws the values
-of a buffer that indexes a gather or a scatter (the size of the dim it indexes, tightened
-through ``a * value + b``), and a ``checked`` index's bound (:func:`_index_bounds`, recorded on
-the kernel's :class:`~tilewright.ir.kernel.Buffer`). Part of building a fused group's kernel
+"""What a loop kernel's integer inputs may hold: the range in which tuning draws the values of
+a buffer that indexes a gather or a scatter (``[0, size)`` of the dim it indexes, mapped back
+through ``a * value + b``: ``nll_loss(x, -t)`` indexes with ``-t``, so ``t`` is drawn in
+``(-size, 0]``), and a ``checked`` index's bound (:func:`_index_bounds`, recorded on the
+kernel's :class:`~tilewright.ir.kernel.Buffer`). Part of building a fused group's kernel
 (:mod:`tilewright.kinds.loop.fusion.build`).
 """
 
@@ -22,24 +23,31 @@ def _bound(e: sympy.Expr) -> Any:
 
 
 def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: dict | None = None,
-                  store_index: dict | None = None) -> dict[str, sympy.Expr]:
-    """Integer buffers whose values index a gather or a scatter: the size of the dim they index
-    (tuning draws their random values below it), an expression of the graph's size symbols
-    when that dim is dynamic, so a bucket's inputs fit its own tables; a ``checked`` index's
-    bound (a view's extent, a one-hot scatter's dim) too, wherever it is used."""
-    out: dict[str, sympy.Expr] = {}
+                  store_index: dict | None = None) -> dict[str, tuple[sympy.Expr, sympy.Expr]]:
+    """Integer buffers whose values index a gather or a scatter -> ``(lo, hi)``: tuning draws
+    their random values in ``[lo, hi)``, so that the index they make lies in ``[0, size)`` of the
+    dim it indexes (where the index is ``a * value + b``; else the value itself in it), with
+    expressions of the graph's size symbols where that dim is dynamic, so a bucket's inputs fit
+    its own tables; a ``checked`` index's bound (a view's extent, a one-hot scatter's dim) too,
+    wherever it is used. A buffer indexing several dims gets the intersection."""
+    out: dict[str, tuple[sympy.Expr, sympy.Expr]] = {}
 
     def bound_loads(v: E.Node, size: sympy.Expr) -> None:
         affine = _affine_in_one_load(_unwrapped(v))
         for ld in E.toposort([v]):
             if ld.op == "load":
-                bound = size
+                lo, hi = sympy.Integer(0), size
                 if affine is not None and affine[0] == ld.arg[0]:
-                    # index = a*value + b, a > 0, b >= 0: values in [0, bound) keep it below size
+                    # index = a*value + b in [0, size - 1]: value in [lo, hi)
                     _, a, b = affine
-                    bound = sympy.Max(1, sympy.floor((size - 1 - b) / a) + 1)
+                    if a > 0:  # non-negative values where they suffice, as eager's indices mostly are
+                        lo = sympy.Max(0, sympy.ceiling(sympy.Rational(-b, a)))
+                        hi = sympy.floor((size - 1 - b) / a) + 1
+                    else:
+                        lo, hi = sympy.ceiling((b - size + 1) / -a), sympy.floor(sympy.Rational(b, -a)) + 1
+                    hi = sympy.Max(hi, lo + 1)  # never empty (an index no value keeps in range)
                 prev = out.get(ld.arg[0])
-                out[ld.arg[0]] = bound if prev is None else sympy.Min(prev, bound)
+                out[ld.arg[0]] = (lo, hi) if prev is None else (sympy.Max(prev[0], lo), sympy.Min(prev[1], hi))
 
     uses = [(n.arg[0], n.arg[1], E.load_indirect(n)) for n in E.toposort(values)
             if n.op == "load" and E.load_indirect(n)]
@@ -58,17 +66,25 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: d
 
 
 def _unwrapped(v: E.Node) -> E.Node:
-    """An index value without the negative-index wrap the lowering puts around it
-    (``where(v < 0, v + size, v)``): the values tuning draws are non-negative."""
-    if v.op == "where" and v.src[0].op == "lt" and v.src[0].src[0] == v.src[2]:
-        return v.src[2]
+    """An index value without what the lowering puts around it: the negative-index wrap
+    (``where(v < 0, v + size, v)``: the values tuning draws are non-negative) and a constant
+    taken for some lanes (``where(t != ignore_index, t, 0)``, as ``nll_loss`` indexes)."""
+    while v.op == "where":
+        if v.src[0].op == "lt" and v.src[0].src[0] == v.src[2]:
+            v = v.src[2]
+        elif v.src[2].op == "const":
+            v = v.src[1]
+        elif v.src[1].op == "const":
+            v = v.src[2]
+        else:
+            break
     return v
 
 
 def _affine_in_one_load(v: E.Node) -> tuple[str, int, int] | None:
     """``(buffer, a, b)`` where index value ``v`` is ``a * load(buffer) + b`` with integers
-    ``a > 0`` and ``b >= 0`` (``w[i + 2]``, ``w[2 * i]``), else None: an index of any other form
-    keeps the bound of the dim's size."""
+    ``a != 0`` and ``b`` (``w[i + 2]``, ``w[2 * i]``, ``w[-i]``, ``w[i - 1]``), else None: an
+    index of any other form keeps the bounds of the dim's size."""
     def walk(n: E.Node) -> sympy.Expr | None:
         if n.op == "load":
             return sympy.Symbol(n.arg[0])
@@ -97,5 +113,5 @@ def _affine_in_one_load(v: E.Node) -> tuple[str, int, int] | None:
     if poly.degree() != 1:
         return None
     a, b = (int(c) for c in poly.all_coeffs())
-    return (x.name, a, b) if a > 0 and b >= 0 else None
+    return (x.name, a, b) if a != 0 else None
 

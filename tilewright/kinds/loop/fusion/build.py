@@ -397,7 +397,7 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta],
         b = bounds.get(name)
         init = rename[scatter[name][2]] if name in scatter else None
         return Buffer(rename[name], dtypes.name_of(meta.dtype), tuple(z(s) for s in meta.shape),
-                      tuple(z(s) for s in meta.stride), (0, _bound(z(b))) if b is not None else None, init)
+                      tuple(z(s) for s in meta.stride), tuple(_bound(z(sympy.sympify(e))) for e in b) if b is not None else None, init)
 
     def store(n: str, idx: tuple, v: E.Node) -> Store:
         if n not in scatter:
