@@ -334,3 +334,26 @@ def test_a_model_indexing_with_a_negated_target_compiles_with_no_warning():
     torch.testing.assert_close(out, fn(a, t))
     assert not [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
     assert not [k.winner for r in reports for k in r.kernels if k.winner.startswith("aten.")]
+
+
+def _cache_write(cache, new, past):
+    # a static KV cache's write at past + arange(new tokens), and the next position: one combo
+    # kernel whose first part reads `past` with no bound and whose scatter indexes through it
+    # (GPT-2's static-cache generate(): tuning drew `past` up to the cache's length, every
+    # candidate failed, and these kernels moved to ATen with warnings)
+    return past + new.shape[0], cache.index_put((past + torch.arange(new.shape[0]),), new * 2)
+
+
+@pytest.mark.skipif(NO_CXX is not None, reason=str(NO_CXX))
+@pytest.mark.parametrize("past", [0, 1])
+def test_a_cache_write_at_past_plus_arange_compiles_with_no_warning(past):
+    # 4 new rows into 5: only past 0 and 1 fit, most draws below the cache's length do not
+    cache, new, past = torch.randn(5, 8), torch.randn(4, 8), torch.tensor(past)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught, collect_reports() as reports:
+        warnings.simplefilter("always")
+        out = torch.compile(_cache_write, backend="tilewright")(cache, new, past)
+    for got, ref in zip(out, _cache_write(cache, new, past)):
+        torch.testing.assert_close(got, ref)
+    assert not [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
+    assert not [k.winner for r in reports for k in r.kernels if k.winner.startswith("aten.")]

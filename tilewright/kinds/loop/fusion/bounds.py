@@ -23,28 +23,32 @@ def _bound(e: sympy.Expr) -> Any:
 
 
 def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: dict | None = None,
-                  store_index: dict | None = None) -> dict[str, tuple[sympy.Expr, sympy.Expr]]:
+                  store_index: dict | None = None, extents: dict[sympy.Symbol, sympy.Expr] | None = None,
+                  ) -> dict[str, tuple[sympy.Expr, sympy.Expr]]:
     """Integer buffers whose values index a gather or a scatter -> ``(lo, hi)``: tuning draws
     their random values in ``[lo, hi)``, so that the index they make lies in ``[0, size)`` of the
     dim it indexes (where the index is ``a * value + b``; else the value itself in it), with
     expressions of the graph's size symbols where that dim is dynamic, so a bucket's inputs fit
     its own tables; a ``checked`` index's bound (a view's extent, a one-hot scatter's dim) too,
-    wherever it is used. A buffer indexing several dims gets the intersection."""
+    wherever it is used. A buffer indexing several dims gets the intersection. ``extents``: the
+    loop variables' extents, which bound an iota added to the value (``b`` is then a range: a
+    static KV cache written at ``cache_position = past + arange(new)``)."""
     out: dict[str, tuple[sympy.Expr, sympy.Expr]] = {}
 
     def bound_loads(v: E.Node, size: sympy.Expr) -> None:
-        affine = _affine_in_one_load(_unwrapped(v))
+        affine = _affine_in_one_load(_unwrapped(v), extents or {})
         for ld in E.toposort([v]):
             if ld.op == "load":
                 lo, hi = sympy.Integer(0), size
                 if affine is not None and affine[0] == ld.arg[0]:
-                    # index = a*value + b in [0, size - 1]: value in [lo, hi)
-                    _, a, b = affine
+                    # index = a*value + b, b in [b_lo, b_hi], inside [0, size - 1]: value in [lo, hi)
+                    _, a, b_lo, b_hi = affine
                     if a > 0:  # non-negative values where they suffice, as eager's indices mostly are
-                        lo = sympy.Max(0, sympy.ceiling(sympy.Rational(-b, a)))
-                        hi = sympy.floor((size - 1 - b) / a) + 1
+                        lo = sympy.Max(0, sympy.ceiling(-b_lo / sympy.Integer(a)))
+                        hi = sympy.floor((size - 1 - b_hi) / a) + 1
                     else:
-                        lo, hi = sympy.ceiling((b - size + 1) / -a), sympy.floor(sympy.Rational(b, -a)) + 1
+                        lo = sympy.ceiling((b_hi - size + 1) / -a)
+                        hi = sympy.floor(b_lo / sympy.Integer(-a)) + 1
                     hi = sympy.Max(hi, lo + 1)  # never empty (an index no value keeps in range)
                 prev = out.get(ld.arg[0])
                 out[ld.arg[0]] = (lo, hi) if prev is None else (sympy.Max(prev[0], lo), sympy.Min(prev[1], hi))
@@ -81,15 +85,27 @@ def _unwrapped(v: E.Node) -> E.Node:
     return v
 
 
-def _affine_in_one_load(v: E.Node) -> tuple[str, int, int] | None:
-    """``(buffer, a, b)`` where index value ``v`` is ``a * load(buffer) + b`` with integers
-    ``a != 0`` and ``b`` (``w[i + 2]``, ``w[2 * i]``, ``w[-i]``, ``w[i - 1]``), else None: an
-    index of any other form keeps the bounds of the dim's size."""
+def _affine_in_one_load(v: E.Node, extents: dict[sympy.Symbol, sympy.Expr]
+                        ) -> tuple[str, int, sympy.Expr, sympy.Expr] | None:
+    """``(buffer, a, b_lo, b_hi)`` where index value ``v`` is ``a * load(buffer) + b`` with an
+    integer ``a != 0`` and ``b`` an integer, or a sum with iotas (``index`` nodes) whose range
+    over the loop ``extents`` is known: ``b`` in ``[b_lo, b_hi]`` (``w[i + 2]``, ``w[2 * i]``,
+    ``w[-i]``, ``w[i - 1]``, ``w[i + arange(n)]``); else None: an index of any other form keeps
+    the bounds of the dim's size."""
+    iotas: dict[sympy.Symbol, tuple[sympy.Expr, sympy.Expr]] = {}
+
     def walk(n: E.Node) -> sympy.Expr | None:
         if n.op == "load":
             return sympy.Symbol(n.arg[0])
         if n.op == "const" and isinstance(n.arg, int) and not isinstance(n.arg, bool):
             return sympy.Integer(n.arg)
+        if n.op == "index":
+            rng = _interval(sympy.sympify(n.arg), extents)
+            if rng is None:
+                return None
+            t = sympy.Dummy("iota")
+            iotas[t] = rng
+            return t
         if n.op == "cast" and not dtypes.is_float(n.dtype):
             return walk(n.src[0])
         args = [walk(s) for s in n.src]
@@ -106,12 +122,54 @@ def _affine_in_one_load(v: E.Node) -> tuple[str, int, int] | None:
         return None
 
     e = walk(v)
-    if e is None or len(e.free_symbols) != 1:
+    loads = [] if e is None else [s for s in e.free_symbols if s not in iotas]
+    if len(loads) != 1:
         return None
-    (x,) = e.free_symbols
-    poly = sympy.Poly(e, x)
-    if poly.degree() != 1:
+    (x,) = loads
+    a = sympy.expand(e).coeff(x)
+    rest = sympy.expand(e - a * x)
+    if not a.is_Integer or a == 0 or x in rest.free_symbols:
         return None
-    a, b = (int(c) for c in poly.all_coeffs())
-    return (x.name, a, b) if a != 0 else None
+    b = _interval(rest, {}, iotas)
+    if b is None:
+        return None
+    return (x.name, int(a), b[0], b[1])
 
+
+def _interval(e: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr],
+              known: dict[sympy.Symbol, tuple[sympy.Expr, sympy.Expr]] | None = None,
+              ) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """Inclusive bounds of integer expression ``e`` over loop variables in ``[0, extent - 1]``
+    and symbols of ``known`` ranges: sums, products by a number, ``floor``/``ceiling`` and
+    ``Mod`` by a positive size (what view index maps are made of); None for anything else (a
+    size symbol standing alone, a product of two variables). Sizes may be symbols."""
+    known = known or {}
+    if e.is_Integer or e.is_Rational:
+        return e, e
+    if isinstance(e, sympy.Symbol):
+        if e in known:
+            return known[e]
+        if e in extents:
+            return sympy.Integer(0), extents[e] - 1
+        return None
+    if isinstance(e, sympy.Add):
+        parts = [_interval(t, extents, known) for t in e.args]
+        if any(p is None for p in parts):
+            return None
+        return sympy.Add(*[p[0] for p in parts]), sympy.Add(*[p[1] for p in parts])
+    if isinstance(e, sympy.Mul):
+        number = [t for t in e.args if t.is_number]
+        other = [t for t in e.args if not t.is_number]
+        if len(other) != 1:
+            return None
+        c = sympy.Mul(*number)
+        r = _interval(other[0], extents, known)
+        if r is None:
+            return None
+        return (c * r[0], c * r[1]) if c >= 0 else (c * r[1], c * r[0])
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        r = _interval(e.args[0], extents, known)
+        return None if r is None else (type(e)(r[0]), type(e)(r[1]))
+    if isinstance(e, sympy.Mod) and e.args[1].is_positive:
+        return sympy.Integer(0), e.args[1] - 1
+    return None

@@ -390,7 +390,9 @@ def _canonical(x, r, stores, members, metas: dict[str, TensorMeta],
         return None
 
     new_values = E.rewrite(values, fn)
-    bounds = _index_bounds(values + indirect, metas, scatter, {n: idx for n, idx, _ in stores})
+    extents = dict(zip(variables("x", len(x)), x)) | dict(zip(variables("r", len(r)), r))
+    bounds = _index_bounds(values + indirect, metas, scatter, {n: idx for n, idx, _ in stores},
+                           {k: sympy.sympify(n) for k, n in extents.items()})
 
     def buffer(name: str) -> Buffer:
         meta = metas[name]

@@ -5,6 +5,7 @@ scheduler (:mod:`tilewright.kinds.loop.fusion.schedule`) picks which kernels com
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import sympy
@@ -54,6 +55,18 @@ def _rows(n: sympy.Expr, r: sympy.Expr) -> sympy.Expr:
 
 def _lt(a: sympy.Expr, b: sympy.Expr) -> E.Node:
     return E.op("lt", E.index(a), E.index(b))
+
+
+def _merged(have: Buffer | None, new: Buffer) -> Buffer:
+    """One combo input read by several parts: its value bounds (what tuning draws an index
+    input in) are every part's together, intersected (a part that only adds to the value, as
+    ``cache_position + 8``, has none; the part scattering through it does)."""
+    if have is None or not new.bounds:
+        return have or new
+    if not have.bounds:
+        return dataclasses.replace(have, bounds=new.bounds)
+    return dataclasses.replace(have, bounds=(sympy.Max(have.bounds[0], new.bounds[0]),
+                                             sympy.Min(have.bounds[1], new.bounds[1])))
 
 
 def _renamer(rename: dict[str, str], subs: dict) -> Callable[[E.Node, tuple[E.Node, ...]], E.Node | None]:
@@ -166,7 +179,7 @@ def combine(parts: list[BuiltKernel]) -> BuiltKernel:
                           rename[b.init] if b.init else None)
 
         for b in k.inputs:
-            inputs.setdefault(rename[b.name], buf(b))
+            inputs[rename[b.name]] = _merged(inputs.get(rename[b.name]), buf(b))
         out_buffers.extend(buf(b) for b in k.outputs)
         for sp in k.parts or (k,):  # the part in its own space, under the combo's names
             part_stores = tuple(
