@@ -308,13 +308,18 @@ MADE_INDICES = {
     "negated, nll_loss's ignore_index": (lambda a, t: F.nll_loss(a, -t), [-1, -9, 0]),
     "shifted down": (lambda a, t: a.gather(1, (t - 1).unsqueeze(1)).sum(), [1, 10, 5]),
     "two minus": (lambda a, t: a.gather(1, (2 - t).unsqueeze(1)).sum(), [2, -7, 0]),
+    # advanced indexing wraps negative indices: valid for i in [-3, 3) over 10 columns, though
+    # each use alone would draw i where the other's index is out of range
+    "plus and minus five, wrapped": (lambda a, t: a[:, t + 5] + a[:, t - 5], [0, 1, -2]),
+    # an unsigned input under a negative coefficient: never drawn negative (it would wrap to 255)
+    "uint8, negated": (lambda a, t: a[:, -t.long()] * 2, torch.tensor([1, 3, 8], dtype=torch.uint8)),
 }
 
 
 @pytest.mark.parametrize("case", sorted(MADE_INDICES))
 def test_tuning_draws_an_input_whose_index_stays_in_range(case):
     fn, t = MADE_INDICES[case]
-    a, t = torch.randn(3, 10).log_softmax(-1), torch.tensor(t)
+    a, t = torch.randn(3, 10).log_softmax(-1), torch.as_tensor(t)
     (problem,) = loop_problems(fn, a, t)
     for seed in range(4):
         x = make_loop_inputs(problem, "cpu", seed)

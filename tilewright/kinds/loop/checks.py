@@ -40,8 +40,10 @@ def _strided_random(shape: Sequence[int], stride: Sequence[int], dtype: str, dev
     if dtype == "bool":
         base = torch.randint(0, 2, (span,), generator=gen).bool()
     elif dtypes.is_int(dtype) and bounds:
-        lo, hi = bounds
-        base = torch.randint(lo, max(hi, lo + 1), (span,), generator=gen).to(dtypes.TORCH[dtype])
+        info = torch.iinfo(dtypes.TORCH[dtype])  # a uint8 index input is never drawn negative
+        lo = min(max(bounds[0], info.min), info.max)
+        hi = max(min(bounds[1], info.max + 1), lo + 1)
+        base = torch.randint(lo, hi, (span,), generator=gen).to(dtypes.TORCH[dtype])
     elif dtypes.is_int(dtype):
         # never zero (an integer divisor of 0 raises in the reference); both signs but for u8
         base = torch.randint(1, 16, (span,), generator=gen)

@@ -27,31 +27,34 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: d
                   ) -> dict[str, tuple[sympy.Expr, sympy.Expr]]:
     """Integer buffers whose values index a gather or a scatter -> ``(lo, hi)``: tuning draws
     their random values in ``[lo, hi)``, so that the index they make lies in ``[0, size)`` of the
-    dim it indexes (where the index is ``a * value + b``; else the value itself in it), with
-    expressions of the graph's size symbols where that dim is dynamic, so a bucket's inputs fit
-    its own tables; a ``checked`` index's bound (a view's extent, a one-hot scatter's dim) too,
-    wherever it is used. A buffer indexing several dims gets the intersection. ``extents``: the
-    loop variables' extents, which bound an iota added to the value (``b`` is then a range: a
-    static KV cache written at ``cache_position = past + arange(new)``)."""
-    out: dict[str, tuple[sympy.Expr, sympy.Expr]] = {}
+    dim it indexes, or in ``[-size, size)`` where the index wraps negative values as eager's
+    advanced indexing and ``index_put`` do (where the index is ``a * value + b``; else the value
+    itself in it), with expressions of the graph's size symbols where that dim is dynamic, so a
+    bucket's inputs fit its own tables; a ``checked`` index's bound (a view's extent, a one-hot
+    scatter's dim) too, wherever it is used. A buffer with several uses gets their intersection
+    (``x[i + 5] + x[i - 5]`` over 8 rows: ``i`` in ``[-3, 3)``), the first use's range where the
+    intersection is empty. ``extents``: the loop variables' extents, which bound an iota added
+    to the value (``b`` is then a range: a static KV cache written at ``past + arange(new)``)."""
+    ranges: dict[str, list[tuple[sympy.Expr, sympy.Expr]]] = {}
 
     def bound_loads(v: E.Node, size: sympy.Expr) -> None:
-        affine = _affine_in_one_load(_unwrapped(v), extents or {})
+        inner, wraps = _unwrapped(v)
+        affine = _affine_in_one_load(inner, extents or {})
+        low = -size if wraps else sympy.Integer(0)  # the index's own range: [low, size - 1]
         for ld in E.toposort([v]):
             if ld.op == "load":
                 lo, hi = sympy.Integer(0), size
                 if affine is not None and affine[0] == ld.arg[0]:
-                    # index = a*value + b, b in [b_lo, b_hi], inside [0, size - 1]: value in [lo, hi)
+                    # index = a*value + b, b in [b_lo, b_hi], inside [low, size - 1]: value in [lo, hi)
                     _, a, b_lo, b_hi = affine
-                    if a > 0:  # non-negative values where they suffice, as eager's indices mostly are
-                        lo = sympy.Max(0, sympy.ceiling(-b_lo / sympy.Integer(a)))
+                    if a > 0:
+                        lo = sympy.ceiling((low - b_lo) / sympy.Integer(a))
                         hi = sympy.floor((size - 1 - b_hi) / a) + 1
                     else:
                         lo = sympy.ceiling((b_hi - size + 1) / -a)
-                        hi = sympy.floor(b_lo / sympy.Integer(-a)) + 1
+                        hi = sympy.floor((b_lo - low) / sympy.Integer(-a)) + 1
                     hi = sympy.Max(hi, lo + 1)  # never empty (an index no value keeps in range)
-                prev = out.get(ld.arg[0])
-                out[ld.arg[0]] = (lo, hi) if prev is None else (sympy.Max(prev[0], lo), sympy.Min(prev[1], hi))
+                ranges.setdefault(ld.arg[0], []).append((lo, hi))
 
     uses = [(n.arg[0], n.arg[1], E.load_indirect(n)) for n in E.toposort(values)
             if n.op == "load" and E.load_indirect(n)]
@@ -66,23 +69,35 @@ def _index_bounds(values: list[E.Node], metas: dict[str, TensorMeta], scatter: d
     for n in E.toposort(values + [v for _, _, ind in uses for v in ind]):
         if n.op == "checked":
             bound_loads(n.src[0], sympy.sympify(n.src[1].arg))
-    return out
+    return {name: intersect(rs) for name, rs in ranges.items()}
 
 
-def _unwrapped(v: E.Node) -> E.Node:
-    """An index value without what the lowering puts around it: the negative-index wrap
-    (``where(v < 0, v + size, v)``: the values tuning draws are non-negative) and a constant
-    taken for some lanes (``where(t != ignore_index, t, 0)``, as ``nll_loss`` indexes)."""
+def intersect(ranges: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The values in every ``[lo, hi)`` of ``ranges``; the first range where they provably have
+    none in common (the draws then fail one use, as they would any)."""
+    lo, hi = ranges[0]
+    for l2, h2 in ranges[1:]:
+        lo, hi = sympy.Max(lo, l2), sympy.Min(hi, h2)
+    width = sympy.sympify(hi - lo)
+    return ranges[0] if width.is_number and width <= 0 else (lo, hi)
+
+
+def _unwrapped(v: E.Node) -> tuple[E.Node, bool]:
+    """An index value without what the lowering puts around it, and whether that included the
+    negative-index wrap (``where(v < 0, v + size, v)``, eager's advanced indexing and
+    ``index_put``: a value in ``[-size, 0)`` is valid there); a constant taken for some lanes
+    (``where(t != ignore_index, t, 0)``, as ``nll_loss`` indexes) is stripped too."""
+    wraps = False
     while v.op == "where":
         if v.src[0].op == "lt" and v.src[0].src[0] == v.src[2]:
-            v = v.src[2]
+            v, wraps = v.src[2], True
         elif v.src[2].op == "const":
             v = v.src[1]
         elif v.src[1].op == "const":
             v = v.src[2]
         else:
             break
-    return v
+    return v, wraps
 
 
 def _affine_in_one_load(v: E.Node, extents: dict[sympy.Symbol, sympy.Expr]

@@ -14,6 +14,7 @@ from tilewright.ir import dtypes
 from tilewright.ir import expr as E
 from tilewright.ir.index import product, same, unravel, variables
 from tilewright.ir.kernel import Buffer, LoopKernel, Store, size_symbol
+from tilewright.kinds.loop.fusion.bounds import intersect
 from tilewright.kinds.loop.fusion.build import BuiltKernel, FusionError, _masked
 
 # what a lane outside a reduction's row contributes: nothing (argmax/argmin: a value that
@@ -60,13 +61,13 @@ def _lt(a: sympy.Expr, b: sympy.Expr) -> E.Node:
 def _merged(have: Buffer | None, new: Buffer) -> Buffer:
     """One combo input read by several parts: its value bounds (what tuning draws an index
     input in) are every part's together, intersected (a part that only adds to the value, as
-    ``cache_position + 8``, has none; the part scattering through it does)."""
+    ``cache_position + 8``, has none; the part scattering through it does; the first part's
+    where they have no value in common)."""
     if have is None or not new.bounds:
         return have or new
     if not have.bounds:
         return dataclasses.replace(have, bounds=new.bounds)
-    return dataclasses.replace(have, bounds=(sympy.Max(have.bounds[0], new.bounds[0]),
-                                             sympy.Min(have.bounds[1], new.bounds[1])))
+    return dataclasses.replace(have, bounds=intersect([have.bounds, new.bounds]))
 
 
 def _renamer(rename: dict[str, str], subs: dict) -> Callable[[E.Node, tuple[E.Node, ...]], E.Node | None]:
