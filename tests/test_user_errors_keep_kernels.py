@@ -117,3 +117,24 @@ def test_a_kernel_failure_the_eager_ops_share_is_the_inputs(monkeypatch, fresh_c
     monkeypatch.setattr(KernelCall, "bind", bind)
     with tilewright.config.patch(index_checks=False):
         _check(*CASES["embedding"], "triton", monkeypatch)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_graph_on_aten_raises_eagers_error_for_a_bad_input(grad, monkeypatch):
+    """A graph tilewright could not compile runs aot_autograd's graph on ATen, whose decomposed
+    ops word a bad target otherwise than eager (a gather's RuntimeError): eager's IndexError
+    comes out (a tester's case, simulated by a compile that fails)."""
+    import tilewright.compiler.backend as backend
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("simulated compile failure")
+
+    monkeypatch.setattr(backend, "compile_graph", failing)
+    a, bad = torch.randn(4, 10, requires_grad=grad), _int(1, 10, 3, 0)
+    torch._dynamo.reset()
+    compiled = torch.compile(_cross_entropy, backend="tilewright")
+    with tilewright.config.patch(strict=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the compile failure's own warning
+        torch.testing.assert_close(compiled(a, _int(1, 9, 3, 0)), _cross_entropy(a, _int(1, 9, 3, 0)))
+        with pytest.raises(IndexError, match="Target 10 is out of bounds"):
+            compiled(a, bad)

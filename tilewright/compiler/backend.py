@@ -26,14 +26,13 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
 
 from tilewright._config import config
 from tilewright.compiler import cudagraphs
 from tilewright.compiler.decompositions import decomposition_table
 from tilewright.compiler.fallbacks import RerunGraph
 from tilewright.compiler.pipeline import compile_graph
-from tilewright.compiler.race import eager_forward, race_rounds, raced_with_eager
+from tilewright.compiler.race import aten_graph, eager_forward, race_rounds, raced_with_eager
 from tilewright.compiler.report import GraphReport, collect_reports, publish
 from tilewright.errors import ConfigError, InvalidInputError
 
@@ -128,15 +127,12 @@ def _run_or_fall_back(compiled: Callable, gm: fx.GraphModule, kind: str) -> Call
                 break
         else:
             error = RuntimeError(f"the compiled {kind} graph kept asking for a rerun")
-        fallback = make_boxed_func(eager_forward(gm))
+        fallback = aten_graph(gm)
         try:
             out = fallback(list(saved))
         except Exception as again:
             del error
-            # the user's error, in the words of aot_autograd's decomposed ops: with_eager_errors
-            # asks the model's own ops for eager's
-            again.tilewright_refused_input = True  # type: ignore[attr-defined]
-            raise again.with_traceback(None) from None
+            raise again.with_traceback(None) from None  # the user's error (aten_graph marks it)
         if config.strict:
             raise error
         msg = (f"a tilewright-compiled {kind} graph failed at run time ({type(error).__name__}: "
@@ -163,8 +159,9 @@ def with_eager_errors(compiled: Callable[..., Any], gm: fx.GraphModule) -> Calla
     ``RuntimeError: index 10 is out of bounds for dimension 1 with size 10``, which an
     ``except IndexError`` misses. Such an error makes this run ``gm``, the model's own ops, on the
     same arguments, under the caller's grad mode, as eager would, and raise what they raise (once,
-    without the compiled graph's frames); should they run, the first error stands. Other errors
-    pass through untouched, and a call that raises nothing costs one Python frame."""
+    without the compiled graph's frames; the CPU random stream is forked for it, so the rerun
+    draws nothing from the caller's); should they run, the first error stands. Other errors pass
+    through untouched, and a call that raises nothing costs one Python frame."""
     forward = eager_forward(gm)
 
     def call(*args: Any) -> Any:
@@ -174,7 +171,8 @@ def with_eager_errors(compiled: Callable[..., Any], gm: fx.GraphModule) -> Calla
             if not getattr(e, "tilewright_refused_input", False):
                 raise
             try:
-                forward(*args)
+                with torch.random.fork_rng(devices=[]):  # the rerun draws no numbers of the caller's
+                    forward(*args)
             except Exception as eager:
                 del e
                 raise eager.with_traceback(None) from None
@@ -215,7 +213,7 @@ def _compile_under_settings(gm: fx.GraphModule, example_inputs: list[Any], kind:
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.info("the %s graph's compile error", kind, exc_info=True)
         publish(GraphReport(-1, kind, fallback=f"{type(e).__name__}: {e}"))
-        return make_boxed_func(eager_forward(gm))
+        return aten_graph(gm)
 
 
 def partition_options() -> dict[str, Any]:

@@ -87,6 +87,24 @@ def eager_forward(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     return gm.forward
 
 
+def aten_graph(gm: torch.fx.GraphModule) -> Callable[[list], Any]:
+    """aot_autograd's graph ``gm`` run op by op on ATen (boxed), what a graph falls back to. An
+    error it raises is the input's (nothing of tilewright runs), in the words of the decomposed
+    ops: it is marked for :func:`~tilewright.compiler.backend.with_eager_errors`, which asks the
+    model's own ops for eager's."""
+    run = make_boxed_func(eager_forward(gm))
+
+    def call(args: list) -> Any:
+        try:
+            return run(args)
+        except Exception as e:
+            e.tilewright_refused_input = True  # type: ignore[attr-defined]
+            raise
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
 def _all_on_cpu(example_inputs: list[Any]) -> bool:
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     return all(t.device.type == "cpu" for t in tensors)
@@ -241,7 +259,7 @@ def raced(compiled: Callable[[list], Any], gm: torch.fx.GraphModule, example_inp
     rounds = race_rounds(example_inputs)
     if rounds < 1:
         return compiled
-    race = _Race(compiled, make_boxed_func(eager_forward(gm)), [report], rounds, eager=False)
+    race = _Race(compiled, aten_graph(gm), [report], rounds, eager=False)
 
     def call(args: list) -> Any:
         fast = race.fast  # decided: the winner with no layer between (a try costs nothing)
