@@ -15,6 +15,7 @@ import sympy
 from tilewright.compiler.graph import TensorMeta
 from tilewright.ir import dtypes
 from tilewright.ir import expr as E
+from tilewright.ir.bounds import value_range
 
 
 def _bound(e: sympy.Expr) -> Any:
@@ -103,88 +104,40 @@ def _unwrapped(v: E.Node) -> tuple[E.Node, bool]:
 def _affine_in_one_load(v: E.Node, extents: dict[sympy.Symbol, sympy.Expr]
                         ) -> tuple[str, int, sympy.Expr, sympy.Expr] | None:
     """``(buffer, a, b_lo, b_hi)`` where index value ``v`` is ``a * load(buffer) + b`` with an
-    integer ``a != 0`` and ``b`` an integer, or a sum with iotas (``index`` nodes) whose range
-    over the loop ``extents`` is known: ``b`` in ``[b_lo, b_hi]`` (``w[i + 2]``, ``w[2 * i]``,
-    ``w[-i]``, ``w[i - 1]``, ``w[i + arange(n)]``); else None: an index of any other form keeps
-    the bounds of the dim's size."""
-    iotas: dict[sympy.Symbol, tuple[sympy.Expr, sympy.Expr]] = {}
+    integer ``a != 0`` and ``b`` in ``[b_lo, b_hi]``: a constant, or anything without a load whose
+    range :func:`~tilewright.ir.bounds.value_range` knows over the loop ``extents`` (an iota:
+    ``w[i + 2]``, ``w[2 * i]``, ``w[-i]``, ``w[i - 1]``, ``w[i + arange(n)]``); else None: an
+    index of any other form keeps the bounds of the dim's size."""
+    if len({n.arg[0] for n in E.toposort([v]) if n.op == "load"}) != 1:
+        return None
+    memo: dict = {}
 
-    def walk(n: E.Node) -> sympy.Expr | None:
+    def walk(n: E.Node) -> tuple[int, Any, Any] | None:  # (a, b_lo, b_hi) of n
+        if not any(m.op == "load" for m in E.toposort([n])):
+            lo, hi = value_range(n, extents, memo)
+            return None if lo is None or hi is None else (0, lo, hi)
         if n.op == "load":
-            return sympy.Symbol(n.arg[0])
-        if n.op == "const" and isinstance(n.arg, int) and not isinstance(n.arg, bool):
-            return sympy.Integer(n.arg)
-        if n.op == "index":
-            rng = _interval(sympy.sympify(n.arg), extents)
-            if rng is None:
-                return None
-            t = sympy.Dummy("iota")
-            iotas[t] = rng
-            return t
-        if n.op == "cast" and not dtypes.is_float(n.dtype):
+            return 1, sympy.Integer(0), sympy.Integer(0)
+        if n.op == "cast" and dtypes.is_int(n.dtype):
             return walk(n.src[0])
-        args = [walk(s) for s in n.src]
-        if any(a is None for a in args):
-            return None
-        if n.op == "add":
-            return args[0] + args[1]
-        if n.op == "sub":
-            return args[0] - args[1]
-        if n.op == "mul":
-            return args[0] * args[1]
         if n.op == "neg":
-            return -args[0]
-        return None
-
-    e = walk(v)
-    loads = [] if e is None else [s for s in e.free_symbols if s not in iotas]
-    if len(loads) != 1:
-        return None
-    (x,) = loads
-    a = sympy.expand(e).coeff(x)
-    rest = sympy.expand(e - a * x)
-    if not a.is_Integer or a == 0 or x in rest.free_symbols:
-        return None
-    b = _interval(rest, {}, iotas)
-    if b is None:
-        return None
-    return (x.name, int(a), b[0], b[1])
-
-
-def _interval(e: sympy.Expr, extents: dict[sympy.Symbol, sympy.Expr],
-              known: dict[sympy.Symbol, tuple[sympy.Expr, sympy.Expr]] | None = None,
-              ) -> tuple[sympy.Expr, sympy.Expr] | None:
-    """Inclusive bounds of integer expression ``e`` over loop variables in ``[0, extent - 1]``
-    and symbols of ``known`` ranges: sums, products by a number, ``floor``/``ceiling`` and
-    ``Mod`` by a positive size (what view index maps are made of); None for anything else (a
-    size symbol standing alone, a product of two variables). Sizes may be symbols."""
-    known = known or {}
-    if e.is_Integer or e.is_Rational:
-        return e, e
-    if isinstance(e, sympy.Symbol):
-        if e in known:
-            return known[e]
-        if e in extents:
-            return sympy.Integer(0), extents[e] - 1
-        return None
-    if isinstance(e, sympy.Add):
-        parts = [_interval(t, extents, known) for t in e.args]
+            r = walk(n.src[0])
+            return None if r is None else (-r[0], -r[2], -r[1])
+        parts = [walk(m) for m in n.src] if n.op in ("add", "sub", "mul") else [None]
         if any(p is None for p in parts):
             return None
-        return sympy.Add(*[p[0] for p in parts]), sympy.Add(*[p[1] for p in parts])
-    if isinstance(e, sympy.Mul):
-        number = [t for t in e.args if t.is_number]
-        other = [t for t in e.args if not t.is_number]
-        if len(other) != 1:
-            return None
-        c = sympy.Mul(*number)
-        r = _interval(other[0], extents, known)
-        if r is None:
-            return None
-        return (c * r[0], c * r[1]) if c >= 0 else (c * r[1], c * r[0])
-    if isinstance(e, (sympy.floor, sympy.ceiling)):
-        r = _interval(e.args[0], extents, known)
-        return None if r is None else (type(e)(r[0]), type(e)(r[1]))
-    if isinstance(e, sympy.Mod) and e.args[1].is_positive:
-        return sympy.Integer(0), e.args[1] - 1
-    return None
+        if n.op == "sub":
+            parts[1] = (-parts[1][0], -parts[1][2], -parts[1][1])
+        if n.op in ("add", "sub"):
+            return parts[0][0] + parts[1][0], parts[0][1] + parts[1][1], parts[0][2] + parts[1][2]
+        # mul: by a constant (the other side's range a single integer)
+        for (a, lo, hi), (ca, c, ch) in (parts, parts[::-1]):
+            if ca == 0 and c == ch and getattr(c, "is_Integer", False):
+                return (a * int(c), lo * c, hi * c) if c >= 0 else (a * int(c), hi * c, lo * c)
+        return None
+
+    r = walk(v)
+    if r is None or r[0] == 0:
+        return None
+    (name,) = {n.arg[0] for n in E.toposort([v]) if n.op == "load"}
+    return name, r[0], r[1], r[2]
