@@ -268,6 +268,8 @@ def test_flydsl_refuses_a_gather_it_cannot_check_unless_checks_are_off():
     gather = _gather_problem("embedding")
     (mod,) = loop_problems(lambda w, i: w[i % 5] * 2, W, _index((4,), None))
     why = flydsl.supports(gather, gfx950)
+    if not why and "not installed" in why.reason:  # torch 2.11's compat venv, the GPU machine
+        pytest.skip(why.reason)
     assert not why and "not proven in range" in why.reason
     assert flydsl.supports(mod, gfx950)
     with tilewright.config.patch(index_checks=False):
